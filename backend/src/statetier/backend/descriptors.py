@@ -1,0 +1,121 @@
+"""State descriptors: the name, kind, serializers and TTL of a state, declared by the user.
+
+A descriptor is passed to ``get_state`` (keyed state) or ``get_list_state`` (operator state)
+and returns a handle. Names are unique per operator: registering the same name again with a
+descriptor of the same kind returns the same handle; another kind is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
+from statetier.backend.ttl import StateTtlConfig
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "StateKind",
+    "ValueStateDescriptor",
+]
+
+IN = TypeVar("IN")
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+V = TypeVar("V")
+
+
+class StateKind(enum.Enum):
+    VALUE = "value"
+    LIST = "list"
+    REDUCING = "reducing"
+    AGGREGATING = "aggregating"
+    MAP = "map"
+
+
+class AggregateFunction(Protocol[IN, ACC, OUT]):
+    """Aggregates inputs into an accumulator whose type may differ from input and output."""
+
+    def create_accumulator(self) -> ACC: ...
+
+    def add(self, value: IN, accumulator: ACC) -> ACC: ...
+
+    def get_result(self, accumulator: ACC) -> OUT: ...
+
+    def merge(self, a: ACC, b: ACC) -> ACC: ...
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name.strip() != name:
+        raise ValueError(
+            f"state name must be a non-empty string without '/' or surrounding spaces, got {name!r}"
+        )
+
+
+@dataclasses.dataclass(eq=False)
+class StateDescriptor:
+    """What every descriptor has: a name, a kind, a value serializer and optional TTL."""
+
+    name: str
+    serializer: Serializer = dataclasses.field(default=DEFAULT_SERIALIZER, kw_only=True)
+    ttl: StateTtlConfig | None = dataclasses.field(default=None, kw_only=True)
+    kind = StateKind.VALUE
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+
+    def enable_time_to_live(self, ttl: StateTtlConfig) -> None:
+        """Flink-style switch; the same as passing ``ttl=`` to the constructor."""
+        self.ttl = ttl
+
+    def serializer_ids(self) -> dict[str, str]:
+        """Serializer ids recorded in checkpoints, so a restore can detect a change."""
+        return {"value": self.serializer.id}
+
+
+@dataclasses.dataclass(eq=False)
+class ValueStateDescriptor(StateDescriptor, Generic[V]):
+    """A single value per key."""
+
+    kind = StateKind.VALUE
+
+
+@dataclasses.dataclass(eq=False)
+class ListStateDescriptor(StateDescriptor, Generic[V]):
+    """A list of elements per key; with TTL each element expires on its own."""
+
+    kind = StateKind.LIST
+
+
+@dataclasses.dataclass(eq=False)
+class ReducingStateDescriptor(StateDescriptor, Generic[V]):
+    """One value per key, folded with ``reduce_function(old, new)`` on every add."""
+
+    reduce_function: Callable[[Any, Any], Any] = dataclasses.field(kw_only=True)
+    kind = StateKind.REDUCING
+
+
+@dataclasses.dataclass(eq=False)
+class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
+    """An accumulator per key, fed by ``add`` and read through ``get_result``."""
+
+    aggregate_function: AggregateFunction[IN, ACC, OUT] = dataclasses.field(kw_only=True)
+    kind = StateKind.AGGREGATING
+
+
+@dataclasses.dataclass(eq=False)
+class MapStateDescriptor(StateDescriptor):
+    """A map per key; with TTL each entry expires on its own."""
+
+    key_serializer: Serializer = dataclasses.field(default=DEFAULT_SERIALIZER, kw_only=True)
+    kind = StateKind.MAP
+
+    def serializer_ids(self) -> dict[str, str]:
+        return {"value": self.serializer.id, "user_key": self.key_serializer.id}

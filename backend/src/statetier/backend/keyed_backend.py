@@ -1,0 +1,250 @@
+"""The keyed state backend: the state of one key-group range, and the current key.
+
+One backend serves one operator instance (one Spark partition, one range of key groups). The
+runtime sets the current key before each record; the user's handles then read and write that
+key's state. The backend owns one :class:`~statetier.backend.state.table.StateTable` per
+registered state and knows nothing about files: snapshots and restores are done by the objects
+in :mod:`statetier.backend.snapshot`, which read and fill the tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, TypeVar, overload
+
+from statetier.backend.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateKind,
+    ValueStateDescriptor,
+)
+from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group, check_parallelism
+from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
+from statetier.backend.state import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from statetier.backend.state.context import KeyContext
+from statetier.backend.state.heap import (
+    HeapAggregatingState,
+    HeapListState,
+    HeapMapState,
+    HeapReducingState,
+    HeapValueState,
+)
+from statetier.backend.state.table import StateTable
+from statetier.backend.state.ttl_cleanup import IncrementalCleanup
+from statetier.backend.state.ttl_states import make_ttl_state
+from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
+
+__all__ = ["KeyGroupOutOfRangeError", "KeyedStateBackend", "StateRegistrationError"]
+
+T = TypeVar("T")
+
+KEY_GROUP_CACHE_LIMIT = 1 << 20  # keys whose key group is memoized; cleared when full
+
+
+class StateRegistrationError(ValueError):
+    """A state name is registered twice with different kinds, or differs from its checkpoint."""
+
+
+class KeyGroupOutOfRangeError(KeyError):
+    """A key belongs to a key group this backend does not own."""
+
+
+@dataclasses.dataclass
+class RestoredState:
+    """A state read from a snapshot whose descriptor has not been registered yet.
+
+    Its entries stay as bytes until the user registers the state, because only the descriptor
+    knows how to decode them. A state never registered again is written back as it was.
+    """
+
+    meta: dict[str, Any]
+    entries: dict[int, list[tuple[bytes, bytes]]]  # key group -> [(key bytes, value bytes)]
+
+
+class KeyedStateBackend:
+    """Keyed state for the key groups ``key_groups`` out of ``max_parallelism``."""
+
+    def __init__(
+        self,
+        key_groups: KeyGroupRange,
+        max_parallelism: int,
+        *,
+        clock: Clock | None = None,
+        key_serializer: Serializer = DEFAULT_SERIALIZER,
+    ) -> None:
+        check_parallelism(max_parallelism, 1)
+        if key_groups.start < 0 or key_groups.end >= max_parallelism or not len(key_groups):
+            raise ValueError(f"key groups {key_groups} are not a range within 0..{max_parallelism - 1}")
+        self.key_groups = key_groups
+        self.max_parallelism = max_parallelism
+        self.clock: Clock = clock or SystemClock()
+        self.key_serializer = key_serializer
+        self.context = KeyContext()
+        self.tables: dict[str, StateTable] = {}
+        self.restored: dict[str, RestoredState] = {}
+        self._handles: dict[str, State] = {}
+        self._slot_cache: dict[Any, int] = {}
+        self._cleanups: list[IncrementalCleanup] = []
+
+    # ------------------------------------------------------------------ current key
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key all state handles read and write."""
+        ctx = self.context
+        slot = self._slot_cache.get(key)
+        if slot is None:
+            slot = self._slot_of(key)
+        ctx.key = key
+        ctx.index = slot
+        for hook in ctx.record_hooks:
+            hook()
+
+    def _slot_of(self, key: Any) -> int:
+        key_group = assign_to_key_group(key, self.max_parallelism)
+        if key_group not in self.key_groups:
+            raise KeyGroupOutOfRangeError(
+                f"key {key!r} is in key group {key_group}, outside this backend's range "
+                f"{self.key_groups} (max parallelism {self.max_parallelism}); records must be "
+                "partitioned by key group before they reach the backend"
+            )
+        if len(self._slot_cache) >= KEY_GROUP_CACHE_LIMIT:
+            self._slot_cache.clear()
+        slot = key_group - self.key_groups.start
+        self._slot_cache[key] = slot
+        return slot
+
+    @property
+    def current_key(self) -> Any:
+        return self.context.key
+
+    @property
+    def current_key_group(self) -> int:
+        return self.key_groups.start + self.context.index
+
+    # ------------------------------------------------------------------ registration
+
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+    @overload
+    def get_state(
+        self, descriptor: AggregatingStateDescriptor[Any, Any, T]
+    ) -> AggregatingState[Any, T]: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState[Any, Any]: ...
+    @overload
+    def get_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """The handle of ``descriptor``'s state, registering (and restoring) it on first use."""
+        name = descriptor.name
+        existing = self.tables.get(name)
+        if existing is not None:
+            self._check_same(existing.descriptor, descriptor)
+            return self._handles[name]
+        table = StateTable(descriptor, self.key_groups)
+        restored = self.restored.pop(name, None)
+        if restored is not None:
+            check_restored_compatible(restored.meta, descriptor)
+            self._fill(table, restored)
+        handle = self._make_handle(table)
+        self.tables[name] = table
+        self._handles[name] = handle
+        return handle
+
+    @staticmethod
+    def _check_same(registered: StateDescriptor, requested: StateDescriptor) -> None:
+        if registered is requested:
+            return
+        if registered.kind is not requested.kind or type(registered) is not type(requested):
+            raise StateRegistrationError(
+                f"state {requested.name!r} is already registered as {registered.kind.value} "
+                f"state; cannot register it again as {requested.kind.value} state"
+            )
+        if registered.ttl != requested.ttl:
+            raise StateRegistrationError(
+                f"state {requested.name!r} is already registered with TTL {registered.ttl}; "
+                f"cannot register it again with TTL {requested.ttl}"
+            )
+
+    def _fill(self, table: StateTable, restored: RestoredState) -> None:
+        key_loads = self.key_serializer.loads
+        decode = table.codec.decode
+        for key_group, pairs in restored.entries.items():
+            kg_map = table.map_for(key_group)
+            for key_bytes, value_bytes in pairs:
+                kg_map[key_loads(key_bytes)] = decode(value_bytes)
+
+    def _make_handle(self, table: StateTable) -> State:
+        descriptor, ctx, maps = table.descriptor, self.context, table.maps
+        if descriptor.ttl is not None:
+            cleanup = IncrementalCleanup(
+                descriptor.kind, descriptor.ttl, self.clock, maps, len(self.key_groups)
+            )
+            self._cleanups.append(cleanup)
+            if descriptor.ttl.cleanup_per_record:
+                ctx.record_hooks.append(cleanup.on_record)
+            return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)  # type: ignore[return-value]
+        if isinstance(descriptor, ReducingStateDescriptor):
+            return HeapReducingState(ctx, maps, descriptor)
+        if isinstance(descriptor, AggregatingStateDescriptor):
+            return HeapAggregatingState(ctx, maps, descriptor)
+        handle_types = {
+            StateKind.VALUE: HeapValueState,
+            StateKind.LIST: HeapListState,
+            StateKind.MAP: HeapMapState,
+        }
+        return handle_types[descriptor.kind](ctx, maps)
+
+    # ------------------------------------------------------------------ inspection
+
+    def keys(self, state_name: str) -> Iterator[Any]:
+        """Keys that have a value in ``state_name`` (over a copy)."""
+        return self.tables[state_name].keys()
+
+    def state_names(self) -> list[str]:
+        """Registered and restored-but-unregistered states."""
+        return sorted({*self.tables, *self.restored})
+
+    def estimate_size(self, key_group: int) -> int:
+        """Approximate heap bytes of ``key_group`` over all states."""
+        return sum(table.estimate_size(key_group) for table in self.tables.values())
+
+
+def state_meta(descriptor: StateDescriptor) -> dict[str, Any]:
+    """What a snapshot records about a state so that a restore can check it."""
+    return {
+        "kind": descriptor.kind.value,
+        "ttl": descriptor.ttl.to_json() if descriptor.ttl else None,
+        "serializers": descriptor.serializer_ids(),
+    }
+
+
+def check_restored_compatible(meta: dict[str, Any], descriptor: StateDescriptor) -> None:
+    """Refuse a descriptor whose kind, TTL or serializers differ from the snapshot's."""
+    name = descriptor.name
+    if meta["kind"] != descriptor.kind.value:
+        raise StateRegistrationError(
+            f"state {name!r} was checkpointed as {meta['kind']} state but is registered as "
+            f"{descriptor.kind.value} state"
+        )
+    check_ttl_compatible(name, meta["ttl"], descriptor.ttl)
+    if meta["serializers"] != descriptor.serializer_ids():
+        raise StateRegistrationError(
+            f"state {name!r} was checkpointed with serializers {meta['serializers']} but is "
+            f"registered with {descriptor.serializer_ids()}"
+        )

@@ -1,0 +1,156 @@
+"""Operator (non-keyed) state: lists per operator instance, redistributed on rescale.
+
+Each operator instance keeps named lists of elements (offsets of a source, buffered records). On
+restore at another parallelism the elements of all instances are redistributed, as in Flink:
+
+- even-split (``get_list_state``): the concatenation of all instances' lists, cut into
+  ``parallelism`` contiguous parts of near-equal size; instance i gets part i.
+- union (``get_union_list_state``): every instance gets all elements.
+
+Functions that use it implement :class:`CheckpointedFunction`: ``initialize_state`` runs on
+start and on restore (``context.is_restored`` tells which), ``snapshot_state`` before each
+snapshot, to move the function's working data into the lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from statetier.backend.descriptors import ListStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend, StateRegistrationError
+from statetier.backend.state import ListState, _check_not_none
+
+__all__ = [
+    "CheckpointedFunction",
+    "FunctionInitializationContext",
+    "FunctionSnapshotContext",
+    "OperatorStateBackend",
+    "Redistribution",
+    "even_split",
+]
+
+
+class Redistribution(enum.Enum):
+    EVEN_SPLIT = "split"
+    UNION = "union"
+
+
+class OperatorListState(ListState[Any]):
+    """A plain list owned by one operator instance."""
+
+    def __init__(self) -> None:
+        self.elements: list[Any] = []
+
+    def get(self) -> list[Any]:
+        return list(self.elements)
+
+    def add(self, value: Any) -> None:
+        _check_not_none(value, "a list element")
+        self.elements.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = list(values)
+        for value in new:
+            _check_not_none(value, "a list element")
+        self.elements.extend(new)
+
+    def update(self, values: Iterable[Any]) -> None:
+        self.elements = []
+        self.add_all(values)
+
+    def clear(self) -> None:
+        self.elements = []
+
+
+@dataclasses.dataclass
+class RegisteredListState:
+    descriptor: ListStateDescriptor[Any]
+    mode: Redistribution
+    state: OperatorListState
+
+
+def even_split(elements: Sequence[Any], parallelism: int, index: int) -> list[Any]:
+    """Part ``index`` of ``elements`` cut into ``parallelism`` contiguous near-equal parts."""
+    total = len(elements)
+    start = index * total // parallelism
+    end = (index + 1) * total // parallelism
+    return list(elements[start:end])
+
+
+class OperatorStateBackend:
+    """The operator state of instance ``index`` of ``parallelism``."""
+
+    def __init__(self, index: int = 0, parallelism: int = 1) -> None:
+        if not 0 <= index < parallelism:
+            raise ValueError(f"operator index must be in 0..{parallelism - 1}, got {index}")
+        self.index = index
+        self.parallelism = parallelism
+        self.states: dict[str, RegisteredListState] = {}
+        # name -> (mode, serializer id, [element bytes]), as redistributed for this instance
+        self.restored: dict[str, tuple[Redistribution, str, list[bytes]]] = {}
+
+    def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> ListState[Any]:
+        """A list redistributed by even split on rescale."""
+        return self._register(descriptor, Redistribution.EVEN_SPLIT)
+
+    def get_union_list_state(self, descriptor: ListStateDescriptor[Any]) -> ListState[Any]:
+        """A list every instance receives whole on restore."""
+        return self._register(descriptor, Redistribution.UNION)
+
+    def _register(self, descriptor: ListStateDescriptor[Any], mode: Redistribution) -> ListState[Any]:
+        name = descriptor.name
+        existing = self.states.get(name)
+        if existing is not None:
+            if existing.mode is not mode:
+                raise StateRegistrationError(
+                    f"operator state {name!r} is registered with {existing.mode.value} "
+                    f"redistribution; cannot register it again with {mode.value}"
+                )
+            return existing.state
+        state = OperatorListState()
+        restored = self.restored.pop(name, None)
+        if restored is not None:
+            restored_mode, serializer_id, elements = restored
+            if restored_mode is not mode:
+                raise StateRegistrationError(
+                    f"operator state {name!r} was checkpointed with {restored_mode.value} "
+                    f"redistribution but is registered with {mode.value}"
+                )
+            if serializer_id != descriptor.serializer.id:
+                raise StateRegistrationError(
+                    f"operator state {name!r} was checkpointed with serializer {serializer_id!r} "
+                    f"but is registered with {descriptor.serializer.id!r}"
+                )
+            state.elements = [descriptor.serializer.loads(e) for e in elements]
+        self.states[name] = RegisteredListState(descriptor, mode, state)
+        return state
+
+    def state_names(self) -> list[str]:
+        return sorted({*self.states, *self.restored})
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionInitializationContext:
+    """What ``initialize_state`` receives."""
+
+    is_restored: bool
+    operator_state_store: OperatorStateBackend
+    keyed_state_store: KeyedStateBackend | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionSnapshotContext:
+    """What ``snapshot_state`` receives."""
+
+    checkpoint_id: int
+
+
+class CheckpointedFunction(Protocol):
+    """A function with working data that must be moved into state before each snapshot."""
+
+    def initialize_state(self, context: FunctionInitializationContext) -> None: ...
+
+    def snapshot_state(self, context: FunctionSnapshotContext) -> None: ...

@@ -1,0 +1,151 @@
+"""Serializers turn keys and state values into bytes for the spill tier and checkpoints.
+
+A serializer is a small protocol (``id``, ``dumps``, ``loads``); implementations are found by id
+through a registry, so a checkpoint records which serializer wrote it and a restore can refuse a
+mismatch instead of misreading bytes. Heap state is never serialized: values stay Python objects
+until a key group is spilled or snapshotted.
+
+The default, :class:`MsgpackSerializer`, is fast for the common Python types and round-trips them
+exactly (tuples stay tuples, sets stay sets). Anything else is refused with the type's name;
+:class:`PickleSerializer` takes any picklable object at a cost in speed and portability.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import msgpack
+
+__all__ = [
+    "MsgpackSerializer",
+    "PickleSerializer",
+    "RawBytesSerializer",
+    "Serializer",
+    "SerializationError",
+    "register_serializer",
+    "serializer_by_id",
+]
+
+
+class SerializationError(TypeError):
+    """A value cannot be written (unsupported type) or read (malformed bytes)."""
+
+
+@runtime_checkable
+class Serializer(Protocol):
+    """Turns one value into bytes and back. ``id`` names the format in checkpoints."""
+
+    @property
+    def id(self) -> str: ...
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+_EXT_TUPLE = 1
+_EXT_SET = 2
+_EXT_FROZENSET = 3
+
+
+class MsgpackSerializer:
+    """None, bool, int (64-bit), float, str, bytes, and list/tuple/dict/set/frozenset of those."""
+
+    id = "msgpack"
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(default=self._pack_ext, strict_types=True, use_bin_type=True)
+
+    def _pack_ext(self, value: Any) -> msgpack.ExtType:
+        if isinstance(value, tuple):
+            return msgpack.ExtType(_EXT_TUPLE, self._packer.pack(list(value)))
+        if isinstance(value, frozenset):
+            return msgpack.ExtType(_EXT_FROZENSET, self._packer.pack(list(value)))
+        if isinstance(value, set):
+            return msgpack.ExtType(_EXT_SET, self._packer.pack(list(value)))
+        raise SerializationError(
+            f"the default serializer cannot write {type(value).__name__} values; use "
+            "PickleSerializer() in the state descriptor, or convert to a supported type "
+            "(None, bool, int, float, str, bytes, list, tuple, dict, set)"
+        )
+
+    @staticmethod
+    def _unpack_ext(code: int, data: bytes) -> Any:
+        items = msgpack.unpackb(data, ext_hook=MsgpackSerializer._unpack_ext, strict_map_key=False)
+        if code == _EXT_TUPLE:
+            return tuple(items)
+        if code == _EXT_SET:
+            return set(items)
+        if code == _EXT_FROZENSET:
+            return frozenset(items)
+        raise SerializationError(f"unknown msgpack extension type {code}")
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return self._packer.pack(value)
+        except SerializationError:
+            raise
+        except (TypeError, OverflowError, ValueError) as exc:
+            raise SerializationError(
+                f"the default serializer cannot write {type(value).__name__}: {exc}"
+            ) from None
+
+    def loads(self, data: bytes) -> Any:
+        try:
+            return msgpack.unpackb(data, ext_hook=self._unpack_ext, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise SerializationError(f"malformed msgpack data: {exc}") from None
+
+
+class PickleSerializer:
+    """Any picklable value. Slower, and only for trusted checkpoints."""
+
+    id = "pickle"
+
+    def dumps(self, value: Any) -> bytes:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def loads(self, data: bytes) -> Any:
+        return pickle.loads(data)  # noqa: S301 - checkpoints are the job's own trusted data
+
+
+class RawBytesSerializer:
+    """Values that already are bytes, stored as they are."""
+
+    id = "bytes"
+
+    def dumps(self, value: Any) -> bytes:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise SerializationError(f"RawBytesSerializer takes bytes, got {type(value).__name__}")
+        return bytes(value)
+
+    def loads(self, data: bytes) -> Any:
+        return bytes(data)
+
+
+_REGISTRY: dict[str, Callable[[], Serializer]] = {
+    MsgpackSerializer.id: MsgpackSerializer,
+    PickleSerializer.id: PickleSerializer,
+    RawBytesSerializer.id: RawBytesSerializer,
+}
+
+
+def register_serializer(serializer_id: str, factory: Callable[[], Serializer]) -> None:
+    """Make a custom serializer known, so checkpoints written with it can be read back."""
+    _REGISTRY[serializer_id] = factory
+
+
+def serializer_by_id(serializer_id: str) -> Serializer:
+    """A new instance of the serializer registered as ``serializer_id``."""
+    try:
+        return _REGISTRY[serializer_id]()
+    except KeyError:
+        raise SerializationError(
+            f"unknown serializer {serializer_id!r}; known: {', '.join(sorted(_REGISTRY))} "
+            "(register custom ones with register_serializer)"
+        ) from None
+
+
+DEFAULT_SERIALIZER = MsgpackSerializer()

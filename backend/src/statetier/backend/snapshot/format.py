@@ -1,0 +1,181 @@
+"""The data file format: one state's key groups of one range, immutable and checksummed.
+
+Layout (integers little-endian)::
+
+    header   MAGIC (8 bytes) | format version u16 | header length u32 | header (msgpack map)
+    blocks   one per non-empty key group: msgpack array [key, value, key, value, ...] of bytes,
+             entries sorted by key bytes
+    index    msgpack array of [key group, offset, length, crc32, entry count]
+    footer   index offset u64 | index length u32 | index crc32 u32 | END_MAGIC (8 bytes)
+
+A reader opens the footer, checks the index checksum, and then reads only the blocks of the key
+groups it needs, checking each block's crc32. Every problem is reported with the file and block,
+so a corrupt checkpoint says where it is corrupt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CorruptFileError",
+    "DataFileReader",
+    "IndexEntry",
+    "decode_operator_file",
+    "encode_data_file",
+    "encode_operator_file",
+]
+
+MAGIC = b"STTRDAT\x00"
+END_MAGIC = b"STTREND\x00"
+FORMAT_VERSION = 1
+_PREAMBLE = struct.Struct("<8sHI")
+_FOOTER = struct.Struct("<QII8s")
+
+
+class CorruptFileError(ValueError):
+    """A data file or manifest fails a format or checksum check."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexEntry:
+    key_group: int
+    offset: int
+    length: int
+    crc32: int
+    entries: int
+
+
+def encode_data_file(
+    header: dict[str, Any], key_groups: Iterable[tuple[int, list[tuple[bytes, bytes]]]]
+) -> bytes:
+    """The bytes of a data file holding ``key_groups``: (key group, [(key, value)]) pairs."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    header_bytes = pack({**header, "format_version": FORMAT_VERSION})
+    parts = [_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)), header_bytes]
+    offset = _PREAMBLE.size + len(header_bytes)
+    index = []
+    for key_group, pairs in key_groups:
+        if not pairs:
+            continue
+        pairs.sort(key=lambda kv: kv[0])
+        flat: list[bytes] = []
+        for key, value in pairs:
+            flat.append(key)
+            flat.append(value)
+        block = pack(flat)
+        index.append([key_group, offset, len(block), zlib.crc32(block), len(pairs)])
+        parts.append(block)
+        offset += len(block)
+    index_bytes = pack(index)
+    parts.append(index_bytes)
+    parts.append(_FOOTER.pack(offset, len(index_bytes), zlib.crc32(index_bytes), END_MAGIC))
+    return b"".join(parts)
+
+
+class DataFileReader:
+    """Reads a data file held in memory; ``path`` is only used in error messages."""
+
+    def __init__(self, data: bytes, path: str) -> None:
+        self.path = path
+        self._data = data
+        self.header = self._read_header()
+        self.index = self._read_index()
+
+    def _fail(self, problem: str) -> CorruptFileError:
+        return CorruptFileError(self.path, problem)
+
+    def _read_header(self) -> dict[str, Any]:
+        data = self._data
+        if len(data) < _PREAMBLE.size + _FOOTER.size:
+            raise self._fail(f"too short to be a data file ({len(data)} bytes)")
+        magic, version, header_len = _PREAMBLE.unpack_from(data)
+        if magic != MAGIC:
+            raise self._fail(f"not a statetier data file (magic {magic!r})")
+        if version > FORMAT_VERSION:
+            raise self._fail(
+                f"format version {version} is newer than this reader ({FORMAT_VERSION}); "
+                "upgrade statetier"
+            )
+        try:
+            header: dict[str, Any] = msgpack.unpackb(
+                data[_PREAMBLE.size : _PREAMBLE.size + header_len]
+            )
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise self._fail(f"header is unreadable: {exc}") from None
+        return header
+
+    def _read_index(self) -> dict[int, IndexEntry]:
+        data = self._data
+        index_offset, index_len, index_crc, end_magic = _FOOTER.unpack_from(
+            data, len(data) - _FOOTER.size
+        )
+        if end_magic != END_MAGIC:
+            raise self._fail("footer is missing or damaged (file truncated?)")
+        if index_offset + index_len != len(data) - _FOOTER.size:
+            raise self._fail(
+                f"footer points to an index at {index_offset}+{index_len}, beyond the file"
+            )
+        raw = data[index_offset : index_offset + index_len]
+        if zlib.crc32(raw) != index_crc:
+            raise self._fail(f"key-group index at offset {index_offset} fails its checksum")
+        entries = [IndexEntry(*row) for row in msgpack.unpackb(raw)]
+        return {entry.key_group: entry for entry in entries}
+
+    def read_block(self, key_group: int) -> list[tuple[bytes, bytes]]:
+        """The (key, value) pairs of ``key_group``; empty when the file has none."""
+        entry = self.index.get(key_group)
+        if entry is None:
+            return []
+        block = self._data[entry.offset : entry.offset + entry.length]
+        where = f"block of key group {key_group} at offset {entry.offset}"
+        if len(block) != entry.length or zlib.crc32(block) != entry.crc32:
+            raise self._fail(f"{where} fails its checksum")
+        try:
+            flat = msgpack.unpackb(block)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise self._fail(f"{where} is unreadable: {exc}") from None
+        if len(flat) != 2 * entry.entries:
+            raise self._fail(f"{where} holds {len(flat) // 2} entries, index says {entry.entries}")
+        return list(zip(flat[0::2], flat[1::2], strict=True))
+
+    def verify(self) -> int:
+        """Check every block; return the number of entries."""
+        return sum(len(self.read_block(kg)) for kg in self.index)
+
+
+OPS_MAGIC = b"STTROPS\x00"
+_OPS_PREAMBLE = struct.Struct("<8sHII")
+
+
+def encode_operator_file(states: dict[str, dict[str, Any]]) -> bytes:
+    """Operator state of one instance: name -> {mode, serializer, elements: [bytes]}."""
+    payload = msgpack.packb(states, use_bin_type=True)
+    return _OPS_PREAMBLE.pack(OPS_MAGIC, FORMAT_VERSION, len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_operator_file(data: bytes, path: str) -> dict[str, dict[str, Any]]:
+    if len(data) < _OPS_PREAMBLE.size:
+        raise CorruptFileError(path, f"too short to be an operator state file ({len(data)} bytes)")
+    magic, version, length, crc = _OPS_PREAMBLE.unpack_from(data)
+    if magic != OPS_MAGIC:
+        raise CorruptFileError(path, f"not a statetier operator state file (magic {magic!r})")
+    if version > FORMAT_VERSION:
+        raise CorruptFileError(path, f"format version {version} is newer than this reader")
+    payload = data[_OPS_PREAMBLE.size :]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        raise CorruptFileError(path, f"operator state block at offset {_OPS_PREAMBLE.size} fails its checksum")
+    states: dict[str, dict[str, Any]] = msgpack.unpackb(payload)
+    return states

@@ -1,0 +1,71 @@
+"""Bytes for stored state values: what the spill tier and checkpoints write per key.
+
+The heap keeps a state's value as the Python object the handle stored: the user value, a list,
+a dict, and with TTL ``(value, timestamp)`` pairs in place of values. A codec turns exactly that
+stored form into bytes and back, using the descriptor's serializers for the user's parts, so a
+key's value can be written, merged and read without knowing anything else about the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
+from statetier.backend.serializers import SerializationError, Serializer
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, use_list=True, raw=False)
+
+
+class StateCodec:
+    """Encodes and decodes the stored value of one key of one state."""
+
+    def __init__(self, descriptor: StateDescriptor) -> None:
+        self.kind = descriptor.kind
+        self.ttl = descriptor.ttl is not None
+        self._values: Serializer = descriptor.serializer
+        self._user_keys: Serializer | None = (
+            descriptor.key_serializer if isinstance(descriptor, MapStateDescriptor) else None
+        )
+
+    def encode(self, stored: Any) -> bytes:
+        dumps = self._values.dumps
+        if self.kind is StateKind.LIST:
+            if self.ttl:
+                return _pack([[ts, dumps(v)] for v, ts in stored])
+            return _pack([dumps(v) for v in stored])
+        if self.kind is StateKind.MAP:
+            assert self._user_keys is not None
+            kdumps = self._user_keys.dumps
+            if self.ttl:
+                return _pack([[kdumps(k), ts, dumps(v)] for k, (v, ts) in stored.items()])
+            return _pack([[kdumps(k), dumps(v)] for k, v in stored.items()])
+        if self.ttl:
+            value, ts = stored
+            return _pack([ts, dumps(value)])
+        return dumps(stored)
+
+    def decode(self, data: bytes) -> Any:
+        loads = self._values.loads
+        try:
+            if self.kind is StateKind.LIST:
+                if self.ttl:
+                    return [(loads(v), ts) for ts, v in _unpack(data)]
+                return [loads(v) for v in _unpack(data)]
+            if self.kind is StateKind.MAP:
+                assert self._user_keys is not None
+                kloads = self._user_keys.loads
+                if self.ttl:
+                    return {kloads(k): (loads(v), ts) for k, ts, v in _unpack(data)}
+                return {kloads(k): loads(v) for k, v in _unpack(data)}
+            if self.ttl:
+                ts, value = _unpack(data)
+                return (loads(value), ts)
+            return loads(data)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise SerializationError(f"cannot decode a stored {self.kind.value} value: {exc}") from exc

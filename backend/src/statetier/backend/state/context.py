@@ -1,0 +1,34 @@
+"""The current key, shared by a backend and all of its state handles.
+
+The runtime sets the current key once per record; every handle then reads ``key`` and the key
+group's slot ``index`` from this one small object. Keeping it separate from the backend keeps
+the per-access path to two attribute reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class NoCurrentKeyError(RuntimeError):
+    """Keyed state was used before a current key was set."""
+
+
+class KeyContext:
+    """``key`` is the current key, ``index`` its key group's slot in the backend's range."""
+
+    __slots__ = ("index", "key", "record_hooks")
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.index: int = -1
+        # Called on every record (set_current_key): TTL per-record cleanup, access accounting.
+        self.record_hooks: list[Callable[[], None]] = []
+
+    def require_key(self) -> None:
+        if self.index < 0:
+            raise NoCurrentKeyError(
+                "keyed state accessed without a current key: call set_current_key(key) first "
+                "(the runtime does this before each record)"
+            )

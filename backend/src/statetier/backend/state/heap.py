@@ -1,0 +1,214 @@
+"""Heap handles: state values live as Python objects in one dict per key group.
+
+These are the handles for states without TTL; they are the hot path of every pipeline, so each
+method does the least it can: find the key group's dict through the shared key context and read
+or write one entry. A key group's dict may be replaced by a spilled map with the same mapping
+interface, which is why handles go through ``maps[index]`` on every access instead of caching it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, MutableMapping
+from typing import Any
+
+from statetier.backend.descriptors import AggregatingStateDescriptor, ReducingStateDescriptor
+from statetier.backend.state import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+    _check_not_none,
+)
+from statetier.backend.state.context import KeyContext
+
+KeyGroupMaps = list[MutableMapping[Any, Any]]
+
+
+class HeapValueState(ValueState[Any]):
+    __slots__ = ("_ctx", "_maps")
+
+    def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
+        self._ctx = ctx
+        self._maps = maps
+
+    def value(self) -> Any:
+        ctx = self._ctx
+        return self._maps[ctx.index].get(ctx.key)
+
+    def update(self, value: Any) -> None:
+        ctx = self._ctx
+        if value is None:
+            self._maps[ctx.index].pop(ctx.key, None)
+        else:
+            self._maps[ctx.index][ctx.key] = value
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)
+
+
+class HeapListState(ListState[Any]):
+    __slots__ = ("_ctx", "_maps")
+
+    def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
+        self._ctx = ctx
+        self._maps = maps
+
+    def get(self) -> list[Any]:
+        ctx = self._ctx
+        return list(self._maps[ctx.index].get(ctx.key, ()))
+
+    def add(self, value: Any) -> None:
+        _check_not_none(value, "a list element")
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        elements = kg_map.get(ctx.key)
+        if elements is None:
+            kg_map[ctx.key] = [value]
+        else:
+            elements.append(value)
+            kg_map[ctx.key] = elements  # a spilled map must see the write
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = list(values)
+        for value in new:
+            _check_not_none(value, "a list element")
+        if not new:
+            return
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        kg_map[ctx.key] = kg_map.get(ctx.key, []) + new
+
+    def update(self, values: Iterable[Any]) -> None:
+        new = list(values)
+        for value in new:
+            _check_not_none(value, "a list element")
+        ctx = self._ctx
+        if new:
+            self._maps[ctx.index][ctx.key] = new
+        else:
+            self._maps[ctx.index].pop(ctx.key, None)
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)
+
+
+class HeapReducingState(ReducingState[Any]):
+    __slots__ = ("_ctx", "_maps", "_reduce")
+
+    def __init__(
+        self, ctx: KeyContext, maps: KeyGroupMaps, descriptor: ReducingStateDescriptor[Any]
+    ) -> None:
+        self._ctx = ctx
+        self._maps = maps
+        self._reduce = descriptor.reduce_function
+
+    def get(self) -> Any:
+        ctx = self._ctx
+        return self._maps[ctx.index].get(ctx.key)
+
+    def add(self, value: Any) -> None:
+        _check_not_none(value, "a reduced value")
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        current = kg_map.get(ctx.key)
+        kg_map[ctx.key] = value if current is None else self._reduce(current, value)
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)
+
+
+class HeapAggregatingState(AggregatingState[Any, Any]):
+    __slots__ = ("_ctx", "_fn", "_maps")
+
+    def __init__(
+        self,
+        ctx: KeyContext,
+        maps: KeyGroupMaps,
+        descriptor: AggregatingStateDescriptor[Any, Any, Any],
+    ) -> None:
+        self._ctx = ctx
+        self._maps = maps
+        self._fn = descriptor.aggregate_function
+
+    def get(self) -> Any:
+        ctx = self._ctx
+        accumulator = self._maps[ctx.index].get(ctx.key)
+        return None if accumulator is None else self._fn.get_result(accumulator)
+
+    def add(self, value: Any) -> None:
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        accumulator = kg_map.get(ctx.key)
+        if accumulator is None:
+            accumulator = self._fn.create_accumulator()
+        kg_map[ctx.key] = self._fn.add(value, accumulator)
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)
+
+
+class HeapMapState(MapState[Any, Any]):
+    """Stores a dict per key; a key whose map becomes empty is removed."""
+
+    __slots__ = ("_ctx", "_maps")
+
+    def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
+        self._ctx = ctx
+        self._maps = maps
+
+    def _entries(self) -> dict[Any, Any]:
+        ctx = self._ctx
+        entries: dict[Any, Any] = self._maps[ctx.index].get(ctx.key) or {}
+        return entries
+
+    def get(self, user_key: Any) -> Any:
+        return self._entries().get(user_key)
+
+    def put(self, user_key: Any, value: Any) -> None:
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        entries = kg_map.get(ctx.key)
+        if entries is None:
+            kg_map[ctx.key] = {user_key: value}
+        else:
+            entries[user_key] = value
+            kg_map[ctx.key] = entries  # a spilled map must see the write
+
+    def put_all(self, entries: dict[Any, Any]) -> None:
+        if not entries:
+            return
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        current = kg_map.get(ctx.key) or {}
+        current.update(entries)
+        kg_map[ctx.key] = current
+
+    def remove(self, user_key: Any) -> None:
+        ctx = self._ctx
+        kg_map = self._maps[ctx.index]
+        entries = kg_map.get(ctx.key)
+        if entries is None or user_key not in entries:
+            return
+        del entries[user_key]
+        if entries:
+            kg_map[ctx.key] = entries
+        else:
+            del kg_map[ctx.key]
+
+    def contains(self, user_key: Any) -> bool:
+        return user_key in self._entries()
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(list(self._entries().items()))
+
+    def is_empty(self) -> bool:
+        return not self._entries()
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)

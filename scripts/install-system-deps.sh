@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the system packages statetier's tests need, when they are missing.
+# Runs before the virtual environment is created; safe to run again.
+set -euo pipefail
+
+need=()
+command -v python3 >/dev/null || need+=(python3 python3-venv)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "statetier: missing system packages: ${need[*]} (install them, or run as root)" >&2
+        exit 1
+    fi
+    echo "statetier: installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
