@@ -157,10 +157,12 @@ class KeyedStateBackend:
             self._check_same(existing.descriptor, descriptor)
             return self._handles[name]
         table = StateTable(descriptor, self.key_groups)
-        restored = self.restored.pop(name, None)
+        restored = self.restored.get(name)
         if restored is not None:
+            # Check before taking it: a refused registration must not lose the restored state.
             check_restored_compatible(restored.meta, descriptor)
             self._fill(table, restored)
+            del self.restored[name]
         handle = self._make_handle(table)
         self.tables[name] = table
         self._handles[name] = handle

@@ -111,7 +111,7 @@ class OperatorStateBackend:
                 )
             return existing.state
         state = OperatorListState()
-        restored = self.restored.pop(name, None)
+        restored = self.restored.get(name)
         if restored is not None:
             restored_mode, serializer_id, elements = restored
             if restored_mode is not mode:
@@ -125,6 +125,7 @@ class OperatorStateBackend:
                     f"but is registered with {descriptor.serializer.id!r}"
                 )
             state.elements = [descriptor.serializer.loads(e) for e in elements]
+            del self.restored[name]  # only now: a refused registration keeps the restored state
         self.states[name] = RegisteredListState(descriptor, mode, state)
         return state
 

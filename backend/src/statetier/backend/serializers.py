@@ -59,17 +59,25 @@ class MsgpackSerializer:
         self._packer = msgpack.Packer(default=self._pack_ext, strict_types=True, use_bin_type=True)
 
     def _pack_ext(self, value: Any) -> msgpack.ExtType:
+        # A nested value needs its own Packer: this runs inside self._packer.pack(), and a
+        # Packer is not reentrant (the inner pack() would hand back and reset the outer buffer).
         if isinstance(value, tuple):
-            return msgpack.ExtType(_EXT_TUPLE, self._packer.pack(list(value)))
+            return msgpack.ExtType(_EXT_TUPLE, self._pack_nested(list(value)))
         if isinstance(value, frozenset):
-            return msgpack.ExtType(_EXT_FROZENSET, self._packer.pack(list(value)))
+            return msgpack.ExtType(_EXT_FROZENSET, self._pack_nested(list(value)))
         if isinstance(value, set):
-            return msgpack.ExtType(_EXT_SET, self._packer.pack(list(value)))
+            return msgpack.ExtType(_EXT_SET, self._pack_nested(list(value)))
         raise SerializationError(
             f"the default serializer cannot write {type(value).__name__} values; use "
             "PickleSerializer() in the state descriptor, or convert to a supported type "
             "(None, bool, int, float, str, bytes, list, tuple, dict, set)"
         )
+
+    def _pack_nested(self, items: list[Any]) -> bytes:
+        packed: bytes = msgpack.packb(
+            items, default=self._pack_ext, strict_types=True, use_bin_type=True
+        )
+        return packed
 
     @staticmethod
     def _unpack_ext(code: int, data: bytes) -> Any:
