@@ -28,6 +28,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	@# examples share the module name example.py, so each is checked on its own
+	@for f in examples/*/example.py; do $(BIN)/mypy --strict $$f || exit 1; done
 
 bench: $(STAMP)
 	$(BIN)/statetier bench state

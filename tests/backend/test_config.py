@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from statetier.backend.config import SETTINGS, ConfigError, load_config, render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +43,10 @@ def test_units_and_lists() -> None:
 @pytest.mark.parametrize(
     ("env", "fragment"),
     [
-        ({"STATETIER_SPILL_THRESHOLD": "1.5"}, "STATETIER_SPILL_THRESHOLD='1.5' (setting spill.threshold): must be between"),
+        (
+            {"STATETIER_SPILL_THRESHOLD": "1.5"},
+            "STATETIER_SPILL_THRESHOLD='1.5' (setting spill.threshold): must be between",
+        ),
         ({"STATETIER_CHECKPOINT_RETAINED": "many"}, "STATETIER_CHECKPOINT_RETAINED='many'"),
         ({"STATETIER_COMPACTION_FAILURE_STRATEGY": "retry"}, "must be one of fallback, fail"),
         ({"STATETIER_MEMORY_BUDGET": "lots"}, "expected a size"),

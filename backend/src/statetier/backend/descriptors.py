@@ -29,6 +29,8 @@ __all__ = [
 IN = TypeVar("IN")
 ACC = TypeVar("ACC")
 OUT = TypeVar("OUT")
+IN_contra = TypeVar("IN_contra", contravariant=True)
+OUT_co = TypeVar("OUT_co", covariant=True)
 V = TypeVar("V")
 
 
@@ -40,14 +42,14 @@ class StateKind(enum.Enum):
     MAP = "map"
 
 
-class AggregateFunction(Protocol[IN, ACC, OUT]):
+class AggregateFunction(Protocol[IN_contra, ACC, OUT_co]):
     """Aggregates inputs into an accumulator whose type may differ from input and output."""
 
     def create_accumulator(self) -> ACC: ...
 
-    def add(self, value: IN, accumulator: ACC) -> ACC: ...
+    def add(self, value: IN_contra, accumulator: ACC) -> ACC: ...
 
-    def get_result(self, accumulator: ACC) -> OUT: ...
+    def get_result(self, accumulator: ACC) -> OUT_co: ...
 
     def merge(self, a: ACC, b: ACC) -> ACC: ...
 

@@ -10,7 +10,7 @@ in :mod:`statetier.backend.snapshot`, which read and fill the tables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from statetier.backend.descriptors import (
@@ -22,7 +22,15 @@ from statetier.backend.descriptors import (
     StateKind,
     ValueStateDescriptor,
 )
-from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group, check_parallelism
+from statetier.backend.keygroups import (
+    _I64_MAX,
+    _U64,
+    SEED,
+    KeyGroupRange,
+    _xxh64,
+    assign_to_key_group,
+    check_parallelism,
+)
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
 from statetier.backend.state import (
     AggregatingState,
@@ -34,6 +42,7 @@ from statetier.backend.state import (
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.heap import (
+    KeyGroupMaps,
     HeapAggregatingState,
     HeapListState,
     HeapMapState,
@@ -85,7 +94,9 @@ class KeyedStateBackend:
     ) -> None:
         check_parallelism(max_parallelism, 1)
         if key_groups.start < 0 or key_groups.end >= max_parallelism or not len(key_groups):
-            raise ValueError(f"key groups {key_groups} are not a range within 0..{max_parallelism - 1}")
+            raise ValueError(
+                f"key groups {key_groups} are not a range within 0..{max_parallelism - 1}"
+            )
         self.key_groups = key_groups
         self.max_parallelism = max_parallelism
         self.clock: Clock = clock or SystemClock()
@@ -95,33 +106,49 @@ class KeyedStateBackend:
         self.restored: dict[str, RestoredState] = {}
         self._handles: dict[str, State] = {}
         self._slot_cache: dict[Any, int] = {}
+        self._first = key_groups.start
+        self._slots = len(key_groups)
         self._cleanups: list[IncrementalCleanup] = []
 
     # ------------------------------------------------------------------ current key
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key all state handles read and write."""
-        ctx = self.context
         slot = self._slot_cache.get(key)
-        if slot is None:
-            slot = self._slot_of(key)
+        ctx = self.context
+        # index first: a refused key must leave the previous key current, not half-switched
+        ctx.index = self._slot_of(key) if slot is None else slot
         ctx.key = key
-        ctx.index = slot
-        for hook in ctx.record_hooks:
+
+    def _set_current_key_and_run_hooks(self, key: Any) -> None:
+        """``set_current_key`` once a state needs per-record work (TTL cleanup per record)."""
+        KeyedStateBackend.set_current_key(self, key)
+        for hook in self.context.record_hooks:
             hook()
 
+    def add_record_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` on every record; the hook-free fast path is kept until the first one."""
+        self.context.record_hooks.append(hook)
+        self.set_current_key = self._set_current_key_and_run_hooks  # type: ignore[method-assign]
+
     def _slot_of(self, key: Any) -> int:
-        key_group = assign_to_key_group(key, self.max_parallelism)
-        if key_group not in self.key_groups:
+        """Compute and memoize the slot of a key not seen yet (the per-record miss path)."""
+        if type(key) is str:  # inlined assign_to_key_group: most keys are strings
+            h = _xxh64(key.encode("utf-8"), SEED)
+            key_group = (h if h <= _I64_MAX else h - _U64) % self.max_parallelism
+        else:
+            key_group = assign_to_key_group(key, self.max_parallelism)
+        slot = key_group - self._first
+        if not 0 <= slot < self._slots:
             raise KeyGroupOutOfRangeError(
                 f"key {key!r} is in key group {key_group}, outside this backend's range "
                 f"{self.key_groups} (max parallelism {self.max_parallelism}); records must be "
                 "partitioned by key group before they reach the backend"
             )
-        if len(self._slot_cache) >= KEY_GROUP_CACHE_LIMIT:
-            self._slot_cache.clear()
-        slot = key_group - self.key_groups.start
-        self._slot_cache[key] = slot
+        cache = self._slot_cache
+        if len(cache) >= KEY_GROUP_CACHE_LIMIT:
+            cache.clear()
+        cache[key] = slot
         return slot
 
     @property
@@ -199,13 +226,13 @@ class KeyedStateBackend:
             )
             self._cleanups.append(cleanup)
             if descriptor.ttl.cleanup_per_record:
-                ctx.record_hooks.append(cleanup.on_record)
+                self.add_record_hook(cleanup.on_record)
             return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)  # type: ignore[return-value]
         if isinstance(descriptor, ReducingStateDescriptor):
             return HeapReducingState(ctx, maps, descriptor)
         if isinstance(descriptor, AggregatingStateDescriptor):
             return HeapAggregatingState(ctx, maps, descriptor)
-        handle_types = {
+        handle_types: dict[StateKind, Callable[[KeyContext, KeyGroupMaps], State]] = {
             StateKind.VALUE: HeapValueState,
             StateKind.LIST: HeapListState,
             StateKind.MAP: HeapMapState,

@@ -100,7 +100,9 @@ class OperatorStateBackend:
         """A list every instance receives whole on restore."""
         return self._register(descriptor, Redistribution.UNION)
 
-    def _register(self, descriptor: ListStateDescriptor[Any], mode: Redistribution) -> ListState[Any]:
+    def _register(
+        self, descriptor: ListStateDescriptor[Any], mode: Redistribution
+    ) -> ListState[Any]:
         name = descriptor.name
         existing = self.states.get(name)
         if existing is not None:

@@ -92,7 +92,8 @@ class MsgpackSerializer:
 
     def dumps(self, value: Any) -> bytes:
         try:
-            return self._packer.pack(value)
+            data: bytes = self._packer.pack(value)
+            return data
         except SerializationError:
             raise
         except (TypeError, OverflowError, ValueError) as exc:
@@ -116,7 +117,7 @@ class PickleSerializer:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def loads(self, data: bytes) -> Any:
-        return pickle.loads(data)  # noqa: S301 - checkpoints are the job's own trusted data
+        return pickle.loads(data)
 
 
 class RawBytesSerializer:

@@ -162,8 +162,10 @@ _OPS_PREAMBLE = struct.Struct("<8sHII")
 
 def encode_operator_file(states: dict[str, dict[str, Any]]) -> bytes:
     """Operator state of one instance: name -> {mode, serializer, elements: [bytes]}."""
-    payload = msgpack.packb(states, use_bin_type=True)
-    return _OPS_PREAMBLE.pack(OPS_MAGIC, FORMAT_VERSION, len(payload), zlib.crc32(payload)) + payload
+    payload: bytes = msgpack.packb(states, use_bin_type=True)
+    return (
+        _OPS_PREAMBLE.pack(OPS_MAGIC, FORMAT_VERSION, len(payload), zlib.crc32(payload)) + payload
+    )
 
 
 def decode_operator_file(data: bytes, path: str) -> dict[str, dict[str, Any]]:
@@ -176,6 +178,8 @@ def decode_operator_file(data: bytes, path: str) -> dict[str, dict[str, Any]]:
         raise CorruptFileError(path, f"format version {version} is newer than this reader")
     payload = data[_OPS_PREAMBLE.size :]
     if len(payload) != length or zlib.crc32(payload) != crc:
-        raise CorruptFileError(path, f"operator state block at offset {_OPS_PREAMBLE.size} fails its checksum")
+        raise CorruptFileError(
+            path, f"operator state block at offset {_OPS_PREAMBLE.size} fails its checksum"
+        )
     states: dict[str, dict[str, Any]] = msgpack.unpackb(payload)
     return states

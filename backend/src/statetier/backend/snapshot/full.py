@@ -9,6 +9,7 @@ range overlaps it, so state written at parallelism 4 restores at 1, 3 or 8 alike
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -98,12 +99,9 @@ def _write_table(
     for key_group in backend.key_groups:
         pairs = []
         for key, stored in table.map_for(key_group).items():
-            if purge:
-                assert ttl is not None
-                stored = purge_expired(descriptor.kind, stored, ttl, now)
-                if stored is None:
-                    continue
-            pairs.append((key_dumps(key), encode(stored)))
+            kept = purge_expired(descriptor.kind, stored, ttl, now) if purge and ttl else stored
+            if kept is not None:
+                pairs.append((key_dumps(key), encode(kept)))
         blocks.append((key_group, pairs))
     return _write_blocks(store, epoch, backend.key_groups, table.name, blocks, backend)
 
@@ -130,7 +128,9 @@ def _write_blocks(
     header = {"state": name, "key_groups": str(key_groups), "epoch": epoch}
     if backend is not None:
         header["max_parallelism"] = backend.max_parallelism
-    entry = store.write(store.keyed_file_name(epoch, name, key_groups), encode_data_file(header, blocks))
+    entry = store.write(
+        store.keyed_file_name(epoch, name, key_groups), encode_data_file(header, blocks)
+    )
     return dataclasses.replace(entry, state=name, key_groups=str(key_groups))
 
 
@@ -155,7 +155,7 @@ def commit_snapshot(
 ) -> Manifest:
     """Check that the instances' snapshots fit together, then write the manifest."""
     keyed = [s for s in subtasks if s.key_groups is not None]
-    max_parallelisms = {s.max_parallelism for s in keyed}
+    max_parallelisms = {s.max_parallelism for s in keyed if s.max_parallelism is not None}
     if len(max_parallelisms) > 1:
         raise SnapshotError(f"instances disagree on max parallelism: {sorted(max_parallelisms)}")
     _check_ranges_disjoint(keyed)
@@ -163,10 +163,12 @@ def commit_snapshot(
     for subtask in keyed:
         for name, meta in subtask.states.items():
             if states.setdefault(name, meta) != meta:
-                raise SnapshotError(f"instances disagree on state {name!r}: {states[name]} vs {meta}")
+                raise SnapshotError(
+                    f"instances disagree on state {name!r}: {states[name]} vs {meta}"
+                )
     manifest = Manifest(
         epoch=epoch,
-        max_parallelism=next(iter(max_parallelisms)) or 0 if max_parallelisms else 0,
+        max_parallelism=max_parallelisms.pop() if max_parallelisms else 0,
         parallelism=len(subtasks),
         states=states,
         key_serializer=next((s.key_serializer for s in keyed if s.key_serializer), "msgpack"),
@@ -179,8 +181,8 @@ def commit_snapshot(
 
 
 def _check_ranges_disjoint(subtasks: Sequence[SubtaskSnapshot]) -> None:
-    ranges = sorted(s.key_groups for s in subtasks if s.key_groups is not None)
-    for left, right in zip(ranges, ranges[1:], strict=False):
+    ranges = sorted(r for r in (s.key_groups for s in subtasks) if r is not None)
+    for left, right in itertools.pairwise(ranges):
         if right.start <= left.end:
             raise SnapshotError(f"key-group ranges {left} and {right} overlap")
 
@@ -252,7 +254,8 @@ def restore_operator_state(
                 raise SnapshotError(f"operator state {name!r} has mixed redistribution modes")
             known[2].extend(part["elements"])
     for name, (mode, serializer_id, elements) in per_state.items():
+        mine = elements
         if mode is Redistribution.EVEN_SPLIT:
-            elements = even_split(elements, backend.parallelism, backend.index)
-        backend.restored[name] = (mode, serializer_id, elements)
+            mine = even_split(elements, backend.parallelism, backend.index)
+        backend.restored[name] = (mode, serializer_id, mine)
     return manifest

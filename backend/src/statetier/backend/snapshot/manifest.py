@@ -54,7 +54,9 @@ class Manifest:
             body = json.loads(data)
             stored_crc = body.pop("crc32")
         except (ValueError, KeyError, AttributeError) as exc:
-            raise CorruptFileError(path, f"manifest is not valid JSON with a crc32: {exc}") from None
+            raise CorruptFileError(
+                path, f"manifest is not valid JSON with a crc32: {exc}"
+            ) from None
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         if zlib.crc32(text.encode()) != stored_crc:
             raise CorruptFileError(path, "manifest fails its checksum")

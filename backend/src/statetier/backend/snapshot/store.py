@@ -18,7 +18,6 @@ import zlib
 from typing import Any
 
 import fsspec
-
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.manifest import FileEntry, Manifest

@@ -11,11 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
-
 from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
 from statetier.backend.serializers import SerializationError, Serializer
 
-_pack = msgpack.Packer(use_bin_type=True).pack
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _pack(value: Any) -> bytes:
+    data: bytes = _packer.pack(value)
+    return data
 
 
 def _unpack(data: bytes) -> Any:
@@ -48,7 +52,8 @@ class StateCodec:
         if self.ttl:
             value, ts = stored
             return _pack([ts, dumps(value)])
-        return dumps(stored)
+        encoded: bytes = dumps(stored)
+        return encoded
 
     def decode(self, data: bytes) -> Any:
         loads = self._values.loads
@@ -68,4 +73,6 @@ class StateCodec:
                 return (loads(value), ts)
             return loads(data)
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise SerializationError(f"cannot decode a stored {self.kind.value} value: {exc}") from exc
+            raise SerializationError(
+                f"cannot decode a stored {self.kind.value} value: {exc}"
+            ) from exc

@@ -36,7 +36,15 @@ Stamped = tuple[Any, int]
 class _TtlHandle:
     """What all TTL handles share: the clock, the config and the cleanup run on each access."""
 
-    __slots__ = ("_cleanup", "_clock", "_ctx", "_maps", "_return_expired", "_ttl", "_update_on_read")
+    __slots__ = (
+        "_cleanup",
+        "_clock",
+        "_ctx",
+        "_maps",
+        "_return_expired",
+        "_ttl",
+        "_update_on_read",
+    )
 
     def __init__(
         self,
@@ -157,7 +165,9 @@ class TtlListState(_TtlHandle, ListState[Any]):
             return []
         expired = self._ttl.expired
         visible = [v for v, ts in stamped if self._return_expired or not expired(ts, now)]
-        live = [(v, now if self._update_on_read else ts) for v, ts in stamped if not expired(ts, now)]
+        live = [
+            (v, now if self._update_on_read else ts) for v, ts in stamped if not expired(ts, now)
+        ]
         if len(live) != len(stamped) or self._update_on_read:
             if live:
                 kg_map[ctx.key] = live

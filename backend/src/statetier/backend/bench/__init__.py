@@ -1,0 +1,32 @@
+"""Benchmarks run by ``make bench`` (``statetier bench NAME``).
+
+Each benchmark measures statetier and its peer in the same run on the same input, repeats each
+measurement and reports medians and ratios: the machines are shared and noisy, so only figures
+taken side by side mean anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_rate(work: Callable[[], int], repeats: int) -> tuple[float, list[float]]:
+    """Median operations per second of ``work`` (which returns its operation count)."""
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        ops = work()
+        rates.append(ops / (time.perf_counter() - started))
+    return statistics.median(rates), rates
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    print(title)
+    for row in [header, *rows]:
+        print(
+            "  "
+            + "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
+        )

@@ -1,0 +1,105 @@
+"""Runs a keyed function on several operator instances in one process, epoch by epoch.
+
+This is the reference runtime: the demo, the docs and many tests use it, and the Spark
+integration does the same steps across executors. Each epoch routes records to the instance that
+owns their key group, processes them, snapshots every instance and commits the epoch's manifest.
+A runner started on a store with committed epochs resumes from the latest, at any parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from statetier.backend.keygroups import (
+    assign_to_key_group,
+    compute_default_max_parallelism,
+    operator_index_for_key_group,
+)
+from statetier.backend.runtime import FunctionFactory, OperatorInstance
+from statetier.backend.snapshot import Manifest, SnapshotStore, commit_snapshot
+from statetier.backend.ttl import Clock
+
+__all__ = ["LocalRunner"]
+
+
+class LocalRunner:
+    """``parallelism`` instances of the function made by ``factory``."""
+
+    def __init__(
+        self,
+        factory: FunctionFactory,
+        parallelism: int,
+        *,
+        max_parallelism: int | None = None,
+        checkpoint_uri: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = SnapshotStore(checkpoint_uri) if checkpoint_uri else None
+        epochs = self.store.epochs() if self.store else []
+        self.last_epoch = epochs[-1] if epochs else 0
+        if epochs and self.store is not None:
+            stored_max = self.store.manifest(self.last_epoch).max_parallelism
+            if max_parallelism not in (None, stored_max):
+                raise ValueError(
+                    f"the checkpoint at {checkpoint_uri} has max parallelism {stored_max}, "
+                    f"not {max_parallelism}"
+                )
+            max_parallelism = stored_max
+        self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
+        self.parallelism = parallelism
+        restore_epoch = self.last_epoch if epochs else None
+        self.instances = [
+            OperatorInstance(
+                factory,
+                index,
+                parallelism,
+                self.max_parallelism,
+                store=self.store,
+                restore_epoch=restore_epoch,
+                clock=clock,
+            )
+            for index in range(parallelism)
+        ]
+
+    @property
+    def restored_epoch(self) -> int:
+        """The epoch the runner resumed from (0: started empty)."""
+        return self.last_epoch
+
+    def partition(self, records: Iterable[tuple[Any, Any]]) -> list[list[tuple[Any, Any]]]:
+        """Records per instance, by the owner of each record's key group."""
+        parts: list[list[tuple[Any, Any]]] = [[] for _ in self.instances]
+        max_p, p = self.max_parallelism, self.parallelism
+        owner: dict[Any, int] = {}
+        for record in records:
+            key = record[0]
+            index = owner.get(key)
+            if index is None:
+                kg = assign_to_key_group(key, max_p)
+                index = owner[key] = operator_index_for_key_group(max_p, p, kg)
+            parts[index].append(record)
+        return parts
+
+    def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
+        """Process records without ending the epoch."""
+        out: list[Any] = []
+        for instance, part in zip(self.instances, self.partition(records), strict=True):
+            out.extend(instance.process(part))
+        return out
+
+    def checkpoint(self) -> Manifest:
+        """End the epoch: snapshot every instance, then commit the manifest."""
+        if self.store is None:
+            raise RuntimeError("the runner has no checkpoint_uri")
+        epoch = self.last_epoch + 1
+        parts = [instance.snapshot(epoch) for instance in self.instances]
+        manifest = commit_snapshot(self.store, epoch, parts)
+        self.last_epoch = epoch
+        return manifest
+
+    def run_epoch(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
+        """Process one epoch of records and commit it."""
+        out = self.process(records)
+        self.checkpoint()
+        return out

@@ -1,0 +1,83 @@
+"""An operator instance: one function, its keyed state for one key-group range, its operator state.
+
+This is the unit every runner drives, locally or in a Spark task: restore (optional), ``open``
+the function, feed it records of its own key groups, snapshot. Keeping it free of partitioning
+and committing lets the local runner and the Spark integration share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import key_group_range_for_operator
+from statetier.backend.operator_state import (
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    OperatorStateBackend,
+)
+from statetier.backend.snapshot import (
+    SnapshotStore,
+    SubtaskSnapshot,
+    restore_keyed_state,
+    restore_operator_state,
+    snapshot_subtask,
+)
+from statetier.backend.ttl import Clock
+
+FunctionFactory = Callable[[], KeyedProcessFunction[Any, Any, Any]]
+
+
+class OperatorInstance:
+    """Instance ``index`` of ``parallelism`` of a keyed function."""
+
+    def __init__(
+        self,
+        factory: FunctionFactory,
+        index: int,
+        parallelism: int,
+        max_parallelism: int,
+        *,
+        store: SnapshotStore | None = None,
+        restore_epoch: int | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        key_groups = key_group_range_for_operator(max_parallelism, parallelism, index)
+        self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=clock)
+        self.operator = OperatorStateBackend(index, parallelism)
+        self.store = store
+        restored = store is not None and restore_epoch is not None
+        if restored:
+            assert store is not None
+            restore_keyed_state(store, self.keyed, restore_epoch)
+            restore_operator_state(store, self.operator, restore_epoch)
+        self.function = factory()
+        self.context = RuntimeContext(self.keyed, self.operator, is_restored=restored)
+        initialize = getattr(self.function, "initialize_state", None)
+        if initialize is not None:
+            initialize(FunctionInitializationContext(restored, self.operator, self.keyed))
+        self.function.open(self.context)
+
+    def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
+        """Run the function over ``(key, value)`` records, all of this instance's key groups."""
+        out: list[Any] = []
+        set_key = self.keyed.set_current_key
+        process = self.function.process
+        context = self.context
+        for key, value in records:
+            set_key(key)
+            result = process(key, value, context)
+            if result is not None:
+                out.extend(result)
+        return out
+
+    def snapshot(self, epoch: int) -> SubtaskSnapshot:
+        """Write this instance's state for ``epoch`` (not yet committed)."""
+        if self.store is None:
+            raise RuntimeError("this instance has no snapshot store")
+        hook = getattr(self.function, "snapshot_state", None)
+        if hook is not None:
+            hook(FunctionSnapshotContext(epoch))
+        return snapshot_subtask(self.store, epoch, self.keyed, self.operator)

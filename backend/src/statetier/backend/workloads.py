@@ -1,0 +1,28 @@
+"""Generated inputs for the demo and the benchmarks: Zipf-distributed words.
+
+Deterministic for a seed (``random.Random``, never ``hash()``), so every mode of a benchmark and
+every run of the demo see the same words, and results can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+
+def zipf_words(
+    count: int, vocabulary: int = 200_000, *, seed: int = 7, exponent: float = 1.1
+) -> list[str]:
+    """``count`` words ``w<rank>`` drawn with probability proportional to ``rank ** -exponent``."""
+    if count < 0 or vocabulary < 1:
+        raise ValueError("count must be >= 0 and vocabulary >= 1")
+    weights = itertools.accumulate(rank**-exponent for rank in range(1, vocabulary + 1))
+    cumulative = list(weights)
+    ranks = random.Random(seed).choices(range(1, vocabulary + 1), cum_weights=cumulative, k=count)
+    return [f"w{rank}" for rank in ranks]
+
+
+def batches(words: list[str], count: int) -> list[list[str]]:
+    """``words`` cut into ``count`` consecutive batches of near-equal size."""
+    size = len(words)
+    return [words[i * size // count : (i + 1) * size // count] for i in range(count)]

@@ -1,0 +1,24 @@
+"""Every example in examples/ runs as a program and succeeds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*/example.py"))
+
+
+def test_examples_are_found() -> None:
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.parent.name for p in EXAMPLES])
+def test_example_runs(example: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip(), "an example should say what it did"
