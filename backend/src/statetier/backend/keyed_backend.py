@@ -58,8 +58,6 @@ __all__ = ["KeyGroupOutOfRangeError", "KeyedStateBackend", "StateRegistrationErr
 
 T = TypeVar("T")
 
-KEY_GROUP_CACHE_LIMIT = 1 << 20  # keys whose key group is memoized; cleared when full
-
 
 class StateRegistrationError(ValueError):
     """A state name is registered twice with different kinds, or differs from its checkpoint."""
@@ -105,7 +103,10 @@ class KeyedStateBackend:
         self.tables: dict[str, StateTable] = {}
         self.restored: dict[str, RestoredState] = {}
         self._handles: dict[str, State] = {}
-        self._slot_cache: dict[Any, int] = {}
+        # Keys touched since the last drain_touched_keys(), with their slot. Doubles as the
+        # key-group memo of the per-record path and as the change log of incremental snapshots:
+        # every write happens under set_current_key, so a changed key is always in here.
+        self._touched: dict[Any, int] = {}
         self._first = key_groups.start
         self._slots = len(key_groups)
         self._cleanups: list[IncrementalCleanup] = []
@@ -114,7 +115,7 @@ class KeyedStateBackend:
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key all state handles read and write."""
-        slot = self._slot_cache.get(key)
+        slot = self._touched.get(key)
         ctx = self.context
         # index first: a refused key must leave the previous key current, not half-switched
         ctx.index = self._slot_of(key) if slot is None else slot
@@ -145,10 +146,7 @@ class KeyedStateBackend:
                 f"{self.key_groups} (max parallelism {self.max_parallelism}); records must be "
                 "partitioned by key group before they reach the backend"
             )
-        cache = self._slot_cache
-        if len(cache) >= KEY_GROUP_CACHE_LIMIT:
-            cache.clear()
-        cache[key] = slot
+        self._touched[key] = slot
         return slot
 
     @property
@@ -222,7 +220,12 @@ class KeyedStateBackend:
         descriptor, ctx, maps = table.descriptor, self.context, table.maps
         if descriptor.ttl is not None:
             cleanup = IncrementalCleanup(
-                descriptor.kind, descriptor.ttl, self.clock, maps, len(self.key_groups)
+                descriptor.kind,
+                descriptor.ttl,
+                self.clock,
+                maps,
+                len(self.key_groups),
+                on_change=self._touched_by_cleanup,
             )
             self._cleanups.append(cleanup)
             if descriptor.ttl.cleanup_per_record:
@@ -238,6 +241,31 @@ class KeyedStateBackend:
             StateKind.MAP: HeapMapState,
         }
         return handle_types[descriptor.kind](ctx, maps)
+
+    # ------------------------------------------------------------------ change tracking
+
+    def drain_touched_keys(self) -> dict[int, list[Any]]:
+        """Keys whose state may have changed since the last call, by key group; resets the log.
+
+        A superset of the changed keys: every key set as current (read or written), plus keys
+        removed by TTL cleanup. Incremental snapshots write these keys' values or tombstones.
+        """
+        by_group: dict[int, list[Any]] = {}
+        first = self.key_groups.start
+        for key, slot in self._touched.items():
+            by_group.setdefault(first + slot, []).append(key)
+        self._touched = {}
+        ctx = self.context
+        if ctx.index >= 0:  # the current key stays valid for the handles
+            self._touched[ctx.key] = ctx.index
+        return by_group
+
+    def _touched_by_cleanup(self, key: Any, slot: int) -> None:
+        self._touched[key] = slot
+
+    def mark_touched(self, key: Any, key_group: int) -> None:
+        """Log a change made outside the per-record path (TTL cleanup, restores, tools)."""
+        self._touched[key] = key_group - self.key_groups.start
 
     # ------------------------------------------------------------------ inspection
 

@@ -7,7 +7,7 @@ off, so that idle keys are eventually dropped without a full scan on the hot pat
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from statetier.backend.descriptors import StateKind
@@ -36,6 +36,7 @@ class IncrementalCleanup:
         clock: Clock,
         maps: Sequence[MutableMapping[Any, Any]],
         key_group_count: int,
+        on_change: Callable[[Any, int], None] | None = None,
     ) -> None:
         self._kind = kind
         self._ttl = ttl
@@ -43,6 +44,7 @@ class IncrementalCleanup:
         self._maps = maps
         self._count = key_group_count
         self._size = ttl.incremental_cleanup_size
+        self._on_change = on_change  # (key, slot): the backend logs the change for snapshots
         self._slot = 0
         self._pending: list[Any] = []
         self.removed = 0  # entries (keys) dropped so far, for tests and metrics
@@ -79,3 +81,7 @@ class IncrementalCleanup:
                 self.removed += 1
             elif live is not stored and len(live) != len(stored):
                 kg_map[key] = live
+            else:
+                continue
+            if self._on_change is not None:
+                self._on_change(key, self._slot)
