@@ -42,12 +42,12 @@ from statetier.backend.state import (
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.heap import (
-    KeyGroupMaps,
     HeapAggregatingState,
     HeapListState,
     HeapMapState,
     HeapReducingState,
     HeapValueState,
+    KeyGroupMaps,
 )
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
