@@ -159,6 +159,8 @@ def commit_snapshot(
     if len(max_parallelisms) > 1:
         raise SnapshotError(f"instances disagree on max parallelism: {sorted(max_parallelisms)}")
     _check_ranges_disjoint(keyed)
+    if keyed:
+        _check_ranges_cover(keyed, next(iter(max_parallelisms)) or 0)
     states: dict[str, dict[str, Any]] = {}
     for subtask in keyed:
         for name, meta in subtask.states.items():
@@ -185,6 +187,17 @@ def _check_ranges_disjoint(subtasks: Sequence[SubtaskSnapshot]) -> None:
     for left, right in itertools.pairwise(ranges):
         if right.start <= left.end:
             raise SnapshotError(f"key-group ranges {left} and {right} overlap")
+
+
+def _check_ranges_cover(subtasks: Sequence[SubtaskSnapshot], max_parallelism: int) -> None:
+    """A full snapshot must hold every key group: a missing range would silently drop state."""
+    covered = sum(len(s.key_groups) for s in subtasks if s.key_groups is not None)
+    if covered != max_parallelism:
+        ranges = ", ".join(sorted(str(s.key_groups) for s in subtasks if s.key_groups))
+        raise SnapshotError(
+            f"the instances' key groups ({ranges}) cover {covered} of the {max_parallelism} key "
+            "groups; a snapshot needs every range (is an instance's snapshot missing?)"
+        )
 
 
 def restore_keyed_state(
