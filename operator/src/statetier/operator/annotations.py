@@ -1,0 +1,212 @@
+"""The ``statetier.io/*`` annotations a SparkApplication opts in and configures itself with.
+
+SparkApplication belongs to the Kubeflow Spark Operator, so statetier cannot add fields to its
+schema: annotations are the extension point. Each one is declared here once, with what it
+accepts; the validating webhook rejects a bad value with a message that names the annotation
+and the allowed values, and the mutating webhook reads the parsed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from statetier.backend.config import parse_size
+
+__all__ = ["ANNOTATIONS", "PREFIX", "STATUS", "AppSettings", "parse", "problems"]
+
+PREFIX = "statetier.io/"
+STATUS = PREFIX + "status"
+"""Written by the operator: what it configured (JSON). Users do not set it."""
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Annotation:
+    """One annotation: its key suffix, what it accepts (as text for messages), and a check."""
+
+    key: str
+    allowed: str
+    check: Callable[[str], bool]
+    meaning: str
+
+    @property
+    def full(self) -> str:
+        return PREFIX + self.key
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    return lambda value: value in choices
+
+
+def _fraction(value: str) -> bool:
+    try:
+        return 0.05 <= float(value) <= 1.0
+    except ValueError:
+        return False
+
+
+def _size(value: str) -> bool:
+    try:
+        return parse_size(value) > 0
+    except ValueError:
+        return False
+
+
+def _service_ref(value: str) -> bool:
+    parts = value.split("/")
+    return (
+        1 <= len(parts) <= 2
+        and all(_DNS_LABEL.match(p) for p in parts[:-1])
+        and bool(_DNS_SUBDOMAIN.match(parts[-1]))
+    )
+
+
+ANNOTATIONS: tuple[Annotation, ...] = (
+    Annotation(
+        "enabled",
+        "true, false",
+        _one_of("true", "false"),
+        "Opt in: the webhook configures the application only when this is true.",
+    ),
+    Annotation(
+        "spill-volume",
+        "ephemeral, hostPath, emptyDir",
+        _one_of("ephemeral", "hostPath", "emptyDir"),
+        "Kind of the executors' spill volume (default emptyDir). ephemeral is a generic "
+        "ephemeral volume (a PVC per executor pod, e.g. on local SSD).",
+    ),
+    Annotation(
+        "spill-size",
+        "a Kubernetes quantity such as 100Gi",
+        lambda v: bool(_QUANTITY.match(v)),
+        "Size of the spill volume; required for ephemeral, a size limit for emptyDir.",
+    ),
+    Annotation(
+        "spill-storage-class",
+        "a StorageClass name (DNS subdomain)",
+        lambda v: bool(_DNS_SUBDOMAIN.match(v)),
+        "StorageClass of the ephemeral spill volume (default: the cluster's default).",
+    ),
+    Annotation(
+        "spill-host-path",
+        "an absolute path",
+        lambda v: v.startswith("/"),
+        "Node directory of a hostPath spill volume (required for hostPath).",
+    ),
+    Annotation(
+        "spill-mount-path",
+        "an absolute path",
+        lambda v: v.startswith("/"),
+        "Where executors mount the spill volume (default /var/lib/statetier/spill).",
+    ),
+    Annotation(
+        "checkpoint-uri",
+        "an s3://, file:// or memory:// URI",
+        lambda v: bool(re.match(r"^(s3|file|memory)://.+", v)),
+        "Where checkpoints go (backend setting checkpoint.uri).",
+    ),
+    Annotation(
+        "checkpoint-retention",
+        "retain, delete",
+        _one_of("retain", "delete"),
+        "On deletion of the application: keep the checkpoints (default) or delete them.",
+    ),
+    Annotation(
+        "compaction-service",
+        "a CompactionService name, or namespace/name",
+        _service_ref,
+        "CompactionService whose endpoint goes to compaction.endpoints.",
+    ),
+    Annotation(
+        "memory-budget",
+        "a size such as 2g or 512m",
+        _size,
+        "State memory budget per Python worker; overrides the derived one.",
+    ),
+    Annotation(
+        "memory-fraction",
+        "a number between 0.05 and 1.0",
+        _fraction,
+        "Share of the Python worker memory given to state (default 0.5).",
+    ),
+)
+
+_BY_KEY = {a.full: a for a in ANNOTATIONS}
+
+
+def problems(annotations: Mapping[str, str]) -> list[str]:
+    """Every bad ``statetier.io/*`` annotation, each message naming it and what is allowed."""
+    found: list[str] = []
+    for key, value in sorted(annotations.items()):
+        if not key.startswith(PREFIX) or key == STATUS:
+            continue
+        spec = _BY_KEY.get(key)
+        if spec is None:
+            known = ", ".join(a.full for a in ANNOTATIONS)
+            found.append(f"annotation {key} is not known; known annotations: {known}")
+        elif not spec.check(str(value)):
+            found.append(f"annotation {key}={value!r} is not valid: allowed values: {spec.allowed}")
+    if annotations.get(PREFIX + "enabled") == "true":
+        volume = annotations.get(PREFIX + "spill-volume", "emptyDir")
+        if volume == "ephemeral" and PREFIX + "spill-size" not in annotations:
+            found.append(
+                f"annotation {PREFIX}spill-size is required when "
+                f"{PREFIX}spill-volume is ephemeral: allowed values: a Kubernetes "
+                "quantity such as 100Gi"
+            )
+        if volume == "hostPath" and PREFIX + "spill-host-path" not in annotations:
+            found.append(
+                f"annotation {PREFIX}spill-host-path is required when "
+                f"{PREFIX}spill-volume is hostPath: allowed values: an absolute path"
+            )
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class AppSettings:
+    """Parsed annotations of an opted-in application (after :func:`problems` found none)."""
+
+    spill_volume: str = "emptyDir"
+    spill_size: str | None = None
+    storage_class: str | None = None
+    host_path: str | None = None
+    mount_path: str = "/var/lib/statetier/spill"
+    checkpoint_uri: str | None = None
+    retention: str = "retain"
+    compaction_service: str | None = None
+    memory_budget: int | None = None
+    memory_fraction: float = 0.5
+
+
+def enabled(annotations: Mapping[str, Any]) -> bool:
+    """Whether the application opted in."""
+    return annotations.get(PREFIX + "enabled") == "true"
+
+
+def parse(annotations: Mapping[str, str]) -> AppSettings:
+    """Read the settings; raises ValueError listing the problems if there are any."""
+    bad = problems(annotations)
+    if bad:
+        raise ValueError("; ".join(bad))
+
+    def get(key: str) -> str | None:
+        return annotations.get(PREFIX + key)
+
+    return AppSettings(
+        spill_volume=get("spill-volume") or "emptyDir",
+        spill_size=get("spill-size"),
+        storage_class=get("spill-storage-class"),
+        host_path=get("spill-host-path"),
+        mount_path=get("spill-mount-path") or "/var/lib/statetier/spill",
+        checkpoint_uri=get("checkpoint-uri"),
+        retention=get("checkpoint-retention") or "retain",
+        compaction_service=get("compaction-service"),
+        memory_budget=parse_size(get("memory-budget")) if get("memory-budget") else None,
+        memory_fraction=float(get("memory-fraction") or 0.5),
+    )

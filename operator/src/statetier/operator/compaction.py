@@ -1,0 +1,354 @@
+"""CompactionService: the objects it stands for, and its status.
+
+A CompactionService becomes three objects, all owned by it (so deleting it garbage-collects
+them): the gateway Deployment and its Service, and the worker Deployment whose replicas the
+operator keeps within ``workers.min..workers.max``. This module only computes: the desired
+objects from the spec, and the status from what exists. The kopf handlers that apply them live
+in :mod:`statetier.operator.compaction_handlers`, so everything here is testable without an
+apiserver and the reconciliation stays a thin, obvious loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+__all__ = [
+    "GROUP",
+    "PLURAL",
+    "VERSION",
+    "conditions",
+    "desired_objects",
+    "desired_workers",
+    "endpoint",
+    "is_subset",
+    "names",
+    "spec_problems",
+    "with_defaults",
+    "worker_selector",
+]
+
+Obj = dict[str, Any]
+
+GROUP, VERSION, PLURAL, KIND = "statetier.io", "v1alpha1", "compactionservices", "CompactionService"
+MANAGED_BY = "statetier-operator"
+SERVICE_LABEL = "statetier.io/compaction-service"
+
+# The CRD's defaults, repeated so that the operator behaves the same on an apiserver that has
+# not applied them (an object stored before a default was added). A test checks they agree.
+DEFAULTS: Obj = {
+    "imagePullPolicy": "IfNotPresent",
+    "gateway": {"replicas": 1, "port": 8080},
+    "workers": {"min": 1, "max": 4, "targetQueuePerWorker": 4, "concurrency": 1},
+    "scheduling": {"policy": "fair"},
+}
+
+
+def with_defaults(spec: Any) -> Obj:
+    """The spec with every defaulted field filled in."""
+    merged = copy.deepcopy(dict(spec or {}))
+    for key, value in DEFAULTS.items():
+        if isinstance(value, dict):
+            merged[key] = {**value, **dict(merged.get(key) or {})}
+        else:
+            merged.setdefault(key, value)
+    return merged
+
+
+def names(name: str) -> dict[str, str]:
+    """Names of the owned objects."""
+    return {
+        "gateway": f"{name}-gateway",
+        "service": f"{name}-gateway",
+        "workers": f"{name}-workers",
+    }
+
+
+def _labels(name: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "statetier-compaction",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        SERVICE_LABEL: name,
+    }
+
+
+def _selector(name: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "statetier-compaction",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def worker_selector(name: str) -> str:
+    """The worker pods' label selector as text, for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in sorted(_selector(name, "worker").items()))
+
+
+def endpoint(name: str, namespace: str, spec: Obj) -> str:
+    """URL of the gateway Service, as Spark executors reach it."""
+    return f"http://{names(name)['service']}.{namespace}.svc:{spec['gateway']['port']}"
+
+
+def spec_problems(spec: Obj) -> list[str]:
+    """What is wrong with a (defaulted) spec that the schema alone cannot say."""
+    workers = spec["workers"]
+    problems = []
+    if workers["min"] > workers["max"]:
+        problems.append(f"workers.min ({workers['min']}) exceeds workers.max ({workers['max']})")
+    if not spec.get("image"):
+        problems.append("image is empty")
+    if not (spec.get("objectStorage") or {}).get("allowedPrefixes"):
+        problems.append("objectStorage.allowedPrefixes is empty: the service could touch nothing")
+    return problems
+
+
+def desired_workers(spec: Obj) -> int:
+    """Requested replicas (unset: min), clamped to min..max."""
+    workers = spec["workers"]
+    requested = workers.get("replicas")
+    if requested is None:
+        requested = workers["min"]
+    return int(max(workers["min"], min(workers["max"], requested)))
+
+
+def _storage_env(spec: Obj) -> list[Obj]:
+    storage = spec.get("objectStorage") or {}
+    env: list[Obj] = []
+    if storage.get("endpoint"):
+        env.append({"name": "AWS_ENDPOINT_URL", "value": storage["endpoint"]})
+    if storage.get("region"):
+        env.append({"name": "AWS_REGION", "value": storage["region"]})
+    secret = storage.get("secretRef")
+    if secret:
+        for var, key_field, default in (
+            ("AWS_ACCESS_KEY_ID", "accessKeyIdKey", "AWS_ACCESS_KEY_ID"),
+            ("AWS_SECRET_ACCESS_KEY", "secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
+        ):
+            env.append(
+                {
+                    "name": var,
+                    "valueFrom": {
+                        "secretKeyRef": {
+                            "name": secret["name"],
+                            "key": secret.get(key_field, default),
+                        }
+                    },
+                }
+            )
+    return env
+
+
+def _prefix_args(spec: Obj) -> list[str]:
+    # Command-line flags, not STATETIER_* variables: the backend's configuration loader
+    # rejects unknown variables under that prefix, and the compaction image runs it.
+    args: list[str] = []
+    for prefix in (spec.get("objectStorage") or {}).get("allowedPrefixes") or []:
+        args += ["--allowed-prefix", prefix]
+    return args
+
+
+def _pod_spec(spec: Obj, container: Obj) -> Obj:
+    scheduling = spec.get("scheduling") or {}
+    pod: Obj = {"containers": [container]}
+    if scheduling.get("nodeSelector"):
+        pod["nodeSelector"] = dict(scheduling["nodeSelector"])
+    if scheduling.get("tolerations"):
+        pod["tolerations"] = list(scheduling["tolerations"])
+    if scheduling.get("priorityClassName"):
+        pod["priorityClassName"] = scheduling["priorityClassName"]
+    return pod
+
+
+def _deployment(name: str, namespace: str, component: str, replicas: int, pod: Obj) -> Obj:
+    object_name = names(name)["gateway" if component == "gateway" else "workers"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": object_name,
+            "namespace": namespace,
+            "labels": _labels(name, component),
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": _selector(name, component)},
+            "template": {"metadata": {"labels": _labels(name, component)}, "spec": pod},
+        },
+    }
+
+
+def desired_objects(body: Obj) -> list[Obj]:
+    """Gateway Deployment, gateway Service and worker Deployment, owned by ``body``.
+
+    The worker Deployment's replicas are the clamped desired count; the gateway's command line
+    carries the scheduling policy and port; both get the object-storage settings and
+    credentials as environment variables (AWS_* as s3fs and boto3 read them).
+    """
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    spec = with_defaults(body.get("spec"))
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    port = spec["gateway"]["port"]
+    common = {
+        "image": spec["image"],
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "env": _storage_env(spec),
+    }
+    gateway_container: Obj = {
+        **common,
+        "name": "gateway",
+        "args": [
+            "gateway",
+            "--port",
+            str(port),
+            "--scheduling-policy",
+            spec["scheduling"]["policy"],
+            "--target-queue-per-worker",
+            str(spec["workers"]["targetQueuePerWorker"]),
+            *_prefix_args(spec),
+        ],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5},
+    }
+    if spec["gateway"].get("resources"):
+        gateway_container["resources"] = spec["gateway"]["resources"]
+    worker_container: Obj = {
+        **common,
+        "name": "worker",
+        "args": [
+            "worker",
+            "--gateway",
+            endpoint(name, namespace, spec),
+            "--concurrency",
+            str(spec["workers"]["concurrency"]),
+            *_prefix_args(spec),
+        ],
+    }
+    if spec["workers"].get("resources"):
+        worker_container["resources"] = spec["workers"]["resources"]
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names(name)["service"],
+            "namespace": namespace,
+            "labels": _labels(name, "gateway"),
+        },
+        "spec": {
+            "selector": _selector(name, "gateway"),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    objects = [
+        _deployment(
+            name,
+            namespace,
+            "gateway",
+            spec["gateway"]["replicas"],
+            _pod_spec(spec, gateway_container),
+        ),
+        service,
+        _deployment(
+            name, namespace, "worker", desired_workers(spec), _pod_spec(spec, worker_container)
+        ),
+    ]
+    for obj in objects:
+        obj["metadata"]["ownerReferences"] = [owner]
+    return objects
+
+
+def is_subset(wanted: Any, actual: Any) -> bool:
+    """True when everything in ``wanted`` is in ``actual`` (fields the server added are fine)."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(
+            key in actual and is_subset(value, actual[key]) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(wanted) == len(actual)
+            and all(is_subset(w, a) for w, a in zip(wanted, actual, strict=True))
+        )
+    return bool(wanted == actual)
+
+
+def _condition(kind: str, status: bool, reason: str, message: str, generation: int) -> Obj:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def conditions(
+    spec: Obj,
+    problems: list[str],
+    gateway: Obj | None,
+    workers: Obj | None,
+    generation: int,
+    previous: list[Obj] | None = None,
+) -> list[Obj]:
+    """Ready and Degraded from the Deployments' status.
+
+    Degraded means something needs a person: the spec is invalid, or a Deployment the
+    controller has already processed has fewer ready replicas than it must (gateway below one,
+    workers below min). A Deployment the controller has not reported on yet is Progressing,
+    not Degraded, so a fresh service does not page anyone.
+    """
+    desired = desired_workers(spec)
+    gw_status = (gateway or {}).get("status") or {}
+    wk_status = (workers or {}).get("status") or {}
+    gw_ready, wk_ready = gw_status.get("readyReplicas", 0), wk_status.get("readyReplicas", 0)
+    observed = "observedGeneration" in gw_status and "observedGeneration" in wk_status
+    if problems:
+        ready = _condition("Ready", False, "InvalidSpec", "; ".join(problems), generation)
+        degraded = _condition("Degraded", True, "InvalidSpec", "; ".join(problems), generation)
+    elif gw_ready < 1:
+        message = "no gateway replica is ready"
+        ready = _condition("Ready", False, "GatewayUnavailable", message, generation)
+        degraded = (
+            _condition("Degraded", True, "GatewayUnavailable", message, generation)
+            if observed
+            else _condition("Degraded", False, "Progressing", "waiting for rollout", generation)
+        )
+    elif wk_ready < desired:
+        message = f"{wk_ready} of {desired} workers ready"
+        ready = _condition("Ready", False, "WorkersUnavailable", message, generation)
+        below_min = wk_ready < spec["workers"]["min"]
+        degraded = (
+            _condition(
+                "Degraded",
+                True,
+                "WorkersBelowMinimum",
+                f"{message}; minimum is {spec['workers']['min']}",
+                generation,
+            )
+            if observed and below_min
+            else _condition("Degraded", False, "Progressing", message, generation)
+        )
+    else:
+        message = f"gateway ready, {wk_ready} of {desired} workers ready"
+        ready = _condition("Ready", True, "AllReplicasReady", message, generation)
+        degraded = _condition("Degraded", False, "AsExpected", "", generation)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old = {c.get("type"): c for c in previous or []}
+    for cond in (ready, degraded):
+        before = old.get(cond["type"])
+        same = before is not None and before.get("status") == cond["status"]
+        cond["lastTransitionTime"] = (
+            before.get("lastTransitionTime", now) if same and before else now
+        )
+    return [ready, degraded]

@@ -1,0 +1,163 @@
+"""kopf handlers that reconcile CompactionService resources.
+
+One reconciliation applies the three owned objects (create if absent, merge-patch if they
+drifted from the spec, leave alone otherwise) and then writes the status. Deployment events
+refresh the status too, so Ready follows the rollout without polling. Deletion needs no
+finalizer: the owned objects carry owner references and the garbage collector removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import kopf
+from statetier.operator import compaction, kube, metrics
+from statetier.operator.compaction import GROUP, PLURAL, VERSION
+
+Obj = dict[str, Any]
+RESOURCE = "compactionservice"
+
+
+def _path(obj: Obj) -> str:
+    meta = obj["metadata"]
+    group_version = obj["apiVersion"]
+    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    plural = {"Deployment": "deployments", "Service": "services"}[obj["kind"]]
+    return f"{prefix}/namespaces/{meta['namespace']}/{plural}"
+
+
+def _cs_path(namespace: str, name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+
+
+async def _apply(api: kube.ApiClient, desired: Obj) -> str:
+    """Create ``desired`` or merge-patch it into place; returns created/updated/unchanged."""
+    collection = _path(desired)
+    url = f"{collection}/{desired['metadata']['name']}"
+    current = await api.get(url)
+    if current is None:
+        await api.create(collection, desired)
+        return "created"
+    wanted = {
+        "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences")},
+        "spec": desired["spec"],
+    }
+    if compaction.is_subset(wanted, current):
+        return "unchanged"
+    await api.merge_patch(url, wanted)
+    return "updated"
+
+
+async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
+    """Recompute the status from the owned Deployments and write it if it changed."""
+    api = kube.client()
+    cs = body if body is not None else await api.get(_cs_path(namespace, name))
+    if cs is None or cs["metadata"].get("deletionTimestamp"):
+        return None
+    spec = compaction.with_defaults(cs.get("spec"))
+    problems = compaction.spec_problems(spec)
+    names = compaction.names(name)
+    gateway = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['gateway']}")
+    workers = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['workers']}")
+    old = dict(cs.get("status") or {})
+    worker_status = (workers or {}).get("status") or {}
+    desired = 0 if problems else compaction.desired_workers(spec)
+    status: Obj = {
+        "observedGeneration": cs["metadata"].get("generation", 1),
+        "endpoint": compaction.endpoint(name, namespace, spec),
+        "gateway": {"ready": ((gateway or {}).get("status") or {}).get("readyReplicas", 0)},
+        "workers": {
+            "desired": desired,
+            "current": worker_status.get("replicas", 0),
+            "ready": worker_status.get("readyReplicas", 0),
+            "selector": compaction.worker_selector(name),
+        },
+        "conditions": compaction.conditions(
+            spec,
+            problems,
+            gateway,
+            workers,
+            cs["metadata"].get("generation", 1),
+            old.get("conditions"),
+        ),
+    }
+    metrics.WORKERS_DESIRED.labels(namespace, name).set(desired)
+    metrics.WORKERS_CURRENT.labels(namespace, name).set(status["workers"]["current"])
+    if {k: old.get(k) for k in status} != status:
+        await api.merge_patch(_cs_path(namespace, name) + "/status", {"status": status})
+    return status
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def reconcile(
+    body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
+) -> None:
+    """Bring the gateway, its Service and the workers in line with the spec."""
+    namespace = namespace or "default"
+    with metrics.reconciling(RESOURCE):
+        spec = compaction.with_defaults(body.get("spec"))
+        problems = compaction.spec_problems(spec)
+        raw = dict(body)
+        if problems:
+            message = "; ".join(problems)
+            kopf.warn(body, reason="InvalidSpec", message=message)
+            await refresh_status(namespace, name, raw)
+            logger.warning("not reconciling %s/%s: %s", namespace, name, message)
+            return
+        api = kube.client()
+        changes = []
+        try:
+            for desired in compaction.desired_objects(raw):
+                outcome = await _apply(api, desired)
+                if outcome != "unchanged":
+                    changes.append(f"{desired['kind']} {desired['metadata']['name']} {outcome}")
+            await refresh_status(namespace, name, raw)
+        except kube.ApiError as exc:
+            metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
+            kopf.warn(body, reason="ReconcileFailed", message=str(exc))
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        if changes:
+            desired_workers = compaction.desired_workers(spec)
+            message = "; ".join(changes) + (
+                f" (workers {desired_workers} within {spec['workers']['min']}.."
+                f"{spec['workers']['max']})"
+            )
+            kopf.info(body, reason="Reconciled", message=message)
+            logger.info("reconciled %s/%s: %s", namespace, name, message)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    """Drop the per-service metric series; owner references take care of the objects."""
+    namespace = namespace or "default"
+    for gauge in (metrics.WORKERS_DESIRED, metrics.WORKERS_CURRENT):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
+    logger.info("CompactionService %s/%s deleted; its objects go with it", namespace, name)
+
+
+@kopf.on.event(
+    "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": compaction.MANAGED_BY}
+)
+async def deployment_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
+    """A Deployment of a CompactionService changed: its status may have to follow."""
+    owner = labels.get(compaction.SERVICE_LABEL)
+    if not owner or not namespace:
+        return
+    try:
+        await refresh_status(namespace, owner)
+    except kube.ApiError:
+        metrics.ERRORS.labels(RESOURCE, "status").inc()
+        raise
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def compaction_endpoints(
+    name: str, namespace: str | None, status: kopf.Status, **_: Any
+) -> dict[tuple[str, str], str | None]:
+    """Endpoint of every CompactionService, for the mutating webhook (no API call there)."""
+    endpoint = status.get("endpoint")
+    return {(namespace or "", name): str(endpoint) if endpoint else None}

@@ -1,0 +1,77 @@
+"""kopf handlers for SparkApplications: admission webhooks, events, checkpoint retention.
+
+The webhooks run before the Spark Operator sees the object: validation rejects bad
+``statetier.io/*`` annotations, mutation adds the spill volume and the backend settings. The
+watch handlers report what was configured (an event) and count managed applications. On
+deletion a finalizer applies the checkpoint retention, bounded in time so that an unreachable
+object store can delay the deletion but never block it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fsspec
+import kopf
+from statetier.operator import annotations as ann
+from statetier.operator import metrics, settings
+
+GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
+RESOURCE = "sparkapplication"
+OPTED_IN = {ann.PREFIX + "enabled": "true"}
+
+_managed: set[tuple[str, str]] = set()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def observe(
+    body: kopf.Body, type: str, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """Count managed applications; post an event when the configuration summary changes."""
+    key = (namespace or "", name)
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    if type == "DELETED" or not ann.enabled(annotations):
+        _managed.discard(key)
+    else:
+        _managed.add(key)
+    metrics.MANAGED_APPLICATIONS.set(len(_managed))
+    summary = annotations.get(ann.STATUS)
+    if type != "DELETED" and summary and memo.get("posted") != summary:
+        memo["posted"] = summary
+        with metrics.reconciling(RESOURCE):
+            kopf.info(body, reason="StatetierConfigured", message=summary)
+
+
+def _delete_tree(uri: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.exists(path):
+        return False
+    fs.rm(path, recursive=True)
+    return True
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, annotations=OPTED_IN)
+async def apply_retention(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """Keep or delete the checkpoints, then let the deletion go on whatever happened."""
+    annotations = dict(body.get("metadata", {}).get("annotations") or {})
+    retention = annotations.get(ann.PREFIX + "checkpoint-retention", "retain")
+    uri = annotations.get(ann.PREFIX + "checkpoint-uri")
+    if retention != "delete" or not uri:
+        kopf.info(body, reason="CheckpointsRetained", message=f"checkpoints kept at {uri}")
+        return
+    timeout = settings.current().checkpoint_delete_timeout
+    try:
+        with metrics.reconciling(RESOURCE):
+            deleted = await asyncio.wait_for(asyncio.to_thread(_delete_tree, uri), timeout)
+    except Exception as exc:
+        metrics.ERRORS.labels(RESOURCE, "retention").inc()
+        message = (
+            f"could not delete the checkpoints at {uri} within {timeout:g}s: "
+            f"{type(exc).__name__}: {exc}; they are left in place"
+        )
+        kopf.warn(body, reason="CheckpointDeleteFailed", message=message)
+        logger.warning(message)
+        return
+    message = f"checkpoints at {uri} deleted" if deleted else f"no checkpoints at {uri}"
+    kopf.info(body, reason="CheckpointsDeleted", message=message)

@@ -1,0 +1,101 @@
+"""Admission webhooks: SparkApplication validation and mutation, CompactionService validation.
+
+They are a module of their own because kopf refuses to start with admission handlers and no
+webhook server: ``statetier-operator run --no-webhooks`` (e.g. when another replica or a
+separate Deployment serves them) simply does not import this module.
+
+Mutation reads CompactionService endpoints from a kopf index kept by
+:mod:`statetier.operator.compaction_handlers`, so an admission never waits on an API call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from statetier.operator import annotations as ann
+from statetier.operator import compaction, metrics, sparkapp
+from statetier.operator.sparkapp_handlers import GROUP, PLURAL, VERSION
+
+
+def _compaction_endpoint(
+    namespace: str, ref: str | None, index: kopf.Index[Any, Any]
+) -> tuple[str | None, str | None]:
+    """The referenced CompactionService's endpoint from the index, or why there is none."""
+    if not ref:
+        return None, None
+    ref_ns, _, ref_name = ref.rpartition("/")
+    key = (ref_ns or namespace, ref_name)
+    if key not in index:
+        return None, (
+            f"CompactionService {key[0]}/{key[1]} not found: compaction runs locally "
+            "until it exists and the application is updated"
+        )
+    endpoints = [e for e in index[key] if e]
+    if not endpoints:
+        return (
+            None,
+            f"CompactionService {key[0]}/{key[1]} has no endpoint yet: compaction runs locally",
+        )
+    return str(endpoints[0]), None
+
+
+@kopf.on.validate(
+    GROUP, VERSION, PLURAL, id="validate-sparkapplication", operations=["CREATE", "UPDATE"]
+)
+def validate(annotations: kopf.Annotations, **_: Any) -> None:
+    """Reject bad statetier.io/* annotations, naming each and its allowed values."""
+    problems = ann.problems(dict(annotations))
+    if problems:
+        metrics.ADMISSIONS.labels("validate", "rejected").inc()
+        raise kopf.AdmissionError("; ".join(problems), code=422)
+    metrics.ADMISSIONS.labels("validate", "allowed").inc()
+
+
+@kopf.on.mutate(
+    GROUP, VERSION, PLURAL, id="mutate-sparkapplication", operations=["CREATE", "UPDATE"]
+)
+def mutate(
+    body: kopf.Body, patch: kopf.Patch, namespace: str | None, warnings: list[str], **kwargs: Any
+) -> None:
+    """Add the spill volume, its mount and the backend settings to an opted-in application.
+
+    ``kwargs["compaction_endpoints"]`` is the index of CompactionService endpoints (kopf passes
+    indices by name), so admission never waits on an API call.
+    """
+    compaction_endpoints: kopf.Index[Any, Any] = kwargs["compaction_endpoints"]
+    annotations = dict(body.get("metadata", {}).get("annotations") or {})
+    if not ann.enabled(annotations):
+        metrics.ADMISSIONS.labels("mutate", "skipped").inc()
+        return
+    try:
+        app = ann.parse(annotations)
+    except ValueError:
+        # The validating webhook rejects it with the full message; do not half-configure it.
+        metrics.ADMISSIONS.labels("mutate", "skipped").inc()
+        return
+    endpoint, problem = _compaction_endpoint(
+        namespace or "default", app.compaction_service, compaction_endpoints
+    )
+    result = sparkapp.mutate(dict(body), app, endpoint, problem)
+    warnings.extend(result.warnings)
+    if result.empty:
+        metrics.ADMISSIONS.labels("mutate", "unchanged").inc()
+        return
+    for key, value in result.spec_changes.items():
+        patch.spec[key] = value
+    for key, value in result.annotations.items():
+        patch.metadata.annotations[key] = value
+    metrics.ADMISSIONS.labels("mutate", "mutated").inc()
+
+
+@kopf.on.validate(
+    compaction.GROUP, compaction.VERSION, compaction.PLURAL, id="validate-compactionservice"
+)
+def validate_compaction_service(spec: kopf.Spec, **_: Any) -> None:
+    """Reject worker bounds the schema alone cannot check (min above max)."""
+    problems = compaction.spec_problems(compaction.with_defaults(dict(spec)))
+    if problems:
+        metrics.ADMISSIONS.labels("validate", "rejected").inc()
+        raise kopf.AdmissionError("; ".join(problems), code=422)
+    metrics.ADMISSIONS.labels("validate", "allowed").inc()
