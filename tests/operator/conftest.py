@@ -7,11 +7,15 @@ uses its own object names so tests in a module do not see each other's objects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from operator_support import CRDS, SPARK_CRD
-
 from statetier.operator.testing.processes import Sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "crds"
+SPARK_CRD = Path(__file__).parent / "fixtures" / "sparkapplication-crd.yaml"
+EXAMPLES = REPO / "examples"
 
 
 @pytest.fixture(scope="module")

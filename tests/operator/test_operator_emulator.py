@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_support import CRDS
-
 from statetier.operator.testing.processes import Sandbox
 
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 CM = "/api/v1/namespaces/default/configmaps"
 
 
@@ -23,11 +22,13 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         yield box
 
 
-def _request(box: Sandbox, method: str, path: str, body: Any = None,
-             ctype: str = "application/json") -> tuple[int, Any]:
+def _request(
+    box: Sandbox, method: str, path: str, body: Any = None, ctype: str = "application/json"
+) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(box.url + path, method=method, data=data,
-                                 headers={"Content-Type": ctype})
+    req = urllib.request.Request(
+        box.url + path, method=method, data=data, headers={"Content-Type": ctype}
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, json.load(resp)
@@ -36,8 +37,12 @@ def _request(box: Sandbox, method: str, path: str, body: Any = None,
 
 
 def _cm(name: str, **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta},
-            "data": {"k": "v"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, **meta},
+        "data": {"k": "v"},
+    }
 
 
 def test_create_is_201_with_server_fields_and_namespace(emulator: Sandbox) -> None:
@@ -85,8 +90,10 @@ def test_list_has_kind_and_resource_version(emulator: Sandbox) -> None:
 
 def test_failed_json_patch_test_is_422_and_changes_nothing(emulator: Sandbox) -> None:
     _, obj = _request(emulator, "POST", CM, _cm("patched"))
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
-           {"op": "replace", "path": "/data/k", "value": "changed"}]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
+        {"op": "replace", "path": "/data/k", "value": "changed"},
+    ]
     code, status = _request(emulator, "PATCH", f"{CM}/patched", ops, "application/json-patch+json")
     assert code == 422 and status["kind"] == "Status"
     ops[0]["value"] = obj["metadata"]["resourceVersion"]
@@ -109,14 +116,23 @@ def test_watch_resumes_from_resource_version(emulator: Sandbox) -> None:
 
 def test_finalizers_and_garbage_collection(emulator: Sandbox) -> None:
     _, owner = _request(emulator, "POST", CM, _cm("owner", finalizers=["test/keep"]))
-    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
-           "uid": owner["metadata"]["uid"]}
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
     _request(emulator, "POST", CM, _cm("dependent", ownerReferences=[ref]))
     code, marked = _request(emulator, "DELETE", f"{CM}/owner")
     assert code == 200 and marked["metadata"]["deletionTimestamp"]
     assert _request(emulator, "GET", f"{CM}/dependent")[0] == 200
-    _request(emulator, "PATCH", f"{CM}/owner", {"metadata": {"finalizers": None}},
-             "application/merge-patch+json")
+    _request(
+        emulator,
+        "PATCH",
+        f"{CM}/owner",
+        {"metadata": {"finalizers": None}},
+        "application/merge-patch+json",
+    )
     assert _request(emulator, "GET", f"{CM}/owner")[0] == 404
     assert _request(emulator, "GET", f"{CM}/dependent")[0] == 404
 
@@ -124,25 +140,47 @@ def test_finalizers_and_garbage_collection(emulator: Sandbox) -> None:
 def test_crd_serves_its_resource_with_scale_and_defaults(emulator: Sandbox) -> None:
     emulator.kubectl("apply", "-f", str(CRDS / "compactionservice.yaml"))
     path = "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices"
-    body = {"apiVersion": "statetier.io/v1alpha1", "kind": "CompactionService",
-            "metadata": {"name": "scaled"},
-            "spec": {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}}
+    body = {
+        "apiVersion": "statetier.io/v1alpha1",
+        "kind": "CompactionService",
+        "metadata": {"name": "scaled"},
+        "spec": {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}},
+    }
     code, obj = _request(emulator, "POST", path, body)
     assert code == 201
-    assert obj["spec"]["workers"] == {"min": 1, "max": 4, "targetQueuePerWorker": 4,
-                                      "concurrency": 1}
-    code, scale = _request(emulator, "PATCH", f"{path}/scaled/scale",
-                           {"spec": {"replicas": 3}}, "application/merge-patch+json")
+    assert obj["spec"]["workers"] == {
+        "min": 1,
+        "max": 4,
+        "targetQueuePerWorker": 4,
+        "concurrency": 1,
+    }
+    code, scale = _request(
+        emulator,
+        "PATCH",
+        f"{path}/scaled/scale",
+        {"spec": {"replicas": 3}},
+        "application/merge-patch+json",
+    )
     assert code == 200 and scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
     _, obj2 = _request(emulator, "GET", f"{path}/scaled")
     assert obj2["spec"]["workers"]["replicas"] == 3
     assert obj2["metadata"]["generation"] == obj["metadata"]["generation"] + 1
     # Status goes through the status subresource only.
-    _request(emulator, "PATCH", f"{path}/scaled", {"status": {"endpoint": "nope"}},
-             "application/merge-patch+json")
+    _request(
+        emulator,
+        "PATCH",
+        f"{path}/scaled",
+        {"status": {"endpoint": "nope"}},
+        "application/merge-patch+json",
+    )
     assert "status" not in _request(emulator, "GET", f"{path}/scaled")[1]
-    _request(emulator, "PATCH", f"{path}/scaled/status", {"status": {"endpoint": "yes"}},
-             "application/merge-patch+json")
+    _request(
+        emulator,
+        "PATCH",
+        f"{path}/scaled/status",
+        {"status": {"endpoint": "yes"}},
+        "application/merge-patch+json",
+    )
     assert _request(emulator, "GET", f"{path}/scaled")[1]["status"]["endpoint"] == "yes"
 
 
