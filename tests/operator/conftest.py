@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import Sandbox, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
@@ -22,7 +22,20 @@ EXAMPLES = REPO / "examples"
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """Emulator, CRDs applied with kubectl, then the real operator with its webhooks."""
     workdir = tmp_path_factory.mktemp("sandbox")
-    box = Sandbox(workdir, operator=False)
+    # An object store that refuses connections, for the "never blocks deletion" test; the short
+    # timeout bounds how long a finalizer may try.
+    closed = free_port()
+    box = Sandbox(
+        workdir,
+        operator=False,
+        extra_args=("--checkpoint-delete-timeout", "3"),
+        env={
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        },
+    )
     with box:
         box.kubectl("apply", "-f", str(CRDS), "-f", str(SPARK_CRD))
         box.start_operator_process()

@@ -65,8 +65,10 @@ class Sandbox:
         operator: bool = True,
         namespace: str = "default",
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.env = dict(env or {})
         self.webhooks = webhooks
         self.start_operator = operator
         self.namespace = namespace
@@ -167,7 +169,7 @@ class Sandbox:
         return args
 
     def start_operator_process(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        env = {**os.environ, **self.env, "KUBECONFIG": self.kubeconfig}
         with open(self.operator_log, "ab") as log:
             self.operator = subprocess.Popen(
                 self.operator_command(), stdout=log, stderr=subprocess.STDOUT, env=env

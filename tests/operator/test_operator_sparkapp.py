@@ -1,0 +1,205 @@
+"""SparkApplication lifecycle with the running operator: compaction endpoint from the
+CompactionService status, events, managed-application metric, checkpoint retention."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from statetier.operator.testing.processes import Sandbox
+
+SPARK = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
+CS = "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices"
+
+
+def _app(name: str, **annotations: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "sparkoperator.k8s.io/v1beta2",
+            "kind": "SparkApplication",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "annotations": {"statetier.io/enabled": "true", **annotations},
+            },
+            "spec": {
+                "type": "Python",
+                "mode": "cluster",
+                "executor": {"cores": 1, "memory": "2g", "instances": 1},
+            },
+        }
+    )
+
+
+def _events(box: Sandbox, name: str) -> list[tuple[str, str, str]]:
+    return [
+        (e["type"], e["reason"], e["message"])
+        for e in box.get("/api/v1/namespaces/default/events")["items"]
+        if e["involvedObject"]["name"] == name
+    ]
+
+
+def _metric(box: Sandbox, name: str) -> float | None:
+    url = f"http://127.0.0.1:{box.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def test_compaction_endpoint_comes_from_the_service_status(sandbox: Sandbox) -> None:
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "statetier.io/v1alpha1",
+                "kind": "CompactionService",
+                "metadata": {"name": "cmp", "namespace": "default"},
+                "spec": {
+                    "image": "statetier/compaction:1",
+                    "gateway": {"port": 9000},
+                    "objectStorage": {"allowedPrefixes": ["s3://b/"]},
+                },
+            }
+        ),
+    )
+    sandbox.wait("endpoint", lambda: sandbox.get(f"{CS}/cmp").get("status", {}).get("endpoint"))
+    # The index that feeds the webhook follows the watch stream: give it the same moment.
+    sandbox.wait(
+        "endpoint in the app",
+        lambda: (
+            sandbox.kubectl(
+                "apply",
+                "-f",
+                "-",
+                stdin=_app("uses-cmp", **{"statetier.io/compaction-service": "cmp"}),
+            )
+            and sandbox.get(f"{SPARK}/uses-cmp")["spec"]["sparkConf"].get(
+                "spark.statetier.compaction.endpoints"
+            )
+            == "http://cmp-gateway.default.svc:9000"
+        ),
+    )
+    # 2g executor without pyspark memory or overhead: default overhead max(384m, 10%) = 384m.
+    conf = sandbox.get(f"{SPARK}/uses-cmp")["spec"]["sparkConf"]
+    assert conf["spark.statetier.memory.budget"] == str((384 << 20) // 2)
+
+
+def test_missing_compaction_service_is_a_warning_not_a_failure(sandbox: Sandbox) -> None:
+    out = sandbox.kubectl(
+        "apply", "-f", "-", stdin=_app("no-cmp", **{"statetier.io/compaction-service": "nope"})
+    )
+    assert "created" in out
+    stored = sandbox.get(f"{SPARK}/no-cmp")
+    assert "spark.statetier.compaction.endpoints" not in stored["spec"]["sparkConf"]
+    summary = json.loads(stored["metadata"]["annotations"]["statetier.io/status"])
+    assert any("CompactionService default/nope not found" in w for w in summary["warnings"])
+
+
+def test_configured_event_finalizer_and_managed_metric(sandbox: Sandbox) -> None:
+    sandbox.kubectl("apply", "-f", "-", stdin=_app("evented"))
+    events = sandbox.wait(
+        "StatetierConfigured",
+        lambda: [e for e in _events(sandbox, "evented") if e[1] == "StatetierConfigured"],
+    )
+    assert '"spillVolume":"emptyDir"' in events[0][2]
+    sandbox.wait(
+        "finalizer",
+        lambda: (
+            "statetier.io/finalizer"
+            in (sandbox.get(f"{SPARK}/evented")["metadata"].get("finalizers") or [])
+        ),
+    )
+    managed = sandbox.wait(
+        "gauge", lambda: _metric(sandbox, "statetier_operator_managed_applications")
+    )
+    assert managed >= 1
+    sandbox.kubectl("delete", "sparkapplication", "evented", "--wait=false")
+    sandbox.wait("deleted", lambda: sandbox.get(f"{SPARK}/evented") is None)
+    sandbox.wait(
+        "CheckpointsRetained",
+        lambda: any(e[1] == "CheckpointsRetained" for e in _events(sandbox, "evented")),
+    )
+
+
+def _checkpoint_dir(tmp_path: Path, name: str) -> Path:
+    root = tmp_path / name
+    (root / "epoch-1").mkdir(parents=True)
+    (root / "epoch-1" / "manifest.json").write_text("{}")
+    return root
+
+
+def _delete_and_wait(sandbox: Sandbox, name: str, reason: str) -> list[tuple[str, str, str]]:
+    """Delete, wait until the object is gone and the finalizer's event (posted by kopf in the
+    background, so possibly a moment after the object) has arrived."""
+    sandbox.wait(
+        "finalizer",
+        lambda: sandbox.get(f"{SPARK}/{name}")["metadata"].get("finalizers"),
+    )
+    sandbox.kubectl("delete", "sparkapplication", name, "--wait=false")
+    sandbox.wait("deletion", lambda: sandbox.get(f"{SPARK}/{name}") is None, timeout=30)
+    return list(
+        sandbox.wait(
+            f"{reason} event",
+            lambda: any(e[1] == reason for e in _events(sandbox, name)) and _events(sandbox, name),
+        )
+    )
+
+
+def test_retention_retain_keeps_checkpoints(sandbox: Sandbox, tmp_path: Path) -> None:
+    root = _checkpoint_dir(tmp_path, "kept")
+    sandbox.kubectl(
+        "apply", "-f", "-", stdin=_app("keep", **{"statetier.io/checkpoint-uri": f"file://{root}"})
+    )
+    events = _delete_and_wait(sandbox, "keep", "CheckpointsRetained")
+    assert (root / "epoch-1" / "manifest.json").exists()
+    assert any(reason == "CheckpointsRetained" for _, reason, _ in events)
+
+
+def test_retention_delete_removes_checkpoints(sandbox: Sandbox, tmp_path: Path) -> None:
+    root = _checkpoint_dir(tmp_path, "dropped")
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=_app(
+            "drop",
+            **{
+                "statetier.io/checkpoint-uri": f"file://{root}",
+                "statetier.io/checkpoint-retention": "delete",
+            },
+        ),
+    )
+    events = _delete_and_wait(sandbox, "drop", "CheckpointsDeleted")
+    assert not root.exists()
+    assert any(reason == "CheckpointsDeleted" for _, reason, _ in events)
+
+
+def test_unreachable_object_store_never_blocks_deletion(sandbox: Sandbox) -> None:
+    """The operator's object store refuses connections (see conftest): the finalizer gives up
+    within its timeout, says so in a Warning event, and the application goes away."""
+    pytest.importorskip("s3fs")
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=_app(
+            "stuck",
+            **{
+                "statetier.io/checkpoint-uri": "s3://unreachable/stuck",
+                "statetier.io/checkpoint-retention": "delete",
+            },
+        ),
+    )
+    events = _delete_and_wait(sandbox, "stuck", "CheckpointDeleteFailed")
+    failed = [
+        (kind, message) for kind, reason, message in events if reason == "CheckpointDeleteFailed"
+    ]
+    assert failed, events
+    kind, message = failed[0]
+    assert kind == "Warning" and "s3://unreachable/stuck" in message

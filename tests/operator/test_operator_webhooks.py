@@ -1,0 +1,191 @@
+"""Admission webhooks: real AdmissionReview requests over HTTPS, and through the emulator."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import ssl
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from statetier.backend.config import load_config
+from statetier.operator.testing.processes import Sandbox
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sparkapplication-wordcount.yaml"
+SPARK = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
+
+
+def _app(name: str = "app", **annotations: str) -> dict[str, Any]:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["name"] = name
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    return dict(body)
+
+
+def review(box: Sandbox, webhook: str, obj: dict[str, Any], operation: str = "CREATE") -> Any:
+    """POST an AdmissionReview to the operator's webhook server, verifying its certificate."""
+    context = ssl.create_default_context(cafile=box.certfile)
+    uid = str(uuid.uuid4())
+    request: dict[str, Any] = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {
+                "group": "sparkoperator.k8s.io",
+                "version": "v1beta2",
+                "kind": "SparkApplication",
+            },
+            "resource": {
+                "group": "sparkoperator.k8s.io",
+                "version": "v1beta2",
+                "resource": "sparkapplications",
+            },
+            "name": obj["metadata"]["name"],
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "tester"},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{box.webhook_port}/{webhook}",
+        data=json.dumps(request).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, context=context, timeout=10) as resp:
+        answer = json.load(resp)
+    assert answer["response"]["uid"] == uid
+    return answer["response"]
+
+
+def _apply_patch(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    from statetier.operator.testing.patching import json_patch
+
+    assert response["patchType"] == "JSONPatch"
+    result: dict[str, Any] = json_patch(obj, json.loads(base64.b64decode(response["patch"])))
+    return result
+
+
+def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> None:
+    app = _app()
+    response = review(sandbox, "mutate-sparkapplication", app)
+    assert response["allowed"] is True
+    mutated = _apply_patch(app, response)
+    spec = mutated["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"].startswith("spark-local-dir-")]
+    assert volume["name"] == "spark-local-dir-statetier"
+    claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "local-ssd"
+    assert claim["resources"]["requests"]["storage"] == "100Gi"
+    assert {"name": "spark-local-dir-statetier", "mountPath": "/var/lib/statetier/spill"} in spec[
+        "executor"
+    ]["volumeMounts"]
+    conf = spec["sparkConf"]
+    # The backend reads exactly these keys and accepts these values.
+    config = load_config(
+        env={}, spark_conf={k: v for k, v in conf.items() if k.startswith("spark.statetier.")}
+    )
+    assert config.spill_dirs == ("/var/lib/statetier/spill",)
+    assert config.checkpoint_uri == "s3://statetier-checkpoints/wordcount"
+    # 2g pyspark memory shared by 2 cores, half of it for state.
+    assert config.memory_budget == (2 << 30) // 2 // 2
+    assert conf["spark.executor.pyspark.memory"] == "2g"  # user settings kept
+    summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
+    assert summary["spillVolume"] == "ephemeral"
+    assert summary["memoryBudgetFrom"].endswith("spark.executor.pyspark.memory / 2 cores")
+
+
+def test_second_admission_changes_nothing(sandbox: Sandbox) -> None:
+    app = _app()
+    mutated = _apply_patch(app, review(sandbox, "mutate-sparkapplication", app))
+    again = review(sandbox, "mutate-sparkapplication", mutated, operation="UPDATE")
+    assert again["allowed"] is True
+    assert "patch" not in again
+
+
+def test_user_changes_are_reconciled_not_duplicated(sandbox: Sandbox) -> None:
+    app = _app()
+    mutated = _apply_patch(app, review(sandbox, "mutate-sparkapplication", app))
+    edited = copy.deepcopy(mutated)
+    edited["metadata"]["annotations"]["statetier.io/spill-volume"] = "emptyDir"
+    result = _apply_patch(edited, review(sandbox, "mutate-sparkapplication", edited, "UPDATE"))
+    volumes = [v for v in result["spec"]["volumes"] if v["name"] == "spark-local-dir-statetier"]
+    assert volumes == [{"name": "spark-local-dir-statetier", "emptyDir": {"sizeLimit": "100Gi"}}]
+    mounts = result["spec"]["executor"]["volumeMounts"]
+    assert len([m for m in mounts if m["name"] == "spark-local-dir-statetier"]) == 1
+
+
+def test_not_opted_in_is_left_alone(sandbox: Sandbox) -> None:
+    app = _app(**{"statetier.io/enabled": "false"})
+    response = review(sandbox, "mutate-sparkapplication", app)
+    assert response["allowed"] is True and "patch" not in response
+    plain = _app()
+    del plain["metadata"]["annotations"]
+    response = review(sandbox, "mutate-sparkapplication", plain)
+    assert response["allowed"] is True and "patch" not in response
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        (
+            {"statetier.io/enabled": "yes"},
+            "statetier.io/enabled='yes' is not valid: allowed values: true, false",
+        ),
+        (
+            {"statetier.io/enabled": "true", "statetier.io/spill-volume": "ssd"},
+            "statetier.io/spill-volume='ssd' is not valid: allowed values: ephemeral, hostPath, "
+            "emptyDir",
+        ),
+        (
+            {"statetier.io/enabled": "true", "statetier.io/spill-volume": "ephemeral"},
+            "statetier.io/spill-size is required when statetier.io/spill-volume is ephemeral",
+        ),
+        (
+            {"statetier.io/enabled": "true", "statetier.io/memory-fraction": "2"},
+            "statetier.io/memory-fraction='2' is not valid: allowed values: a number between",
+        ),
+        (
+            {"statetier.io/enabled": "true", "statetier.io/spil-size": "1Gi"},
+            "annotation statetier.io/spil-size is not known",
+        ),
+        (
+            {"statetier.io/enabled": "true", "statetier.io/checkpoint-uri": "hdfs://x"},
+            "statetier.io/checkpoint-uri='hdfs://x' is not valid: allowed values: an s3://",
+        ),
+    ],
+)
+def test_bad_annotations_are_rejected_naming_them(
+    sandbox: Sandbox, annotations: dict[str, str], expected: str
+) -> None:
+    response = review(sandbox, "validate-sparkapplication", _app(**annotations))
+    assert response["allowed"] is False
+    assert expected in response["status"]["message"]
+    assert response["status"]["code"] == 422
+
+
+def test_good_annotations_are_allowed(sandbox: Sandbox) -> None:
+    response = review(sandbox, "validate-sparkapplication", _app())
+    assert response["allowed"] is True
+
+
+def test_kubectl_apply_goes_through_both_webhooks(sandbox: Sandbox) -> None:
+    """The emulator calls the webhooks kopf registered, as an apiserver would."""
+    out = sandbox.kubectl("apply", "-f", str(EXAMPLE))
+    assert "created" in out
+    stored = sandbox.get(f"{SPARK}/wordcount")
+    assert stored["spec"]["sparkConf"]["spark.statetier.spill.dirs"] == "/var/lib/statetier/spill"
+    bad = _app("rejected", **{"statetier.io/enabled": "true", "statetier.io/spill-volume": "nvme"})
+    out = sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert "denied the request" in out and "statetier.io/spill-volume='nvme'" in out
+    assert sandbox.get(f"{SPARK}/rejected") is None
