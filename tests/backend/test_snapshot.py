@@ -354,7 +354,7 @@ def test_data_files_are_deterministic(tmp_path: Path) -> None:
     assert first == second
     for entry in first:
         assert stores[0].read(entry) == stores[1].read(entry)
-        assert entry.path == "data/epoch-0000000003/count/0-63.kgd"
+        assert entry.path == "data/epoch-0000000003/w/count/0-63.base.kgd"
 
 
 # --------------------------------------------------------------------------- mismatches
@@ -516,6 +516,7 @@ def _recommit_with(store: SnapshotStore, manifest: Manifest, path: str, data: by
         keyed_files=[fix(e) for e in manifest.keyed_files],
         operator_files=[fix(e) for e in manifest.operator_files],
     )
+    Path(store.full_path(store.manifest_name(manifest.epoch))).unlink()  # forged, not overwritten
     store.commit(fixed)
     return fixed
 

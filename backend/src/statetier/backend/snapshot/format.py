@@ -2,11 +2,17 @@
 
 Layout (integers little-endian)::
 
-    header   MAGIC (8 bytes) | format version u16 | header length u32 | header (msgpack map)
+    header   MAGIC (8 bytes) | format version u16 | header length u32 | header crc32 u32 (from
+             version 2 on) | header (msgpack map)
     blocks   one per non-empty key group: msgpack array [key, value, key, value, ...] of bytes,
-             entries sorted by key bytes
+             entries sorted by key bytes; in a delta file a value of nil is a tombstone (the
+             key was removed since the previous epoch)
     index    msgpack array of [key group, offset, length, crc32, entry count]
     footer   index offset u64 | index length u32 | index crc32 u32 | END_MAGIC (8 bytes)
+
+The header says what the file is: ``kind`` ("base": every entry of the range at ``epoch``;
+"delta": only the keys touched since the previous epoch), ``state``, ``key_groups``, ``epoch``.
+Version 1 files (bases only, no ``kind``) are still read.
 
 A reader opens the footer, checks the index checksum, and then reads only the blocks of the key
 groups it needs, checking each block's crc32. Every problem is reported with the file and block,
@@ -24,6 +30,8 @@ from typing import Any
 import msgpack
 
 __all__ = [
+    "BASE",
+    "DELTA",
     "FORMAT_VERSION",
     "CorruptFileError",
     "DataFileReader",
@@ -35,8 +43,11 @@ __all__ = [
 
 MAGIC = b"STTRDAT\x00"
 END_MAGIC = b"STTREND\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+BASE = "base"
+DELTA = "delta"
 _PREAMBLE = struct.Struct("<8sHI")
+_HEADER_CRC = struct.Struct("<I")
 _FOOTER = struct.Struct("<QII8s")
 
 
@@ -59,19 +70,26 @@ class IndexEntry:
 
 
 def encode_data_file(
-    header: dict[str, Any], key_groups: Iterable[tuple[int, list[tuple[bytes, bytes]]]]
+    header: dict[str, Any], key_groups: Iterable[tuple[int, list[tuple[bytes, bytes | None]]]]
 ) -> bytes:
-    """The bytes of a data file holding ``key_groups``: (key group, [(key, value)]) pairs."""
+    """The bytes of a data file holding ``key_groups``: (key group, [(key, value)]) pairs.
+
+    A value of None is a tombstone; only delta files (``header["kind"] == "delta"``) hold them.
+    """
     pack = msgpack.Packer(use_bin_type=True).pack
     header_bytes = pack({**header, "format_version": FORMAT_VERSION})
-    parts = [_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)), header_bytes]
-    offset = _PREAMBLE.size + len(header_bytes)
+    parts = [
+        _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
+        _HEADER_CRC.pack(zlib.crc32(header_bytes)),
+        header_bytes,
+    ]
+    offset = _PREAMBLE.size + _HEADER_CRC.size + len(header_bytes)
     index = []
     for key_group, pairs in key_groups:
         if not pairs:
             continue
         pairs.sort(key=lambda kv: kv[0])
-        flat: list[bytes] = []
+        flat: list[bytes | None] = []
         for key, value in pairs:
             flat.append(key)
             flat.append(value)
@@ -109,12 +127,21 @@ class DataFileReader:
                 f"format version {version} is newer than this reader ({FORMAT_VERSION}); "
                 "upgrade statetier"
             )
+        if version < 1:
+            raise self._fail(f"format version {version} is not a valid version")
+        start = _PREAMBLE.size
+        if version >= 2:
+            (header_crc,) = _HEADER_CRC.unpack_from(data, start)
+            start += _HEADER_CRC.size
+            if zlib.crc32(data[start : start + header_len]) != header_crc:
+                raise self._fail(f"header at offset {start} fails its checksum")
         try:
-            header: dict[str, Any] = msgpack.unpackb(
-                data[_PREAMBLE.size : _PREAMBLE.size + header_len]
-            )
+            header: dict[str, Any] = msgpack.unpackb(data[start : start + header_len])
         except (ValueError, msgpack.UnpackException) as exc:
             raise self._fail(f"header is unreadable: {exc}") from None
+        if not isinstance(header, dict):
+            raise self._fail("header is not a map")
+        self._blocks_start = start + header_len
         return header
 
     def _read_index(self) -> dict[int, IndexEntry]:
@@ -132,10 +159,24 @@ class DataFileReader:
         if zlib.crc32(raw) != index_crc:
             raise self._fail(f"key-group index at offset {index_offset} fails its checksum")
         entries = [IndexEntry(*row) for row in msgpack.unpackb(raw)]
+        for entry in entries:
+            if entry.offset < self._blocks_start or entry.offset + entry.length > index_offset:
+                raise self._fail(
+                    f"index entry of key group {entry.key_group} points outside the blocks"
+                )
         return {entry.key_group: entry for entry in entries}
 
-    def read_block(self, key_group: int) -> list[tuple[bytes, bytes]]:
-        """The (key, value) pairs of ``key_group``; empty when the file has none."""
+    @property
+    def kind(self) -> str:
+        """ "base" or "delta" (version 1 files are bases)."""
+        kind: str = self.header.get("kind", BASE)
+        return kind
+
+    def read_block(self, key_group: int) -> list[tuple[bytes, bytes | None]]:
+        """The (key, value) pairs of ``key_group``; empty when the file has none.
+
+        A value of None is a tombstone (delta files only).
+        """
         entry = self.index.get(key_group)
         if entry is None:
             return []
@@ -147,8 +188,11 @@ class DataFileReader:
             flat = msgpack.unpackb(block)
         except (ValueError, msgpack.UnpackException) as exc:
             raise self._fail(f"{where} is unreadable: {exc}") from None
-        if len(flat) != 2 * entry.entries:
-            raise self._fail(f"{where} holds {len(flat) // 2} entries, index says {entry.entries}")
+        if not isinstance(flat, list) or len(flat) != 2 * entry.entries:
+            found = len(flat) // 2 if isinstance(flat, list) else "no"
+            raise self._fail(f"{where} holds {found} entries, index says {entry.entries}")
+        if self.kind != DELTA and None in flat[1::2]:
+            raise self._fail(f"{where} holds a tombstone, but this is not a delta file")
         return list(zip(flat[0::2], flat[1::2], strict=True))
 
     def verify(self) -> int:

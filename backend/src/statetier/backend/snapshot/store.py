@@ -1,54 +1,103 @@
-"""Where snapshots live: the directory layout and the file I/O, through fsspec.
+"""Where snapshots live: the directory layout, the file I/O and the commit, through fsspec.
 
-Layout under the snapshot URI (names are deterministic in (state, range, epoch), so a retried
-attempt writes the same names)::
+Layout under the snapshot URI::
 
-    manifests/epoch-0000000007.json          the commit record of epoch 7, written last
-    data/epoch-0000000007/<state>/<kg range>.kgd    keyed state of one range
-    operator/epoch-0000000007/<index>-of-<parallelism>.ops  operator state of one instance
+    writer.json                                         the writer lease (see fencing)
+    manifests/epoch-0000000007.json                     the commit record of epoch 7, written last
+    data/epoch-0000000007/<owner>/<state>/<range>.<kind>.kgd   keyed state of one range
+    operator/epoch-0000000007/<owner>/<index>-of-<p>.ops       operator state of one instance
 
-Any fsspec URL works: ``file://`` (the embedded default), ``memory://``, ``s3://``.
+Names are deterministic in (epoch, writer, state, range), so a retried or speculative attempt of
+one writer writes the same name with the same bytes, and two writers never write the same name:
+a fenced writer cannot overwrite a file another writer committed. Any fsspec URL works:
+``file://`` (the embedded default), ``memory://``, ``s3://``. Every call is retried on transient
+errors (see retry).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import os
 import re
 import urllib.parse
+import uuid
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
 from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.snapshot.fencing import (
+    ConditionalOps,
+    FencedError,
+    conditional_ops_for,
+    new_owner_token,
+)
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
+from statetier.backend.snapshot.retry import RetryPolicy, call_with_retry
 
-__all__ = ["NoSnapshotError", "SnapshotStore"]
+__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease"]
 
 _MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
+_EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
+LEASE_NAME = "writer.json"
 
 
 class NoSnapshotError(FileNotFoundError):
     """No committed snapshot exists at the location (or not the requested epoch)."""
 
 
+@dataclasses.dataclass
+class WriterLease:
+    """A writer's hold on a checkpoint location: its token and the lease version it wrote."""
+
+    owner: str
+    generation: int
+    version: str
+
+
+def epoch_of(name: str) -> int | None:
+    """The epoch a data, operator or manifest file name belongs to."""
+    found = _EPOCH_DIR.search(name) or _MANIFEST.search(name)
+    return int(found.group(1)) if found else None
+
+
 class SnapshotStore:
     """Reads and writes snapshot files under one URI."""
 
-    def __init__(self, uri: str, **storage_options: Any) -> None:
-        self.uri = uri
+    def __init__(
+        self, uri: str, *, retry: RetryPolicy | None = None, **storage_options: Any
+    ) -> None:
+        self.uri = uri.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(uri, **storage_options)
         self.root = root.rstrip("/")
-        self._local = "file" in _protocols(self.fs)
+        self.retry = retry or RetryPolicy()
+        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
+        self._local = "file" in protocols or "local" in protocols
+        self._conditional: ConditionalOps | None = None
+
+    @property
+    def conditional(self) -> ConditionalOps:
+        if self._conditional is None:
+            self._conditional = conditional_ops_for(self.fs)
+        return self._conditional
 
     # ------------------------------------------------------------------ names
 
     @staticmethod
-    def keyed_file_name(epoch: int, state: str, key_groups: KeyGroupRange) -> str:
-        return f"data/epoch-{epoch:010d}/{urllib.parse.quote(state, safe='')}/{key_groups}.kgd"
+    def keyed_file_name(
+        epoch: int, state: str, key_groups: KeyGroupRange | str, kind: str, owner: str = "w"
+    ) -> str:
+        state_dir = urllib.parse.quote(state, safe="")
+        return f"data/epoch-{epoch:010d}/{owner}/{state_dir}/{key_groups}.{kind}.kgd"
 
     @staticmethod
-    def operator_file_name(epoch: int, index: int, parallelism: int) -> str:
-        return f"operator/epoch-{epoch:010d}/{index}-of-{parallelism}.ops"
+    def operator_file_name(epoch: int, index: int, parallelism: int, owner: str = "w") -> str:
+        return f"operator/epoch-{epoch:010d}/{owner}/{index}-of-{parallelism}.ops"
 
     @staticmethod
     def manifest_name(epoch: int) -> str:
@@ -57,46 +106,158 @@ class SnapshotStore:
     def full_path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    # ------------------------------------------------------------------ I/O
+    def url(self, name: str) -> str:
+        """The URL of ``name`` (what a remote compactor is handed)."""
+        return f"{self.uri}/{name}"
+
+    # ------------------------------------------------------------------ data files
 
     def write(self, name: str, data: bytes) -> FileEntry:
         """Write one immutable file and return its manifest entry."""
         path = self.full_path(name)
-        if self._local:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(path, data)
+        call_with_retry(lambda: self._put(path, data), f"writing {self.url(name)}", self.retry)
         return FileEntry(path=name, size=len(data), crc32=zlib.crc32(data))
+
+    def _put(self, path: str, data: bytes) -> None:
+        if not self._local:
+            self.fs.pipe_file(path, data)  # one PUT: an object is whole or absent
+            return
+        # a killed process must not leave a partial file under the final name
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(temp, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
 
     def read(self, entry: FileEntry) -> bytes:
         """Read a file a manifest names, checking its size and checksum."""
         path = self.full_path(entry.path)
-        try:
-            data: bytes = self.fs.cat_file(path)
-        except FileNotFoundError:
-            raise CorruptFileError(path, "named by the manifest but missing") from None
+
+        def get() -> bytes:
+            try:
+                data: bytes = self.fs.cat_file(path)
+            except FileNotFoundError:
+                raise CorruptFileError(path, "named by the manifest but missing") from None
+            return data
+
+        data = call_with_retry(get, f"reading {self.url(entry.path)}", self.retry)
         if len(data) != entry.size:
             raise CorruptFileError(path, f"has {len(data)} bytes, the manifest says {entry.size}")
         if zlib.crc32(data) != entry.crc32:
             raise CorruptFileError(path, "fails the checksum the manifest records for it")
         return data
 
-    def commit(self, manifest: Manifest) -> None:
-        """Write the manifest: from here on the epoch is committed."""
-        name = self.manifest_name(manifest.epoch)
-        path = self.full_path(name)
+    def read_many(self, entries: Sequence[FileEntry], concurrency: int = 8) -> list[bytes]:
+        """Read several files concurrently (restore is bound by round trips, not bytes)."""
+        if len(entries) <= 1 or concurrency <= 1:
+            return [self.read(e) for e in entries]
+        with concurrent.futures.ThreadPoolExecutor(min(concurrency, len(entries))) as pool:
+            return list(pool.map(self.read, entries))
+
+    def list_files(self) -> dict[str, int]:
+        """Every file under the location: name relative to the root -> size."""
+        found: dict[str, int] = {}
+        for top in ("manifests", "data", "operator"):
+            try:
+                listing = self.fs.find(self.full_path(top), detail=True)
+            except FileNotFoundError:
+                continue
+            for path, info in listing.items():
+                name = str(path)[len(self.root) + 1 :] if str(path).startswith(self.root) else path
+                found[str(name).lstrip("/")] = int(info.get("size") or 0)
+        return found
+
+    def delete(self, names: Sequence[str]) -> None:
+        for name in names:
+            path = self.full_path(name)
+
+            def remove(path: str = path) -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+
+            call_with_retry(remove, f"deleting {self.url(name)}", self.retry)
+
+    # ------------------------------------------------------------------ writer lease and commit
+
+    def acquire_writer(self) -> WriterLease:
+        """Take the writer lease: from now on every other writer of this location is fenced."""
+        path = self.full_path(LEASE_NAME)
+        cond = self.conditional
+        for _ in range(20):
+            current = call_with_retry(lambda: cond.get(path), f"reading {path}", self.retry)
+            generation = 1 if current is None else int(json.loads(current[0])["generation"]) + 1
+            owner = new_owner_token(generation)
+            body = json.dumps({"owner": owner, "generation": generation, "epoch": None}).encode()
+            old = None if current is None else current[1]
+
+            def swap(body: bytes = body, old: str | None = old) -> str | None:
+                return cond.create(path, body) if old is None else cond.replace(path, body, old)
+
+            version = call_with_retry(swap, f"taking the lease {path}", self.retry)
+            if version is not None:
+                return WriterLease(owner, generation, version)
+        raise FencedError(f"could not take the writer lease of {self.uri}: too much contention")
+
+    def current_owner(self) -> str | None:
+        current = self.conditional.get(self.full_path(LEASE_NAME))
+        return None if current is None else str(json.loads(current[0])["owner"])
+
+    def commit(self, manifest: Manifest, lease: WriterLease | None = None) -> None:
+        """Write the manifest: from here on the epoch is committed.
+
+        With a lease, the lease is first swapped from the version this writer last wrote; if
+        another writer took it since, that fails and this writer is fenced. The manifest itself
+        is created only if absent, so an epoch is committed once, by one writer.
+        """
+        cond = self.conditional
+        if lease is not None:
+            self._renew(lease, manifest.epoch)
+        path = self.full_path(self.manifest_name(manifest.epoch))
         data = manifest.to_json()
-        if self._local:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            temp = f"{path}.tmp"
-            self.fs.pipe_file(temp, data)
-            self.fs.mv(temp, path)  # rename: readers never see a partial manifest
-        else:
-            self.fs.pipe_file(path, data)
+        created = call_with_retry(
+            lambda: cond.create(path, data),
+            f"committing {self.url(self.manifest_name(manifest.epoch))}",
+            self.retry,
+        )
+        if created is None:
+            existing = cond.get(path)
+            if existing is not None and existing[0] == data:
+                return  # our own earlier attempt went through, its answer was lost
+            raise FencedError(
+                f"epoch {manifest.epoch} is already committed at {self.uri} by another writer"
+            )
+
+    def _renew(self, lease: WriterLease, epoch: int) -> None:
+        path = self.full_path(LEASE_NAME)
+        cond = self.conditional
+        body = json.dumps(
+            {"owner": lease.owner, "generation": lease.generation, "epoch": epoch}
+        ).encode()
+        version = call_with_retry(
+            lambda: cond.replace(path, body, lease.version), f"renewing {path}", self.retry
+        )
+        if version is None:
+            current = cond.get(path)
+            if current is not None and current[0] == body:
+                version = current[1]  # an earlier attempt of ours went through
+            else:
+                holder = json.loads(current[0])["owner"] if current else "nobody"
+                raise FencedError(
+                    f"writer {lease.owner} lost the lease of {self.uri} to {holder}; it cannot "
+                    f"commit epoch {epoch}"
+                )
+        lease.version = version
+
+    # ------------------------------------------------------------------ committed epochs
 
     def epochs(self) -> list[int]:
         """Committed epochs, oldest first."""
         try:
-            names = self.fs.ls(self.full_path("manifests"), detail=False)
+            names = call_with_retry(
+                lambda: self.fs.ls(self.full_path("manifests"), detail=False),
+                f"listing {self.uri}/manifests",
+                self.retry,
+            )
         except FileNotFoundError:
             return []
         found = (_MANIFEST.search(str(name)) for name in names)
@@ -110,13 +271,13 @@ class SnapshotStore:
                 raise NoSnapshotError(f"no committed snapshot under {self.uri}")
             epoch = epochs[-1]
         path = self.full_path(self.manifest_name(epoch))
-        try:
-            data = self.fs.cat_file(path)
-        except FileNotFoundError:
-            raise NoSnapshotError(f"epoch {epoch} is not committed under {self.uri}") from None
+
+        def get() -> bytes:
+            try:
+                data: bytes = self.fs.cat_file(path)
+            except FileNotFoundError:
+                raise NoSnapshotError(f"epoch {epoch} is not committed under {self.uri}") from None
+            return data
+
+        data = call_with_retry(get, f"reading {self.url(self.manifest_name(epoch))}", self.retry)
         return Manifest.from_json(data, path)
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)

@@ -1,0 +1,197 @@
+"""Compaction: merging a range's base and deltas into a new base.
+
+Deltas keep checkpoints cheap, but a restore reads every file of a chain; when deltas pile up
+(``compaction.delta-trigger`` files, or more delta bytes than ``compaction.size-ratio`` times the
+base) the chain is merged into one base with the same merge rule restore uses, so what a restore
+returns never changes. Tombstones disappear in the merge.
+
+The :class:`Compactor` interface takes a JSON-serializable :class:`CompactionRequest` (input
+files with their sizes and checksums, key-group range, output prefix, format version) and
+returns a :class:`CompactionResult` (output files with sizes and checksums). The
+:class:`LocalCompactor` runs it in this process; a remote compactor (the compaction service)
+implements the same interface over HTTP with the same JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+import zlib
+from typing import Any, Protocol
+
+import fsspec
+from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.snapshot.format import (
+    BASE,
+    FORMAT_VERSION,
+    CorruptFileError,
+    DataFileReader,
+    encode_data_file,
+)
+from statetier.backend.snapshot.manifest import Chain, FileEntry
+from statetier.backend.snapshot.serialize import merge_pairs
+
+__all__ = [
+    "CompactionError",
+    "CompactionInput",
+    "CompactionOutput",
+    "CompactionRequest",
+    "CompactionResult",
+    "Compactor",
+    "LocalCompactor",
+    "needs_compaction",
+]
+
+
+class CompactionError(RuntimeError):
+    """A compaction could not be done (bad input, unsupported version, storage failure)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionInput:
+    """One input file: its URL, and what the manifest says its size and checksum are."""
+
+    url: str
+    size: int
+    crc32: int
+    kind: str
+    epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionRequest:
+    job_id: str
+    state: str
+    key_groups: str
+    inputs: list[CompactionInput]
+    output_prefix: str
+    format_version: int = FORMAT_VERSION
+    max_parallelism: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CompactionRequest:
+        body = json.loads(text)
+        body["inputs"] = [CompactionInput(**i) for i in body["inputs"]]
+        return cls(**body)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionOutput:
+    url: str
+    size: int
+    crc32: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionResult:
+    job_id: str
+    outputs: list[CompactionOutput]
+    entries: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CompactionResult:
+        body = json.loads(text)
+        body["outputs"] = [CompactionOutput(**o) for o in body["outputs"]]
+        return cls(**body)
+
+
+class Compactor(Protocol):
+    """Merges the input files of one (state, range) into one base under the output prefix."""
+
+    def compact(self, request: CompactionRequest) -> CompactionResult: ...
+
+
+def needs_compaction(chain: Chain, delta_trigger: int, size_ratio: float) -> bool:
+    """Whether ``chain`` has piled up enough deltas to be merged."""
+    if not chain.deltas:
+        return False
+    return len(chain.deltas) >= delta_trigger or chain.delta_bytes >= size_ratio * chain.base.size
+
+
+def make_request(
+    store_url: Any, state: str, chain_files: list[FileEntry], output_dir: str, max_p: int
+) -> CompactionRequest:
+    """The request to merge ``chain_files`` (URLs built by ``store_url(name)``)."""
+    first = chain_files[0]
+    assert first.key_groups is not None
+    return CompactionRequest(
+        job_id=uuid.uuid4().hex,
+        state=state,
+        key_groups=first.key_groups,
+        inputs=[
+            CompactionInput(store_url(f.path), f.size, f.crc32, f.kind, f.epoch)
+            for f in chain_files
+        ],
+        output_prefix=store_url(output_dir),
+        max_parallelism=max_p,
+    )
+
+
+class LocalCompactor:
+    """Compacts in this process, reading and writing through fsspec."""
+
+    def __init__(self, filesystem: Any = None, **storage_options: Any) -> None:
+        self.filesystem = filesystem  # used for every URL when given (the store's own)
+        self.storage_options = storage_options
+
+    def _fs(self, url: str) -> tuple[Any, str]:
+        if self.filesystem is not None:
+            return self.filesystem, str(self.filesystem._strip_protocol(url))
+        fs, path = fsspec.core.url_to_fs(url, **self.storage_options)
+        return fs, path
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        if request.format_version > FORMAT_VERSION:
+            raise CompactionError(
+                f"request format version {request.format_version} is newer than {FORMAT_VERSION}"
+            )
+        if not request.inputs or request.inputs[0].kind != BASE:
+            raise CompactionError("the first input of a compaction must be a base")
+        readers = []
+        for item in request.inputs:
+            fs, path = self._fs(item.url)
+            data: bytes = fs.cat_file(path)
+            if len(data) != item.size or zlib.crc32(data) != item.crc32:
+                raise CorruptFileError(item.url, "does not match the size and checksum requested")
+            readers.append(DataFileReader(data, item.url))
+        key_groups = KeyGroupRange.parse(request.key_groups)
+        blocks: list[tuple[int, list[tuple[bytes, bytes | None]]]] = []
+        entries = 0
+        for key_group in key_groups:
+            merged = merge_pairs((r.kind, r.read_block(key_group)) for r in readers)
+            entries += len(merged)
+            blocks.append((key_group, list(merged)))
+        header = {
+            "state": request.state,
+            "key_groups": request.key_groups,
+            "epoch": request.inputs[-1].epoch,
+            "kind": BASE,
+            "max_parallelism": request.max_parallelism,
+            "compacted_from": len(request.inputs),
+        }
+        out = encode_data_file(header, blocks)
+        url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
+        fs, path = self._fs(url)
+        _put(fs, path, out)
+        return CompactionResult(
+            request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], entries
+        )
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write whole or not at all: local files go through a temporary name and a rename."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if "file" in protocols or "local" in protocols:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        fs.pipe_file(temp, data)
+        fs.mv(temp, path)
+    else:
+        fs.pipe_file(path, data)

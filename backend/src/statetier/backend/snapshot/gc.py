@@ -1,0 +1,66 @@
+"""Retention: keep the last N committed epochs, delete every file none of them names.
+
+A file is deleted only when no retained manifest names it *and* it belongs to an epoch older than
+the oldest retained one (its directory says which). Files of newer epochs that no manifest names
+yet are uploads or compactions in flight, so they are left alone; a running writer also passes
+the files its next manifest will name (``protect``). Manifests go first, oldest first, so a crash
+in the middle never leaves a retained manifest naming a deleted file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+from statetier.backend.snapshot.store import SnapshotStore, epoch_of
+
+__all__ = ["GcReport", "collect_garbage"]
+
+
+@dataclasses.dataclass
+class GcReport:
+    retained_epochs: list[int]
+    deleted_manifests: list[str]
+    deleted_files: list[str]
+    freed_bytes: int
+
+
+def collect_garbage(
+    store: SnapshotStore,
+    retained: int,
+    *,
+    protect: Iterable[str] = (),
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> GcReport:
+    """Delete what the last ``retained`` committed epochs do not need."""
+    if retained < 1:
+        raise ValueError("at least one epoch must be retained")
+    epochs = store.epochs()
+    keep = epochs[-retained:]
+    if not keep:
+        return GcReport([], [], [], 0)
+    oldest_kept = keep[0]
+    named = set(protect)
+    for epoch in keep:
+        named.update(f.path for f in store.manifest(epoch).files())
+    files = store.list_files()
+    old_manifests = [store.manifest_name(e) for e in epochs if e < oldest_kept]
+    garbage = []
+    for name in sorted(files):
+        if name.startswith("manifests/") or name in named:
+            continue
+        file_epoch = epoch_of(name)
+        if file_epoch is not None and file_epoch < oldest_kept:
+            garbage.append(name)
+    freed = sum(files.get(n, 0) for n in [*old_manifests, *garbage])
+    if not dry_run:
+        for name in old_manifests:
+            store.delete([name])
+            if progress:
+                progress(1)
+        for name in garbage:
+            store.delete([name])
+            if progress:
+                progress(1)
+    return GcReport(keep, old_manifests, garbage, freed)

@@ -1,0 +1,121 @@
+"""Restore: the key groups of one backend from base + deltas, at any parallelism.
+
+For each state, the manifest's chains partition the key groups; a backend reads, from every
+chain whose range overlaps its own, the blocks of its key groups: the base, then each delta in
+epoch order (later values win, tombstones remove). Files are fetched concurrently, and every
+block is checked, so a damaged checkpoint fails the restore with the file and block named.
+Operator state is redistributed over the new parallelism (even split or union).
+"""
+
+from __future__ import annotations
+
+from statetier.backend.keyed_backend import (
+    KeyedStateBackend,
+    RestoredState,
+    check_restored_compatible,
+)
+from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.operator_state import OperatorStateBackend, Redistribution, even_split
+from statetier.backend.snapshot.commit import SnapshotError
+from statetier.backend.snapshot.format import DataFileReader, decode_operator_file
+from statetier.backend.snapshot.manifest import FileEntry, Manifest
+from statetier.backend.snapshot.serialize import merge_pairs
+from statetier.backend.snapshot.store import SnapshotStore
+from statetier.backend.state.table import StateTable
+
+__all__ = ["read_key_groups", "restore_keyed_state", "restore_operator_state"]
+
+
+def read_key_groups(
+    store: SnapshotStore, manifest: Manifest, key_groups: KeyGroupRange, concurrency: int = 8
+) -> dict[str, RestoredState]:
+    """State name -> its entries (as bytes) in ``key_groups``, from base + deltas."""
+    restored: dict[str, RestoredState] = {
+        name: RestoredState(meta, {}) for name, meta in manifest.states.items()
+    }
+    wanted: list[tuple[str, KeyGroupRange, list[FileEntry]]] = []
+    for chain in manifest.chains():
+        overlap = KeyGroupRange.parse(chain.key_groups).intersection(key_groups)
+        if len(overlap):
+            wanted.append((chain.state, overlap, chain.files))
+    entries = [f for _, _, files in wanted for f in files]
+    datas = iter(store.read_many(entries, concurrency))
+    for state, overlap, files in wanted:
+        readers = [DataFileReader(next(datas), store.full_path(f.path)) for f in files]
+        if state not in restored:
+            raise SnapshotError(f"the manifest names files of state {state!r} it does not list")
+        target = restored[state].entries
+        if len(readers) == 1:
+            for key_group in overlap:
+                pairs = readers[0].read_block(key_group)
+                if pairs:
+                    target[key_group] = [(k, v) for k, v in pairs if v is not None]
+            continue
+        for key_group in overlap:
+            merged = merge_pairs((r.kind, r.read_block(key_group)) for r in readers)
+            if merged:
+                target[key_group] = merged
+    return restored
+
+
+def restore_keyed_state(
+    store: SnapshotStore, backend: KeyedStateBackend, epoch: int | None = None
+) -> Manifest:
+    """Load the backend's key groups from the snapshot of ``epoch`` (default: the latest).
+
+    States are kept as bytes until registered; already registered states are filled now.
+    """
+    manifest = store.manifest(epoch)
+    if manifest.max_parallelism and manifest.max_parallelism != backend.max_parallelism:
+        raise SnapshotError(
+            f"snapshot of epoch {manifest.epoch} has max parallelism {manifest.max_parallelism}; "
+            f"the backend has {backend.max_parallelism} (max parallelism is fixed once "
+            "checkpointed)"
+        )
+    if manifest.key_serializer != backend.key_serializer.id:
+        raise SnapshotError(
+            f"snapshot keys were written with serializer {manifest.key_serializer!r}, the "
+            f"backend uses {backend.key_serializer.id!r}"
+        )
+    restored = read_key_groups(store, manifest, backend.key_groups)
+    for name, state in restored.items():
+        table = backend.tables.get(name)
+        if table is None:
+            backend.restored[name] = state
+        else:
+            check_restored_compatible(state.meta, table.descriptor)
+            _fill_registered(backend, table, state)
+    return manifest
+
+
+def _fill_registered(backend: KeyedStateBackend, table: StateTable, state: RestoredState) -> None:
+    key_loads = backend.key_serializer.loads
+    for key_group in backend.key_groups:
+        table.map_for(key_group).clear()
+    for key_group, pairs in state.entries.items():
+        kg_map = table.map_for(key_group)
+        for key_bytes, value_bytes in pairs:
+            kg_map[key_loads(key_bytes)] = table.codec.decode(value_bytes)
+
+
+def restore_operator_state(
+    store: SnapshotStore, backend: OperatorStateBackend, epoch: int | None = None
+) -> Manifest:
+    """Redistribute the operator state of ``epoch`` to instance ``backend.index``."""
+    manifest = store.manifest(epoch)
+    per_state: dict[str, tuple[Redistribution, str, list[bytes]]] = {}
+    files = sorted(manifest.operator_files, key=lambda e: e.operator_index or 0)
+    for entry, data in zip(files, store.read_many(files), strict=True):
+        decoded = decode_operator_file(data, store.full_path(entry.path))
+        for name, part in decoded.items():
+            mode = Redistribution(part["mode"])
+            known = per_state.setdefault(name, (mode, part["serializer"], []))
+            if known[0] is not mode:
+                raise SnapshotError(f"operator state {name!r} has mixed redistribution modes")
+            known[2].extend(part["elements"])
+    for name, (mode, serializer_id, elements) in per_state.items():
+        mine = elements
+        if mode is Redistribution.EVEN_SPLIT:
+            mine = even_split(elements, backend.parallelism, backend.index)
+        backend.restored[name] = (mode, serializer_id, mine)
+    return manifest

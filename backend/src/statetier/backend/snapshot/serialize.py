@@ -1,0 +1,155 @@
+"""Turning live state into file bytes: the synchronous part of a snapshot.
+
+Everything here runs on the processing thread between records, so what it produces is a
+consistent copy of the state at the end of the epoch; uploads then run in the background on the
+bytes while processing goes on. Spilled key groups are read through the same mapping interface
+(the spill tier gives snapshots a consistent view of them).
+
+A base holds every entry of a range (expired TTL entries dropped when the state asks for cleanup
+on full snapshots); a delta holds the keys touched since the previous epoch, with a tombstone for
+those no longer present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
+from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.operator_state import OperatorStateBackend
+from statetier.backend.snapshot.format import (
+    BASE,
+    DELTA,
+    encode_data_file,
+    encode_operator_file,
+)
+from statetier.backend.snapshot.manifest import FileEntry
+from statetier.backend.state.table import StateTable
+from statetier.backend.state.ttl_cleanup import purge_expired
+
+__all__ = [
+    "PreparedFile",
+    "encode_operator_state",
+    "encode_restored_base",
+    "encode_table",
+    "keyed_entry",
+]
+
+Blocks = list[tuple[int, list[tuple[bytes, bytes | None]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedFile:
+    """A file ready to upload: its manifest entry (size and checksum known) and its bytes."""
+
+    entry: FileEntry
+    data: bytes
+
+
+def keyed_entry(
+    name: str, data: bytes, state: str, key_groups: KeyGroupRange | str, kind: str, epoch: int
+) -> FileEntry:
+    return FileEntry(
+        path=name,
+        size=len(data),
+        crc32=zlib.crc32(data),
+        state=state,
+        key_groups=str(key_groups),
+        kind=kind,
+        epoch=epoch,
+    )
+
+
+def _header(
+    state: str, key_groups: KeyGroupRange | str, epoch: int, kind: str, max_parallelism: int
+) -> dict[str, Any]:
+    return {
+        "state": state,
+        "key_groups": str(key_groups),
+        "epoch": epoch,
+        "kind": kind,
+        "max_parallelism": max_parallelism,
+    }
+
+
+def encode_table(
+    backend: KeyedStateBackend,
+    table: StateTable,
+    epoch: int,
+    touched: dict[int, list[Any]] | None = None,
+) -> bytes:
+    """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys."""
+    descriptor = table.descriptor
+    key_dumps = backend.key_serializer.dumps
+    encode = table.codec.encode
+    ttl = descriptor.ttl
+    purge = ttl is not None and ttl.cleanup_full_snapshot
+    now = backend.clock.now_ms()
+    kind = BASE if touched is None else DELTA
+
+    def kept(stored: Any) -> Any:
+        return purge_expired(descriptor.kind, stored, ttl, now) if purge and ttl else stored
+
+    blocks: Blocks = []
+    if touched is None:
+        for key_group in backend.key_groups:
+            pairs: list[tuple[bytes, bytes | None]] = []
+            for key, stored in table.map_for(key_group).items():
+                value = kept(stored)
+                if value is not None:
+                    pairs.append((key_dumps(key), encode(value)))
+            blocks.append((key_group, pairs))
+    else:
+        for key_group in sorted(touched):
+            kg_map = table.map_for(key_group)
+            pairs = []
+            for key in touched[key_group]:
+                stored = kg_map.get(key)
+                value = None if stored is None else kept(stored)
+                pairs.append((key_dumps(key), None if value is None else encode(value)))
+            blocks.append((key_group, pairs))
+    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
+    return encode_data_file(header, blocks)
+
+
+def encode_restored_base(
+    key_groups: KeyGroupRange, name: str, restored: RestoredState, epoch: int, max_p: int
+) -> bytes:
+    """A base of a state restored but not registered again: its bytes, as they were read."""
+    blocks: Blocks = [(kg, list(restored.entries.get(kg, []))) for kg in key_groups]
+    return encode_data_file(_header(name, key_groups, epoch, BASE, max_p), blocks)
+
+
+def encode_operator_state(backend: OperatorStateBackend) -> bytes:
+    states: dict[str, dict[str, Any]] = {}
+    for name, registered in backend.states.items():
+        dumps = registered.descriptor.serializer.dumps
+        states[name] = {
+            "mode": registered.mode.value,
+            "serializer": registered.descriptor.serializer.id,
+            "elements": [dumps(e) for e in registered.state.elements],
+        }
+    for name, (mode, serializer_id, elements) in backend.restored.items():
+        states[name] = {"mode": mode.value, "serializer": serializer_id, "elements": elements}
+    return encode_operator_file(states)
+
+
+def merge_pairs(
+    chain: Iterable[tuple[str, list[tuple[bytes, bytes | None]]]],
+) -> list[tuple[bytes, bytes]]:
+    """Apply one key group's blocks in chain order (base first): later values win, tombstones
+    remove. What restore and compaction both do, so a compacted base restores the same."""
+    merged: dict[bytes, bytes] = {}
+    for kind, pairs in chain:
+        if kind == BASE:
+            merged = {k: v for k, v in pairs if v is not None}
+            continue
+        for key, value in pairs:
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+    return list(merged.items())

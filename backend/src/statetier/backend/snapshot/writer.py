@@ -1,0 +1,178 @@
+"""The snapshot writer of one operator instance: full or incremental, chain by chain.
+
+The writer remembers, per state, the chain (base + deltas) of its own key-group range that its
+last snapshot produced. The next snapshot of a state with such a chain writes only a delta of the
+keys the backend touched since (``drain_touched_keys``: a superset of the changed keys, TTL
+removals included) and names the chain plus the delta; a state without one (first snapshot,
+new state, a restore from other ranges after a rescale, a failed epoch) gets a full base.
+
+Any failure between prepare and commit makes the writer forget its chains
+(:meth:`SubtaskWriter.reset`): the touched keys of the failed epoch are gone from the log, so
+only a full base is safe next time. Compaction results replace a chain's prefix here, so the
+next manifest names the compacted base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from statetier.backend.keyed_backend import KeyedStateBackend, state_meta
+from statetier.backend.operator_state import OperatorStateBackend
+from statetier.backend.snapshot.format import BASE, DELTA
+from statetier.backend.snapshot.manifest import FileEntry, Manifest
+from statetier.backend.snapshot.serialize import (
+    PreparedFile,
+    encode_operator_state,
+    encode_restored_base,
+    encode_table,
+    keyed_entry,
+)
+from statetier.backend.snapshot.store import SnapshotStore
+
+__all__ = ["PreparedSubtask", "SubtaskSnapshot", "SubtaskWriter"]
+
+
+@dataclasses.dataclass
+class SubtaskSnapshot:
+    """What one operator instance contributes to an epoch's manifest."""
+
+    key_groups: Any  # KeyGroupRange | None
+    max_parallelism: int | None
+    key_serializer: str | None
+    states: dict[str, dict[str, Any]]
+    keyed_files: list[FileEntry]
+    operator_file: FileEntry | None
+
+
+@dataclasses.dataclass
+class PreparedSubtask:
+    """A snapshot serialized but not uploaded: the manifest part and the new files' bytes."""
+
+    snapshot: SubtaskSnapshot
+    uploads: list[PreparedFile]
+
+    @property
+    def upload_bytes(self) -> int:
+        return sum(len(f.data) for f in self.uploads)
+
+
+class SubtaskWriter:
+    """Prepares the snapshots of one instance's keyed and operator state."""
+
+    def __init__(
+        self,
+        keyed: KeyedStateBackend | None,
+        operator: OperatorStateBackend | None,
+        *,
+        incremental: bool = True,
+    ) -> None:
+        self.keyed = keyed
+        self.operator = operator
+        self.incremental = incremental
+        self._chains: dict[str, list[FileEntry]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ chain bookkeeping
+
+    def restored_from(self, manifest: Manifest) -> None:
+        """The backend was just restored from ``manifest``: chains of its exact range carry on."""
+        with self._lock:
+            self._chains = {}
+            if self.keyed is None:
+                return
+            mine = str(self.keyed.key_groups)
+            for chain in manifest.chains():
+                if chain.key_groups == mine:
+                    self._chains[chain.state] = chain.files
+            self.keyed.drain_touched_keys()
+
+    def reset(self) -> None:
+        """Forget the chains: the next snapshot writes full bases."""
+        with self._lock:
+            self._chains = {}
+
+    def chains(self) -> dict[str, list[FileEntry]]:
+        with self._lock:
+            return {name: list(files) for name, files in self._chains.items()}
+
+    def replace_prefix(self, state: str, inputs: Sequence[FileEntry], base: FileEntry) -> bool:
+        """Swap ``inputs`` (a prefix of the state's chain) for the compacted ``base``.
+
+        False when the chain moved on meanwhile in a way that does not start with ``inputs``
+        (a full snapshot replaced it); the compacted file is then simply never named.
+        """
+        with self._lock:
+            chain = self._chains.get(state)
+            if chain is None or chain[: len(inputs)] != list(inputs):
+                return False
+            self._chains[state] = [base, *chain[len(inputs) :]]
+            return True
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(
+        self, store: SnapshotStore, epoch: int, owner: str = "w", *, full: bool = False
+    ) -> PreparedSubtask:
+        """Serialize this instance's state for ``epoch`` (synchronously: a consistent copy)."""
+        uploads: list[PreparedFile] = []
+        keyed_files: list[FileEntry] = []
+        states: dict[str, dict[str, Any]] = {}
+        keyed = self.keyed
+        with self._lock:
+            incremental = self.incremental and not full
+            if keyed is not None:
+                touched = keyed.drain_touched_keys()
+                new_chains: dict[str, list[FileEntry]] = {}
+                for table in keyed.tables.values():
+                    name = table.name
+                    states[name] = state_meta(table.descriptor)
+                    chain = self._chains.get(name) if incremental else None
+                    if chain is not None and not touched:
+                        new_chains[name] = list(chain)
+                        continue
+                    kind = DELTA if chain is not None else BASE
+                    data = encode_table(keyed, table, epoch, touched if chain else None)
+                    path = store.keyed_file_name(epoch, name, keyed.key_groups, kind, owner)
+                    entry = keyed_entry(path, data, name, keyed.key_groups, kind, epoch)
+                    uploads.append(PreparedFile(entry, data))
+                    new_chains[name] = [*(chain or []), entry]
+                for name, restored in keyed.restored.items():
+                    states[name] = restored.meta
+                    chain = self._chains.get(name) if incremental else None
+                    if chain is not None:  # unchanged since restore: name the same files
+                        new_chains[name] = list(chain)
+                        continue
+                    data = encode_restored_base(
+                        keyed.key_groups, name, restored, epoch, keyed.max_parallelism
+                    )
+                    path = store.keyed_file_name(epoch, name, keyed.key_groups, BASE, owner)
+                    entry = keyed_entry(path, data, name, keyed.key_groups, BASE, epoch)
+                    uploads.append(PreparedFile(entry, data))
+                    new_chains[name] = [entry]
+                self._chains = new_chains
+                keyed_files = [f for files in new_chains.values() for f in files]
+        operator_file = None
+        if self.operator is not None:
+            data = encode_operator_state(self.operator)
+            path = store.operator_file_name(
+                epoch, self.operator.index, self.operator.parallelism, owner
+            )
+            operator_file = dataclasses.replace(
+                keyed_entry(path, data, "", "", BASE, epoch),
+                state=None,
+                key_groups=None,
+                operator_index=self.operator.index,
+            )
+            uploads.append(PreparedFile(operator_file, data))
+        snapshot = SubtaskSnapshot(
+            key_groups=keyed.key_groups if keyed else None,
+            max_parallelism=keyed.max_parallelism if keyed else None,
+            key_serializer=keyed.key_serializer.id if keyed else None,
+            states=states,
+            keyed_files=keyed_files,
+            operator_file=operator_file,
+        )
+        return PreparedSubtask(snapshot, uploads)
