@@ -39,3 +39,14 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Operator (issue 6). `make sandbox`: the operator at work without a cluster (API emulator,
+# operator, webhooks, kubectl apply of crds/ and examples/), narrated, then everything stops.
+# `make e2e-kind`: the same scenarios on kind where Docker and kind exist; skips cleanly elsewhere.
+.PHONY: sandbox e2e-kind
+
+sandbox: $(STAMP)
+	$(BIN)/statetier-operator sandbox --repo .
+
+e2e-kind: $(STAMP)
+	BIN=$(BIN) operator/e2e-kind.sh

@@ -92,10 +92,15 @@ def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) 
         reason == "Reconciled" and "Deployment compaction-workers created" in message
         for _, reason, message in events
     )
-    # kubectl sees the printer columns' data and the short name.
-    assert sandbox.kubectl("get", "compsvc", "compaction", "-o", "name") == (
-        "compactionservice.statetier.io/compaction\n"
-    )
+    # kubectl get shows the printer columns (the emulator renders Tables) and the short name.
+    header, row = sandbox.kubectl("get", "compsvc", "compaction").splitlines()
+    assert header.split() == ["NAME", "ENDPOINT", "WORKERS", "READY", "AGE"]
+    assert row.split()[:4] == [
+        "compaction",
+        "http://compaction-gateway.default.svc:8080",
+        "0",
+        "False",
+    ]
 
 
 def test_ready_and_degraded_follow_the_deployments(sandbox: Sandbox) -> None:

@@ -2,7 +2,8 @@
 
 ``run`` parses the operator settings, installs them and starts kopf with the chosen namespaces,
 peering and liveness endpoint. ``bench`` measures the time from ``kubectl apply`` of a
-CompactionService to its Deployments existing, against the API emulator.
+CompactionService to its Deployments existing, against the API emulator. ``sandbox`` shows the
+operator at work on a laptop (``make sandbox``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--runs", type=int, default=20)
     bench.set_defaults(func=_bench)
 
+    sandbox = sub.add_parser("sandbox", help="emulator + operator + examples, narrated")
+    sandbox.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
+    sandbox.set_defaults(func=_sandbox)
+
     args = parser.parse_args(argv)
     return int(args.func(args))
 
@@ -119,6 +124,12 @@ def _bench(args: argparse.Namespace) -> int:
     from statetier.operator.testing.bench import main as bench_main
 
     return bench_main(args.runs)
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    from statetier.operator.testing.sandbox import main as sandbox_main
+
+    return sandbox_main(args.repo)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ resource request itself, fixing these gaps:
 * ``status`` and ``scale`` subresources as the CRD (or built-in kind) declares them;
 * CRDs applied through the API become served resources, with their schema defaults applied;
 * finalizers, ``deletionTimestamp``, and garbage collection of dependents by ``ownerReferences``;
+* ``kubectl get`` tables with the CRD's printer columns (Name and Age for built-ins);
 * mutating and validating admission webhooks registered through ``*WebhookConfiguration``
   objects are called over HTTPS with the configured ``caBundle``, as the apiserver would.
 
@@ -36,6 +37,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import re
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -81,6 +83,7 @@ class ResourceDef:
     status: bool = False
     scale: ScaleSpec | None = None
     schema: Obj | None = None  # openAPIV3Schema, for defaults
+    columns: tuple[Obj, ...] = ()  # additionalPrinterColumns, for kubectl get
 
     @property
     def api_version(self) -> str:
@@ -226,6 +229,82 @@ def _apply_defaults(value: Any, schema: Obj | None) -> Any:
     return value
 
 
+def _json_path(obj: Any, path: str) -> Any:
+    """The JSONPath subset printer columns use: ``.a.b`` and ``.a[?(@.k=="v")].b``."""
+    node = obj
+    for step in re.findall(r'\.([^.\[]+)|\[\?\(@\.(\w+)=="([^"]*)"\)\]', path):
+        field, key, value = step
+        if field:
+            node = node.get(field) if isinstance(node, dict) else None
+        else:
+            node = next(
+                (i for i in node or [] if isinstance(i, dict) and str(i.get(key)) == value), None
+            )
+        if node is None:
+            return None
+    return node
+
+
+def _age(timestamp: str | None) -> str:
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def _table(rdef: ResourceDef, items: list[Obj], resource_version: str) -> Obj:
+    """A meta.k8s.io/v1 Table, as ``kubectl get`` asks for: printer columns or Name/Age."""
+    columns = rdef.columns or (
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    )
+    definitions = [
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "priority": 0,
+            "description": "Name of the object",
+        }
+    ]
+    definitions += [
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": "",
+            "priority": c.get("priority", 0),
+            "description": c.get("description", ""),
+        }
+        for c in columns
+    ]
+    rows = []
+    for item in items:
+        cells: list[Any] = [item["metadata"]["name"]]
+        for column in columns:
+            value = _json_path(item, column["jsonPath"])
+            cells.append(_age(value) if column.get("type") == "date" else value)
+        rows.append(
+            {
+                "cells": cells,
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": item["metadata"],
+                },
+            }
+        )
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": definitions,
+        "rows": rows,
+    }
+
+
 def _selector_matches(labels: dict[str, str], selector: str) -> bool:
     for term in filter(None, (t.strip() for t in selector.split(","))):
         if "!=" in term:
@@ -357,10 +436,17 @@ class ApiEmulator(kmock.KubernetesEmulator):
         query = dict(raw.query)
         if method == "GET" and query.get("watch") in ("true", "1"):
             return await self._watch(raw, rdef, parsed, query)
+        as_table = "as=Table" in raw.headers.get("Accept", "")
         if method == "GET" and parsed.name is None:
-            return aiohttp.web.json_response(self._list(rdef, parsed, query))
+            listing = self._list(rdef, parsed, query)
+            if as_table:
+                return aiohttp.web.json_response(_table(rdef, listing["items"], str(self._rv)))
+            return aiohttp.web.json_response(listing)
         if method == "GET":
-            return aiohttp.web.json_response(self._read(rdef, parsed))
+            obj = self._read(rdef, parsed)
+            if as_table and parsed.subresource is None:
+                return aiohttp.web.json_response(_table(rdef, [obj], str(self._rv)))
+            return aiohttp.web.json_response(obj)
         body = self._body(request)
         async with self._lock:
             if method == "POST" and parsed.name is None:
@@ -852,6 +938,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
                     if scale
                     else None,
                     schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+                    columns=tuple(version.get("additionalPrinterColumns") or ()),
                 )
             )
         crd["status"] = {

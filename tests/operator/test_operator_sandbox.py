@@ -1,0 +1,57 @@
+"""make sandbox and make e2e-kind behave as documented."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_sandbox_narrates_what_the_operator_did() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "statetier.operator.cli", "sandbox", "--repo", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for expected in (
+        "deployment.apps/compaction-workers",
+        "http://compaction-gateway.default.svc:8080   1         1         True",
+        "compaction-workers replicas=4",
+        "spark.statetier.spill.dirs = /var/lib/statetier/spill",
+        "spark.statetier.compaction.endpoints = http://compaction-gateway.default.svc:8080",
+        "denied the request: annotation statetier.io/spill-volume='nvme' is not valid",
+        "SparkApplication/wordcount StatetierConfigured",
+        "statetier_operator_managed_applications 1.0",
+        "No resources found in default namespace.",
+        "done: everything the sandbox started has stopped",
+    ):
+        assert expected in out, expected
+
+
+@pytest.mark.skipif(
+    shutil.which("docker") is not None and shutil.which("kind") is not None,
+    reason="Docker and kind exist here: make e2e-kind would create a real cluster",
+)
+def test_e2e_kind_skips_cleanly_without_docker_or_kind() -> None:
+    env = {**os.environ, "BIN": str(Path(sys.executable).parent)}
+    proc = subprocess.run(
+        ["bash", str(REPO / "operator" / "e2e-kind.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert "e2e-kind: skipped:" in proc.stdout
