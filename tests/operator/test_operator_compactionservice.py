@@ -192,6 +192,19 @@ def test_invalid_bounds_are_rejected_by_the_validating_webhook(sandbox: Sandbox)
     assert sandbox.get(f"{CS}/bad") is None
 
 
+def test_drift_is_put_back(sandbox: Sandbox) -> None:
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("drift"))
+    sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/drift-workers"))
+    sandbox.kubectl("scale", "deployment/drift-workers", "--replicas=7")
+    sandbox.wait(
+        "replicas back to 1",
+        lambda: sandbox.get(f"{DEPLOY}/drift-workers")["spec"]["replicas"] == 1,
+    )
+    sandbox.kubectl("delete", "deployment", "drift-gateway")
+    sandbox.wait("gateway recreated", lambda: sandbox.get(f"{DEPLOY}/drift-gateway"))
+    assert any("(drift)" in message for _, _, message in _events(sandbox, "drift"))
+
+
 def test_delete_removes_owned_objects(sandbox: Sandbox) -> None:
     sandbox.kubectl("apply", "-f", "-", stdin=_manifest("gone"))
     sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/gone-workers"))

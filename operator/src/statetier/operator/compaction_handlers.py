@@ -9,7 +9,7 @@ finalizer: the owned objects carry owner references and the garbage collector re
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from statetier.operator import compaction, kube, metrics
@@ -142,13 +142,34 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
 @kopf.on.event(
     "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": compaction.MANAGED_BY}
 )
-async def deployment_changed(labels: kopf.Labels, namespace: str | None, **_: Any) -> None:
-    """A Deployment of a CompactionService changed: its status may have to follow."""
+async def deployment_changed(
+    labels: kopf.Labels, namespace: str | None, logger: kopf.Logger, **_: Any
+) -> None:
+    """A Deployment of a CompactionService changed or went away.
+
+    Edits by hand (replicas, image) and deletions are put back, as any controller does with
+    what it owns; then the status follows the Deployment's. When the CompactionService itself
+    is gone or going, nothing is recreated: the Deployments are being garbage-collected.
+    """
     owner = labels.get(compaction.SERVICE_LABEL)
     if not owner or not namespace:
         return
+    api = kube.client()
     try:
-        await refresh_status(namespace, owner)
+        cs = await api.get(_cs_path(namespace, owner))
+        if cs is None or cs["metadata"].get("deletionTimestamp"):
+            return
+        spec = compaction.with_defaults(cs.get("spec"))
+        if not compaction.spec_problems(spec):
+            for desired in compaction.desired_objects(cs):
+                outcome = await _apply(api, desired)
+                if outcome != "unchanged":
+                    message = f"{desired['kind']} {desired['metadata']['name']} {outcome} (drift)"
+                    kopf.info(
+                        kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message
+                    )
+                    logger.info("reconciled %s/%s: %s", namespace, owner, message)
+        await refresh_status(namespace, owner, cs)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()
         raise

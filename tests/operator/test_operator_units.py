@@ -1,0 +1,225 @@
+"""Pure parts of the operator: annotations, mutation, memory budget, compaction objects and
+conditions, and the emulator's patch formats."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from statetier.backend.config import SETTINGS
+from statetier.operator import annotations as ann
+from statetier.operator import compaction, sparkapp
+from statetier.operator.testing.patching import (
+    PatchTestFailedError,
+    json_patch,
+    merge_patch,
+    strategic_merge_patch,
+)
+
+
+def _app(
+    spec: dict[str, Any] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "a",
+            "annotations": {"statetier.io/enabled": "true", **(annotations or {})},
+        },
+        "spec": spec if spec is not None else {"executor": {"cores": 4, "memory": "8g"}},
+    }
+
+
+def test_the_operator_writes_only_keys_of_the_schema() -> None:
+    body = _app(annotations={"statetier.io/checkpoint-uri": "s3://b/p"})
+    result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), "http://g:1")
+    written = {k for k in result.spec_changes["sparkConf"] if k.startswith("spark.statetier.")}
+    assert written == {
+        s.spark_key
+        for s in SETTINGS
+        if s.name in ("spill.dirs", "memory.budget", "checkpoint.uri", "compaction.endpoints")
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "fraction", "expected", "source"),
+    [
+        (
+            {"sparkConf": {"spark.executor.pyspark.memory": "4g"}, "executor": {"cores": 4}},
+            "0.5",
+            (4 << 30) // 8,
+            "spark.executor.pyspark.memory",
+        ),
+        (
+            {"executor": {"cores": 2, "memoryOverhead": "2048"}},
+            "0.25",
+            (2048 << 20) // 8,
+            "executor.memoryOverhead",
+        ),
+        ({"executor": {"cores": 1, "memory": "10g"}}, "1.0", 1 << 30, "executor.memory"),
+        ({"executor": {"cores": 1, "memory": "1g"}}, "1.0", 384 << 20, "executor.memory"),
+    ],
+)
+def test_memory_budget_is_derived_per_python_worker(
+    spec: dict[str, Any], fraction: str, expected: int, source: str
+) -> None:
+    settings = ann.parse({"statetier.io/enabled": "true", "statetier.io/memory-fraction": fraction})
+    budget, where = sparkapp.derive_memory_budget(spec, settings)
+    assert budget == expected
+    assert source in where
+
+
+def test_memory_budget_annotation_wins_and_unknown_memory_writes_nothing() -> None:
+    settings = ann.parse({"statetier.io/enabled": "true", "statetier.io/memory-budget": "3g"})
+    assert sparkapp.derive_memory_budget({}, settings)[0] == 3 << 30
+    none = ann.parse({"statetier.io/enabled": "true"})
+    body = _app(spec={})
+    result = sparkapp.mutate(body, none, None)
+    assert "spark.statetier.memory.budget" not in result.spec_changes["sparkConf"]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "volume"),
+    [
+        (
+            {"statetier.io/spill-volume": "hostPath", "statetier.io/spill-host-path": "/mnt/ssd"},
+            {"hostPath": {"path": "/mnt/ssd", "type": "DirectoryOrCreate"}},
+        ),
+        ({}, {"emptyDir": {}}),
+        (
+            {"statetier.io/spill-volume": "ephemeral", "statetier.io/spill-size": "10Gi"},
+            {
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "metadata": {
+                            "labels": {"app.kubernetes.io/managed-by": "statetier-operator"}
+                        },
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "10Gi"}},
+                        },
+                    }
+                }
+            },
+        ),
+    ],
+)
+def test_spill_volume_kinds(annotations: dict[str, str], volume: dict[str, Any]) -> None:
+    body = _app(annotations=annotations)
+    result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
+    assert result.spec_changes["volumes"] == [{"name": sparkapp.VOLUME_NAME, **volume}]
+
+
+def test_mutation_keeps_user_volumes_and_is_idempotent() -> None:
+    spec = {
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "executor": {
+            "cores": 1,
+            "memory": "2g",
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        },
+    }
+    body = _app(spec=spec)
+    settings = ann.parse(body["metadata"]["annotations"])
+    first = sparkapp.mutate(body, settings, None)
+    mutated = copy.deepcopy(body)
+    mutated["spec"].update(first.spec_changes)
+    mutated["metadata"]["annotations"].update(first.annotations)
+    assert [v["name"] for v in mutated["spec"]["volumes"]] == ["data", sparkapp.VOLUME_NAME]
+    assert sparkapp.mutate(mutated, settings, None).empty
+
+
+def test_annotation_problems_name_the_annotation_and_allowed_values() -> None:
+    problems = ann.problems(
+        {
+            "statetier.io/enabled": "true",
+            "statetier.io/checkpoint-retention": "forever",
+            "statetier.io/compaction-service": "Not_A_Name",
+            "other.io/ignored": "whatever",
+        }
+    )
+    assert problems == [
+        "annotation statetier.io/checkpoint-retention='forever' is not valid: allowed values: "
+        "retain, delete",
+        "annotation statetier.io/compaction-service='Not_A_Name' is not valid: allowed values: "
+        "a CompactionService name, or namespace/name",
+    ]
+    assert ann.problems({"statetier.io/status": "{}"}) == []
+
+
+def _spec(**workers: int) -> dict[str, Any]:
+    return compaction.with_defaults(
+        {"image": "i", "workers": workers, "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        ({"min": 2, "max": 5}, 2),
+        ({"min": 2, "max": 5, "replicas": 9}, 5),
+        ({"min": 2, "max": 5, "replicas": 0}, 2),
+        ({"min": 0, "max": 5, "replicas": 0}, 0),
+    ],
+)
+def test_desired_workers_is_clamped(workers: dict[str, int], expected: int) -> None:
+    assert compaction.desired_workers(_spec(**workers)) == expected
+
+
+def _deploy(ready: int, observed: bool = True) -> dict[str, Any]:
+    status: dict[str, Any] = {"readyReplicas": ready}
+    if observed:
+        status["observedGeneration"] = 1
+    return {"status": status}
+
+
+def test_conditions() -> None:
+    spec = _spec(min=2, max=4)
+    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(2), 3)
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "True",
+        "AllReplicasReady",
+        3,
+    )
+    assert degraded["status"] == "False"
+    ready, degraded = compaction.conditions(spec, [], _deploy(0, False), _deploy(0, False), 1)
+    assert (ready["reason"], degraded["status"], degraded["reason"]) == (
+        "GatewayUnavailable",
+        "False",
+        "Progressing",
+    )
+    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(1), 1)
+    assert (ready["reason"], degraded["reason"]) == ("WorkersUnavailable", "WorkersBelowMinimum")
+    problems = compaction.spec_problems(_spec(min=5, max=1))
+    ready, degraded = compaction.conditions(_spec(min=5, max=1), problems, None, None, 1)
+    assert degraded["reason"] == "InvalidSpec" and "workers.min (5)" in degraded["message"]
+
+
+def test_condition_transition_time_is_kept_while_status_holds() -> None:
+    spec = _spec(min=1, max=2)
+    before = [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+        {"type": "Degraded", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+    ]
+    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(1), 1, before)
+    assert ready["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+    assert degraded["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+
+
+def test_patch_formats() -> None:
+    doc = {"a": {"b": 1, "c": 2}, "l": [1, 2]}
+    assert merge_patch(doc, {"a": {"b": None, "d": 3}, "l": [3]}) == {
+        "a": {"c": 2, "d": 3},
+        "l": [3],
+    }
+    assert json_patch(
+        doc, [{"op": "add", "path": "/l/-", "value": 3}, {"op": "remove", "path": "/a/b"}]
+    ) == {"a": {"c": 2}, "l": [1, 2, 3]}
+    with pytest.raises(PatchTestFailedError):
+        json_patch(doc, [{"op": "test", "path": "/a/b", "value": 9}])
+    assert doc == {"a": {"b": 1, "c": 2}, "l": [1, 2]}  # never modified in place
+    containers = {"containers": [{"name": "x", "image": "1"}, {"name": "y", "image": "1"}]}
+    patched = strategic_merge_patch(
+        containers, {"containers": [{"name": "y", "image": "2"}, {"name": "x", "$patch": "delete"}]}
+    )
+    assert patched == {"containers": [{"name": "y", "image": "2"}]}
