@@ -193,3 +193,29 @@ def test_kubectl_apply_configure_and_delete(emulator: Sandbox, tmp_path: Path) -
     assert emulator.kubectl("get", "configmap", "applied", "-o", "jsonpath={.data.k}") == "v2"
     emulator.kubectl("delete", "-f", str(manifest))
     assert _request(emulator, "GET", f"{CM}/applied")[0] == 404
+
+
+def test_in_process_emulator_keeps_kmock_reactions_and_request_log() -> None:
+    """Used in-process, the emulator is still a kmock handler: reactions answer non-resource
+    paths and every request is logged (iterating a kmock handler yields its requests)."""
+    import asyncio
+
+    import aiohttp
+    from statetier.operator.testing.emulator import serve
+
+    async def scenario() -> list[Any]:
+        async with serve() as (emulator, url):
+            emulator["get /openapi/v2"] << {"swagger": "2.0"}
+            seen: list[Any] = []
+            async with aiohttp.ClientSession() as session:
+                for path in ("/openapi/v2", "/no/such/path", "/api/v1/namespaces"):
+                    async with session.get(url + path) as resp:
+                        seen.append((resp.status, await resp.json()))
+            seen.append([request.url.path for request in emulator])
+            return seen
+
+    declared, missing, namespaces, logged = asyncio.run(scenario())
+    assert declared == (200, {"swagger": "2.0"})
+    assert missing[0] == 404 and missing[1]["kind"] == "Status"
+    assert namespaces[0] == 200 and namespaces[1]["kind"] == "NamespaceList"
+    assert logged == ["/openapi/v2", "/no/such/path", "/api/v1/namespaces"]

@@ -1,9 +1,10 @@
 """A Kubernetes API emulator good enough for a real ``kopf run`` and a real ``kubectl``.
 
 It subclasses kmock's :class:`kmock.KubernetesEmulator` (pinned to 0.8) and keeps kmock's HTTP
-server (bound to 127.0.0.1), request parsing, request log and error format. kmock's own object
-store merges dicts and misses what kopf and kubectl rely on, so this subclass answers every
-resource request itself, fixing these gaps:
+server (bound to 127.0.0.1), request log (``emulator.requests``), error format, and its reaction
+DSL for non-resource paths. kmock's own object store merges dicts and misses what kopf and
+kubectl rely on, and its path parser fails on ``/api/v1/namespaces``, so this subclass parses
+paths and answers every resource request itself, fixing these gaps:
 
 * ``metadata.resourceVersion`` (one global counter), ``uid``, ``creationTimestamp``,
   ``generation`` (bumped on spec changes only) and ``namespace`` filled in on every object;
@@ -422,9 +423,12 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 return aiohttp.web.json_response(discovery)
         parsed = _parse_path(path)
         if parsed is None:
-            raise ApiError(
-                404, "NotFound", f"the server could not find the requested resource ({path})"
-            )
+            # Not a resource path: kmock's own reactions answer it (a test may declare e.g.
+            # ``emulator["get /openapi/v2"] << {...}``); kmock's fallback is a 404 Status.
+            try:
+                return await super()._handle(request)
+            except Exception as exc:
+                return await self._render_error(exc)
         rdef = self._defs.get((parsed.group, parsed.version, parsed.plural))
         if rdef is None:
             raise ApiError(
