@@ -216,3 +216,22 @@ def test_delete_removes_owned_objects(sandbox: Sandbox) -> None:
         "/api/v1/namespaces/default/services/gone-gateway",
     ):
         assert sandbox.get(path) is None, path
+
+
+def test_namespaces_outside_the_watched_ones_are_left_alone(sandbox: Sandbox) -> None:
+    """The operator runs with --namespace default: another namespace is not its business."""
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}),
+    )
+    body = json.loads(_manifest("elsewhere"))
+    body["metadata"]["namespace"] = "other"
+    sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+    # A control object in the watched namespace proves the operator is working meanwhile.
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("control"))
+    sandbox.wait("control reconciled", lambda: sandbox.get(f"{DEPLOY}/control-workers"))
+    assert sandbox.get("/apis/apps/v1/namespaces/other/deployments/elsewhere-workers") is None
+    other = sandbox.get("/apis/statetier.io/v1alpha1/namespaces/other/compactionservices/elsewhere")
+    assert "status" not in other

@@ -55,3 +55,12 @@ def test_e2e_kind_skips_cleanly_without_docker_or_kind() -> None:
     )
     assert proc.returncode == 0
     assert "e2e-kind: skipped:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_measures_apply_to_deployments() -> None:
+    from statetier.operator.testing.bench import measure
+
+    samples = measure(runs=3)
+    assert len(samples) == 3
+    assert all(0 < s < 5 for s in samples), samples
