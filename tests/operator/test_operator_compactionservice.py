@@ -7,24 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import compaction_service_manifest as _manifest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "compactionservice.yaml"
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
 CS = "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices"
-
-
-def _manifest(name: str, **spec: Any) -> str:
-    body = {
-        "apiVersion": "statetier.io/v1alpha1",
-        "kind": "CompactionService",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "image": "statetier/compaction:1",
-            "objectStorage": {"allowedPrefixes": ["s3://bucket/"]},
-            **spec,
-        },
-    }
-    return json.dumps(body)
 
 
 def _events(box: Sandbox, name: str) -> list[tuple[str, str, str]]:
@@ -226,9 +213,7 @@ def test_namespaces_outside_the_watched_ones_are_left_alone(sandbox: Sandbox) ->
         "-",
         stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}),
     )
-    body = json.loads(_manifest("elsewhere"))
-    body["metadata"]["namespace"] = "other"
-    sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("elsewhere", namespace="other"))
     # A control object in the watched namespace proves the operator is working meanwhile.
     sandbox.kubectl("apply", "-f", "-", stdin=_manifest("control"))
     sandbox.wait("control reconciled", lambda: sandbox.get(f"{DEPLOY}/control-workers"))

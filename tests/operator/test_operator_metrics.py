@@ -7,7 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from statetier.operator import metrics
-from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 
@@ -19,19 +19,7 @@ def _scrape(box: Sandbox) -> str:
 
 
 def test_every_documented_metric_is_exported_after_some_work(sandbox: Sandbox) -> None:
-    sandbox.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=json.dumps(
-            {
-                "apiVersion": "statetier.io/v1alpha1",
-                "kind": "CompactionService",
-                "metadata": {"name": "metered", "namespace": "default"},
-                "spec": {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}},
-            }
-        ),
-    )
+    sandbox.kubectl("apply", "-f", "-", stdin=compaction_service_manifest("metered"))
     sandbox.wait(
         "workers gauge",
         lambda: (

@@ -10,21 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox, free_port
+from statetier.operator.testing.processes import Sandbox, compaction_service_manifest, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
-
-
-def _cs(name: str) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "statetier.io/v1alpha1",
-            "kind": "CompactionService",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}},
-        }
-    )
 
 
 @pytest.fixture
@@ -84,7 +73,7 @@ def test_only_the_higher_priority_replica_works(
     peers: tuple[Sandbox, list[subprocess.Popen[bytes]], list[Path]],
 ) -> None:
     box, procs, logs = peers
-    box.kubectl("apply", "-f", "-", stdin=_cs("first"))
+    box.kubectl("apply", "-f", "-", stdin=compaction_service_manifest("first"))
     box.wait("first reconciled", lambda: box.get(f"{DEPLOY}/first-workers"))
     box.wait("log line", lambda: "reconciled default/first" in logs[0].read_text())
     assert "reconciled default/first" not in logs[1].read_text()
@@ -94,7 +83,7 @@ def test_only_the_higher_priority_replica_works(
 
     procs[0].terminate()
     procs[0].wait(timeout=15)
-    box.kubectl("apply", "-f", "-", stdin=_cs("second"))
+    box.kubectl("apply", "-f", "-", stdin=compaction_service_manifest("second"))
     box.wait(
         "second reconciled by the standby", lambda: box.get(f"{DEPLOY}/second-workers"), timeout=30
     )

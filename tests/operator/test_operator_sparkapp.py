@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
 
 SPARK = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
 CS = "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices"
@@ -52,21 +52,7 @@ def _metric(box: Sandbox, name: str) -> float | None:
 
 def test_compaction_endpoint_comes_from_the_service_status(sandbox: Sandbox) -> None:
     sandbox.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=json.dumps(
-            {
-                "apiVersion": "statetier.io/v1alpha1",
-                "kind": "CompactionService",
-                "metadata": {"name": "cmp", "namespace": "default"},
-                "spec": {
-                    "image": "statetier/compaction:1",
-                    "gateway": {"port": 9000},
-                    "objectStorage": {"allowedPrefixes": ["s3://b/"]},
-                },
-            }
-        ),
+        "apply", "-f", "-", stdin=compaction_service_manifest("cmp", gateway={"port": 9000})
     )
     sandbox.wait("endpoint", lambda: sandbox.get(f"{CS}/cmp").get("status", {}).get("endpoint"))
     # The index that feeds the webhook follows the watch stream: give it the same moment.

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
 
 __all__ = ["main", "measure"]
 
@@ -40,17 +40,8 @@ def measure(runs: int = 20, timeout: float = 10.0) -> list[float]:
         box.wait_for_operator()
         for i in range(runs):
             name = f"bench-{i}"
-            manifest = {
-                "apiVersion": "statetier.io/v1alpha1",
-                "kind": "CompactionService",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {
-                    "image": "statetier/compaction:bench",
-                    "objectStorage": {"allowedPrefixes": ["s3://bench/"]},
-                },
-            }
             started = time.perf_counter()
-            box.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+            box.kubectl("apply", "-f", "-", stdin=compaction_service_manifest(name))
             deadline = started + timeout
             paths = [
                 f"/apis/apps/v1/namespaces/default/deployments/{name}-{part}"

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from statetier.operator.testing.certs import self_signed
 
-__all__ = ["Sandbox", "free_port", "kubectl_path"]
+__all__ = ["Sandbox", "compaction_service_manifest", "free_port", "kubectl_path"]
 
 
 def free_port() -> int:
@@ -32,6 +32,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def compaction_service_manifest(
+    name: str, *, namespace: str = "default", image: str = "statetier/compaction:1", **spec: Any
+) -> str:
+    """A minimal CompactionService as JSON for ``kubectl apply -f -``; ``spec`` adds fields."""
+    return json.dumps(
+        {
+            "apiVersion": "statetier.io/v1alpha1",
+            "kind": "CompactionService",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "image": image,
+                "objectStorage": {"allowedPrefixes": ["s3://bucket/"]},
+                **spec,
+            },
+        }
+    )
 
 
 def kubectl_path() -> str:
