@@ -33,6 +33,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/statetier bench state
+	$(BIN)/statetier bench wordcount
 
 docs: $(STAMP)
 	$(BIN)/statetier config docs > docs/configuration.md

@@ -10,6 +10,7 @@ from statetier.backend import config
 
 BENCHMARKS = {
     "state": "statetier.backend.bench.state_ops",
+    "wordcount": "statetier.backend.bench.wordcount",
 }
 
 

@@ -110,6 +110,9 @@ class KeyedStateBackend:
         self._first = key_groups.start
         self._slots = len(key_groups)
         self._cleanups: list[IncrementalCleanup] = []
+        self._hits: list[int] = []  # records per slot, while the spill tier counts
+        self._counting = False
+        self._on_poll: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ current key
 
@@ -127,10 +130,52 @@ class KeyedStateBackend:
         for hook in self.context.record_hooks:
             hook()
 
+    def _set_current_key_counting(self, key: Any) -> None:
+        """``set_current_key`` that also counts the record for its key group (spill tier)."""
+        slot = self._touched.get(key)
+        ctx = self.context
+        ctx.index = slot = self._slot_of(key) if slot is None else slot
+        ctx.key = key
+        hits = self._hits
+        n = hits[slot] + 1
+        hits[slot] = n
+        if not n & 1023:
+            self._on_poll()
+        for hook in ctx.record_hooks:
+            hook()
+
     def add_record_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on every record; the hook-free fast path is kept until the first one."""
         self.context.record_hooks.append(hook)
-        self.set_current_key = self._set_current_key_and_run_hooks  # type: ignore[method-assign]
+        self._select_record_path()
+
+    def remove_record_hook(self, hook: Callable[[], None]) -> None:
+        """Stop running ``hook``; without per-record work left, the fast path comes back."""
+        if hook in self.context.record_hooks:
+            self.context.record_hooks.remove(hook)
+        self._select_record_path()
+
+    def count_hits(
+        self, hits: list[int] | None, on_poll: Callable[[], None] = lambda: None
+    ) -> None:
+        """Count records per key-group slot into ``hits``; ``None`` stops counting.
+
+        The spill tier's request rates, cheaper than a record hook (no call per record).
+        ``on_poll`` runs at every 1024th record of a slot: the spill tier's cue to look at memory.
+        """
+        self._hits = [] if hits is None else hits
+        self._counting = hits is not None
+        self._on_poll = on_poll
+        self._select_record_path()
+
+    def _select_record_path(self) -> None:
+        """The per-record path: the plain one unless counting or hooks need more."""
+        if self._counting:
+            self.set_current_key = self._set_current_key_counting  # type: ignore[method-assign]
+        elif self.context.record_hooks:
+            self.set_current_key = self._set_current_key_and_run_hooks  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("set_current_key", None)
 
     def _slot_of(self, key: Any) -> int:
         """Compute and memoize the slot of a key not seen yet (the per-record miss path)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from statetier.backend.config import StatetierConfig
 from statetier.backend.keygroups import (
     assign_to_key_group,
     compute_default_max_parallelism,
@@ -34,6 +35,7 @@ class LocalRunner:
         max_parallelism: int | None = None,
         checkpoint_uri: str | None = None,
         clock: Clock | None = None,
+        config: StatetierConfig | None = None,
     ) -> None:
         self.store = SnapshotStore(checkpoint_uri) if checkpoint_uri else None
         epochs = self.store.epochs() if self.store else []
@@ -58,9 +60,15 @@ class LocalRunner:
                 store=self.store,
                 restore_epoch=restore_epoch,
                 clock=clock,
+                config=config,
             )
             for index in range(parallelism)
         ]
+
+    def close(self) -> None:
+        """Release every instance's spill files."""
+        for instance in self.instances:
+            instance.close()
 
     @property
     def restored_epoch(self) -> int:

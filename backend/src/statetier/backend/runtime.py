@@ -8,8 +8,9 @@ and committing lets the local runner and the Spark integration share it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from statetier.backend.config import StatetierConfig
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import key_group_range_for_operator
@@ -27,6 +28,9 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.ttl import Clock
 
+if TYPE_CHECKING:
+    from statetier.backend.spill import SpillManager
+
 FunctionFactory = Callable[[], KeyedProcessFunction[Any, Any, Any]]
 
 
@@ -43,6 +47,7 @@ class OperatorInstance:
         store: SnapshotStore | None = None,
         restore_epoch: int | None = None,
         clock: Clock | None = None,
+        config: StatetierConfig | None = None,
     ) -> None:
         key_groups = key_group_range_for_operator(max_parallelism, parallelism, index)
         self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=clock)
@@ -53,6 +58,12 @@ class OperatorInstance:
             assert store is not None
             restore_keyed_state(store, self.keyed, restore_epoch)
             restore_operator_state(store, self.operator, restore_epoch)
+        # The spill tier (spill.enabled): moves cold key groups of self.keyed to disk.
+        self.spill: SpillManager | None = None
+        if config is not None and config.spill_enabled:
+            from statetier.backend.spill import SpillManager
+
+            self.spill = SpillManager.from_config(self.keyed, config)
         self.function = factory()
         self.context = RuntimeContext(self.keyed, self.operator, is_restored=restored)
         initialize = getattr(self.function, "initialize_state", None)
@@ -81,3 +92,8 @@ class OperatorInstance:
         if hook is not None:
             hook(FunctionSnapshotContext(epoch))
         return snapshot_subtask(self.store, epoch, self.keyed, self.operator)
+
+    def close(self) -> None:
+        """Release what the instance holds outside the heap (spill files)."""
+        if self.spill is not None:
+            self.spill.close(load_back=False)

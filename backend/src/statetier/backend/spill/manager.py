@@ -1,0 +1,405 @@
+"""The spill manager: moves whole key groups of one backend between heap and the spill tier.
+
+This is the one place that touches the backend: a key group is spilled by replacing, in every
+state table, its slot ``table.maps[slot]`` (a dict) with a :class:`SpilledMap` holding the same
+entries, and loaded by the reverse. Handles look the slot up on every access, so they follow the
+move without knowing about it; snapshots iterate ``map_for(kg).items()`` and read spilled key
+groups through the same interface. A key group's state is on heap or on disk, never both.
+
+The backend counts one hit per record for its key group (``count_hits``: one list increment on
+the per-record path, no call), and at every 1024th record of a key group the manager asks the
+monitor whether a check is due (the check interval has passed, or a full GC just happened). A
+check refreshes the accounting, asks the monitor for a verdict, lets the policy choose key
+groups, moves them, and says so in one log line and the metrics. Checks run on the processing
+thread between records, so no handle is ever mid-access.
+
+I/O failures (disk full, unwritable dir) never lose state: a spill that cannot get space is
+abandoned before any slot is swapped, and a write to a spilled key group that needs space it
+cannot get first moves the key group back to heap, then writes there.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import functools
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from statetier.backend.config import StatetierConfig
+from statetier.backend.descriptors import StateKind
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.spill import metrics
+from statetier.backend.spill.accounting import KeyGroupAccounting
+from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
+from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
+from statetier.backend.spill.spilled_map import SpilledMap
+from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage
+from statetier.backend.state.table import StateTable
+
+__all__ = ["Decision", "SpillManager", "default_spill_dirs"]
+
+log = logging.getLogger("statetier.spill")
+
+
+def default_spill_dirs() -> list[str]:
+    """Spark's local dirs (its local SSDs) if set, else the system temp dir."""
+    local = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    roots = local or [tempfile.gettempdir()]
+    return [os.path.join(root.strip(), "statetier-spill") for root in roots]
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One move of key groups, as logged: what moved where, why, and what it cost."""
+
+    action: str  # spill or load
+    reason: str
+    key_groups: list[int]
+    scores: list[float]
+    heap_bytes: int  # heap freed (spill) or taken (load), estimated
+    seconds: float
+    failed: list[int] = dataclasses.field(default_factory=list)
+    at: float = dataclasses.field(default_factory=time.monotonic)  # when the move ended
+
+
+def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """Encode/decode of a table's stored values, without a per-call dispatch where possible.
+
+    For value-like states without TTL the stored value *is* the user value, and StateCodec
+    encodes it with the descriptor's serializer: use that directly on the per-record path.
+    """
+    descriptor = table.descriptor
+    if descriptor.ttl is None and descriptor.kind in (
+        StateKind.VALUE,
+        StateKind.REDUCING,
+        StateKind.AGGREGATING,
+    ):
+        return descriptor.serializer.dumps, descriptor.serializer.loads
+    return table.codec.encode, table.codec.decode
+
+
+def _mib(value: float) -> str:
+    return f"{value / (1 << 20):.1f}MiB"
+
+
+class SpillManager:
+    """Spills and loads the key groups of ``backend``; ``monitor`` None means manual only."""
+
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        storage: SpillStorage,
+        monitor: MemoryMonitor | None = None,
+        *,
+        size_weight: float = 0.5,
+    ) -> None:
+        self.backend = backend
+        self.storage = storage
+        self.monitor = monitor
+        self.size_weight = size_weight
+        self._first = backend.key_groups.start
+        self.accounting = KeyGroupAccounting(len(backend.key_groups), time.monotonic())
+        self.spilled: dict[int, dict[str, SpilledMap]] = {}  # slot -> state name -> map
+        self.decisions: collections.deque[Decision] = collections.deque(maxlen=1000)
+        self.spill_failures = 0
+        self._reported = {"heap": 0, "spilled": 0, "disk": 0, "kg_heap": 0, "kg_disk": 0}
+        self._failure_logged: set[str] = set()
+        self.closed = False
+        backend.count_hits(self.accounting.hits, self._poll)
+        self._update_metrics()
+
+    @classmethod
+    def from_config(cls, backend: KeyedStateBackend, config: StatetierConfig) -> SpillManager:
+        """A manager with storage and monitor as the configuration says."""
+        dirs = list(config.spill_dirs) or default_spill_dirs()
+        storage = SpillStorage(dirs, config.spill_chunk_size)
+        budget, source = resolve_budget(config.memory_budget)
+        monitor = MemoryMonitor(
+            MonitorSettings(
+                budget=budget,
+                budget_source=source,
+                spill_threshold=config.spill_threshold,
+                load_threshold=config.spill_load_threshold,
+                spill_ratio=config.spill_ratio,
+                gc_pause_threshold=config.spill_gc_pause_threshold,
+                gc_window=config.spill_gc_window,
+                check_interval=config.spill_check_interval,
+            )
+        )
+        metrics.serve_metrics(config.metrics_port)
+        return cls(backend, storage, monitor, size_weight=config.spill_size_weight)
+
+    # ------------------------------------------------------------------ per record
+
+    def _poll(self) -> None:
+        """Every 1024th record of a key group: check if the monitor says a check is due."""
+        monitor = self.monitor
+        if monitor is not None and monitor.due():
+            self.check()
+
+    # ------------------------------------------------------------------ tiers
+
+    def is_spilled(self, key_group: int) -> bool:
+        return key_group - self._first in self.spilled
+
+    def tier(self, key_group: int) -> str:
+        return "disk" if self.is_spilled(key_group) else "heap"
+
+    def spilled_key_groups(self) -> list[int]:
+        return sorted(self._first + slot for slot in self.spilled)
+
+    def _slot(self, key_group: int) -> int:
+        if key_group not in self.backend.key_groups:
+            raise KeyError(f"key group {key_group} is outside {self.backend.key_groups}")
+        return key_group - self._first
+
+    def spill_key_group(self, key_group: int, reason: str = "forced") -> bool:
+        """Move ``key_group`` (all its states) to disk; False if no space (it stays on heap)."""
+        if self.closed:
+            raise RuntimeError("the spill manager is closed")
+        slot = self._slot(key_group)
+        if slot in self.spilled:
+            return True
+        started = time.perf_counter()
+        backend = self.backend
+        key_dumps, key_loads = backend.key_serializer.dumps, backend.key_serializer.loads
+        heap_bytes = backend.estimate_size(key_group)
+        maps: dict[str, SpilledMap] = {}
+        try:
+            for name, table in backend.tables.items():
+                encode, decode = _codec_functions(table)
+                maps[name] = SpilledMap(
+                    self.storage,
+                    key_dumps,
+                    key_loads,
+                    encode,
+                    decode,
+                    table.maps[slot].items(),
+                    fallback=functools.partial(self._evacuate, slot, name),
+                )
+        except SpaceUnavailableError as exc:
+            for spilled in maps.values():
+                spilled.release()
+            self._spill_failed(key_group, exc)
+            return False
+        for name, spilled in maps.items():
+            backend.tables[name].maps[slot] = spilled
+        self.spilled[slot] = maps
+        self.accounting.record_spill(slot, heap_bytes, sum(m.live_bytes for m in maps.values()))
+        metrics.SPILLS.labels(reason).inc()
+        metrics.SPILL_SECONDS.observe(time.perf_counter() - started)
+        return True
+
+    def load_key_group(self, key_group: int, reason: str = "forced") -> bool:
+        """Move ``key_group`` back to heap; False if it was not spilled."""
+        slot = self._slot(key_group)
+        maps = self.spilled.pop(slot, None)
+        if maps is None:
+            return False
+        started = time.perf_counter()
+        for name, spilled in maps.items():
+            self.backend.tables[name].maps[slot] = dict(spilled.iter_items())
+            spilled.release()
+        self.accounting.record_load(slot, self.backend.estimate_size(key_group))
+        metrics.LOADS.labels(reason).inc()
+        metrics.LOAD_SECONDS.observe(time.perf_counter() - started)
+        return True
+
+    def _evacuate(self, slot: int, name: str) -> MutableMapping[Any, Any]:
+        """A write to a spilled key group found no space: bring it back to heap to take it."""
+        key_group = self._first + slot
+        self._spill_failed(key_group, SpaceUnavailableError(errno.ENOSPC, "no space to grow"))
+        self.load_key_group(key_group, reason="disk-full")
+        log.warning("spill: key group %d moved back to heap: no spill space to grow", key_group)
+        return self.backend.tables[name].maps[slot]
+
+    def _spill_failed(self, key_group: int, exc: OSError) -> None:
+        reason = errno.errorcode.get(exc.errno or 0, "EIO")
+        self.spill_failures += 1
+        metrics.SPILL_ERRORS.labels(reason).inc()
+        if reason not in self._failure_logged:
+            self._failure_logged.add(reason)
+            log.error(
+                "spill: key group %d stays on heap: %s (logged once per error kind; counted in "
+                "statetier_spill_errors_total)",
+                key_group,
+                exc,
+            )
+
+    def _sync_tables(self) -> None:
+        """States registered after a key group was spilled follow it to disk."""
+        for slot, maps in list(self.spilled.items()):
+            if len(maps) == len(self.backend.tables):
+                continue
+            key_group = self._first + slot
+            for name, table in self.backend.tables.items():
+                if name in maps:
+                    continue
+                encode, decode = _codec_functions(table)
+                serializer = self.backend.key_serializer
+                try:
+                    spilled = SpilledMap(
+                        self.storage,
+                        serializer.dumps,
+                        serializer.loads,
+                        encode,
+                        decode,
+                        table.maps[slot].items(),
+                        fallback=functools.partial(self._evacuate, slot, name),
+                    )
+                except SpaceUnavailableError as exc:
+                    self._spill_failed(key_group, exc)
+                    self.load_key_group(key_group, reason="disk-full")
+                    break
+                table.maps[slot] = spilled
+                maps[name] = spilled
+
+    # ------------------------------------------------------------------ the check
+
+    def refresh_accounting(self) -> None:
+        """Fold hits into rates, re-sample heap sizes, re-read exact spilled sizes."""
+        acc = self.accounting
+        acc.fold(time.monotonic())
+        backend = self.backend
+        for slot in range(acc.slots):
+            maps = self.spilled.get(slot)
+            if maps is None:
+                acc.heap_bytes[slot] = backend.estimate_size(self._first + slot)
+            else:
+                acc.spilled_bytes[slot] = sum(m.live_bytes for m in maps.values())
+        self._update_metrics()
+
+    def check(self) -> Decision | None:
+        """One monitor check; spills or loads what the verdict asks for. Returns the move."""
+        if self.closed or self.monitor is None:
+            return None
+        self._sync_tables()
+        self.refresh_accounting()
+        acc = self.accounting
+        verdict = self.monitor.assess(acc.total_heap(), acc.total_spilled())
+        if verdict.action == "spill":
+            candidates = [
+                Candidate(self._first + slot, acc.heap_bytes[slot], acc.rates[slot])
+                for slot in range(acc.slots)
+                if slot not in self.spilled
+            ]
+            chosen = choose_spill(candidates, verdict.amount, self.size_weight)
+            decision = self._move("spill", verdict.reason, chosen)
+            if verdict.reason.startswith(("average gen-2", "predicted gen-2")):
+                self.monitor.after_gc_spill()
+            self.storage.compact()
+            return decision
+        if verdict.action == "load":
+            candidates = [
+                Candidate(self._first + slot, acc.heap_if_loaded(slot), acc.rates[slot])
+                for slot in self.spilled
+            ]
+            chosen = choose_load(candidates, verdict.amount, self.size_weight)
+            decision = self._move("load", verdict.reason, chosen)
+            self.storage.compact()
+            return decision
+        return None
+
+    def _move(
+        self, action: str, reason: str, chosen: list[tuple[Candidate, float]]
+    ) -> Decision | None:
+        if not chosen:
+            return None
+        started = time.perf_counter()
+        tag = "gc" if "GC" in reason else "memory"
+        moved, failed, scores, heap_bytes = [], [], [], 0
+        for candidate, score in chosen:
+            ok = (
+                self.spill_key_group(candidate.key_group, tag)
+                if action == "spill"
+                else self.load_key_group(candidate.key_group, tag)
+            )
+            if ok:
+                moved.append(candidate.key_group)
+                scores.append(round(score, 3))
+                heap_bytes += candidate.size
+            else:
+                failed.append(candidate.key_group)
+                break  # no space now: the next ones would fail the same way
+        seconds = time.perf_counter() - started
+        if self.monitor is not None:
+            if action == "spill":
+                self.monitor.note_spill(heap_bytes)
+            else:
+                self.monitor.note_load(heap_bytes)
+        decision = Decision(action, reason, moved, scores, heap_bytes, seconds, failed)
+        self.decisions.append(decision)
+        self._update_metrics()
+        self._log(decision, {c.key_group: c for c, _ in chosen})
+        return decision
+
+    def _log(self, decision: Decision, candidates: dict[int, Candidate]) -> None:
+        arrow = "heap -> disk" if decision.action == "spill" else "disk -> heap"
+        shown = ", ".join(
+            f"{kg}(score={score:.2f} size={_mib(candidates[kg].size)} "
+            f"rate={candidates[kg].rate:.1f}/s)"
+            for kg, score in list(zip(decision.key_groups, decision.scores, strict=True))[:8]
+        )
+        more = len(decision.key_groups) - 8
+        if more > 0:
+            shown += f", ... {more} more"
+        spilled = len(self.spilled)
+        log.info(
+            "spill: %s %d key groups %s [%s] because %s; %s ~%s heap in %.1f ms; "
+            "key groups now heap=%d disk=%d%s",
+            decision.action,
+            len(decision.key_groups),
+            arrow,
+            shown,
+            decision.reason,
+            "freed" if decision.action == "spill" else "took",
+            _mib(decision.heap_bytes),
+            decision.seconds * 1000,
+            self.accounting.slots - spilled,
+            spilled,
+            f"; failed (no space): {decision.failed}" if decision.failed else "",
+        )
+
+    # ------------------------------------------------------------------ metrics and end
+
+    def _update_metrics(self) -> None:
+        acc = self.accounting
+        now = {
+            "heap": acc.total_heap(),
+            "spilled": acc.total_spilled(),
+            "disk": self.storage.disk_bytes(),
+            "kg_disk": len(self.spilled),
+            "kg_heap": acc.slots - len(self.spilled),
+        }
+        old = self._reported
+        metrics.HEAP_BYTES.inc(now["heap"] - old["heap"])
+        metrics.SPILLED_BYTES.inc(now["spilled"] - old["spilled"])
+        metrics.SPILL_DISK_BYTES.inc(now["disk"] - old["disk"])
+        metrics.KEY_GROUPS.labels("disk").inc(now["kg_disk"] - old["kg_disk"])
+        metrics.KEY_GROUPS.labels("heap").inc(now["kg_heap"] - old["kg_heap"])
+        self._reported = now
+
+    def close(self, *, load_back: bool = True) -> None:
+        """Stop managing: load spilled key groups back (unless the backend is being dropped),
+        then delete this manager's spill files."""
+        if self.closed:
+            return
+        if load_back:
+            for slot in list(self.spilled):
+                self.load_key_group(self._first + slot, reason="close")
+        self.closed = True
+        self.backend.count_hits(None)
+        if self.monitor is not None:
+            self.monitor.close()
+        self.storage.close()
+        self.accounting.heap_bytes = [0] * self.accounting.slots
+        self.accounting.spilled_bytes = [0] * self.accounting.slots
+        self.spilled = {}
+        self.accounting.slots = 0
+        self._update_metrics()

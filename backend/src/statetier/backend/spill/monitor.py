@@ -1,0 +1,278 @@
+"""The memory monitor: is there pressure to spill, or room to load back, and why.
+
+FLIP-50 watches the JVM heap and GC pauses; the Python equivalents are:
+
+- **Budget**: ``memory.budget`` if set, else the container's limit (cgroup v2 ``memory.max``,
+  cgroup v1 ``memory.limit_in_bytes``; "max" or the v1 "unlimited" value mean none), else the
+  machine's physical memory.
+- **Usage**: anonymous RSS minus a *credit* for memory freed by spills. Why not RSS alone:
+  CPython rarely returns freed memory to the OS (pymalloc keeps its arenas), so after a spill RSS
+  stays flat although the memory is free for reuse; the monitor would keep spilling until
+  nothing is left. So a spill adds the heap bytes it freed to the credit, and the credit is used
+  up as heap state grows back (new state reuses that memory first), by loads, and by any fall of
+  RSS. Why not the state estimate alone: it does not see the rest of the process. File pages of
+  the mmap'd chunks are not counted (page cache, not heap).
+- **GC pauses**: generation-2 collections are timed through ``gc.callbacks`` (one process-wide
+  tracker, whatever the number of backends). A full collection walks every tracked container,
+  so its pause is about proportional to the heap state; each pause calibrates seconds per heap
+  byte, which lets the monitor spill *before* the next pause would pass the threshold, and size
+  the spill so the pause falls to 80% of it, instead of learning from one more long pause.
+
+Hysteresis: spill above ``spill.threshold`` of the budget, load only below
+``spill.load-threshold``, and a load brings usage at most to the middle of the two (and keeps
+the predicted GC pause under the threshold), so a load never triggers the next spill.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from statetier.backend.spill import metrics
+
+__all__ = ["GcPauseTracker", "MemoryMonitor", "MonitorSettings", "Verdict", "resolve_budget"]
+
+_V1_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
+
+
+def resolve_budget(configured: int, cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
+    """The memory budget in bytes and where it came from."""
+    if configured > 0:
+        return configured, "memory.budget"
+    root = Path(cgroup_root)
+    try:
+        text = (root / "memory.max").read_text().strip()
+        if text != "max":
+            return int(text), "cgroup v2 memory.max"
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = int((root / "memory" / "memory.limit_in_bytes").read_text().strip())
+        if 0 < limit < _V1_UNLIMITED:
+            return limit, "cgroup v1 memory.limit_in_bytes"
+    except (OSError, ValueError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+
+
+def read_rss() -> int:
+    """Anonymous resident memory of this process in bytes (``RssAnon``, Linux).
+
+    Not the whole RSS: pages of the mmap'd spill chunks count in RSS as file pages, but they are
+    page cache the kernel can write back and drop, not heap; counting them would make every
+    spilled byte look like heap pressure and spill everything.
+    """
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class GcPauseTracker:
+    """Times generation-2 collections; one per process, shared by every monitor."""
+
+    _instance: GcPauseTracker | None = None
+    _users = 0
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pauses: collections.deque[tuple[float, float]] = collections.deque(maxlen=100_000)
+        self._started = 0.0
+
+    @classmethod
+    def acquire(cls) -> GcPauseTracker:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+                gc.callbacks.append(cls._instance._on_gc)
+            cls._users += 1
+            return cls._instance
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._users -= 1
+            if cls._users <= 0 and cls._instance is not None:
+                gc.callbacks.remove(cls._instance._on_gc)
+                cls._instance = None
+                cls._users = 0
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        # Called on every collection of every generation: return at once unless it is a full one.
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            pause = time.perf_counter() - self._started
+            self.pauses.append((time.monotonic(), pause))
+            metrics.GC_PAUSE.observe(pause)
+
+    def since(self, start: float) -> list[float]:
+        return [pause for at, pause in self.pauses if at >= start]
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorSettings:
+    budget: int
+    budget_source: str
+    spill_threshold: float = 0.5
+    load_threshold: float = 0.3
+    spill_ratio: float = 0.2
+    gc_pause_threshold: float = 0.0
+    gc_window: float = 60.0
+    check_interval: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the monitor found: ``action`` is spill, load or none; ``amount`` is heap bytes to
+    shed (spill) or that may come back (load); ``reason`` goes into the spill log line."""
+
+    action: str
+    reason: str
+    amount: int = 0
+    used: int = 0
+    rss: int = 0
+
+
+def _mib(value: float) -> str:
+    return f"{value / (1 << 20):.1f}MiB"
+
+
+class MemoryMonitor:
+    """Checks memory and GC pressure against the settings; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: MonitorSettings,
+        *,
+        rss: Callable[[], int] = read_rss,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._rss = rss
+        self._clock = clock
+        self.credit = 0  # heap bytes freed by spills that RSS still holds
+        self._last_rss = rss()
+        self._last_heap = 0
+        self.tracker = GcPauseTracker.acquire()
+        self._window_start = clock()  # pauses before this describe a heap that was spilled since
+        self._next_check = 0.0
+        self._seconds_per_byte = 0.0  # calibrated by each gen-2 pause
+        self._heap_hint = 0  # heap state at the last check, to calibrate the pauses after it
+        self._seen_pauses = len(self.tracker.pauses)
+        self.closed = False
+        metrics.MEMORY_BUDGET.set(settings.budget)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            GcPauseTracker.release()
+
+    def due(self) -> bool:
+        """Whether a check is due (the interval passed, or a full collection just happened)."""
+        return self._clock() >= self._next_check or len(self.tracker.pauses) != self._seen_pauses
+
+    def note_spill(self, heap_bytes: int) -> None:
+        """``heap_bytes`` of heap state were spilled: free for reuse, though RSS keeps them."""
+        self.credit += heap_bytes
+        self._last_heap -= heap_bytes
+
+    def note_load(self, heap_bytes: int) -> None:
+        """``heap_bytes`` of state came back to heap, into memory the credit stood for."""
+        self.credit = max(0, self.credit - heap_bytes)
+        self._last_heap += heap_bytes
+
+    def after_gc_spill(self) -> None:
+        """Forget the pauses that led to a spill: they measured the heap before it."""
+        self._window_start = self._clock()
+
+    def assess(self, heap_state: int, spilled_state: int) -> Verdict:
+        """One check: a spill, a load or nothing, given the heap and spilled state bytes."""
+        s = self.settings
+        now = self._clock()
+        self._next_check = now + s.check_interval
+        pauses = self.tracker.pauses
+        if len(pauses) != self._seen_pauses:
+            self._seen_pauses = len(pauses)
+            if self._heap_hint > 0:
+                self._seconds_per_byte = pauses[-1][1] / self._heap_hint
+        self._heap_hint = heap_state
+        rss = self._rss()
+        metrics.PROCESS_RSS.set(rss)
+        credit = self.credit - max(0, self._last_rss - rss) - max(0, heap_state - self._last_heap)
+        self.credit = max(0, credit)
+        self._last_rss, self._last_heap = rss, heap_state
+        used = rss - self.credit
+        if s.gc_pause_threshold > 0 and heap_state > 0:
+            verdict = self._gc_verdict(now, heap_state, used, rss)
+            if verdict is not None:
+                return verdict
+        spill_at = s.spill_threshold * s.budget
+        if used > spill_at and heap_state > 0:
+            amount = max(int(s.spill_ratio * heap_state), int(used - spill_at))
+            return Verdict(
+                "spill",
+                f"memory {_mib(used)} > spill threshold {_mib(spill_at)} "
+                f"({s.spill_threshold:.0%} of {_mib(s.budget)} budget from {s.budget_source})",
+                amount,
+                used,
+                rss,
+            )
+        load_below = s.load_threshold * s.budget
+        if used < load_below and spilled_state > 0:
+            room = int((s.load_threshold + s.spill_threshold) / 2 * s.budget - used)
+            if s.gc_pause_threshold > 0 and self._seconds_per_byte > 0:
+                gc_room = 0.8 * s.gc_pause_threshold / self._seconds_per_byte - heap_state
+                room = min(room, int(gc_room))
+            if room > 0:
+                return Verdict(
+                    "load",
+                    f"memory {_mib(used)} < load threshold {_mib(load_below)} "
+                    f"({s.load_threshold:.0%} of {_mib(s.budget)} budget)",
+                    room,
+                    used,
+                    rss,
+                )
+        return Verdict("none", "", 0, used, rss)
+
+    def _gc_verdict(self, now: float, heap_state: int, used: int, rss: int) -> Verdict | None:
+        s = self.settings
+        threshold = s.gc_pause_threshold
+        recent = [
+            p for at, p in self.tracker.pauses if at >= max(self._window_start, now - s.gc_window)
+        ]
+        average = sum(recent) / len(recent) if recent else 0.0
+        predicted = self._seconds_per_byte * heap_state
+        if average <= threshold and predicted <= threshold:
+            return None
+        if self._seconds_per_byte > 0:
+            target = 0.8 * threshold / self._seconds_per_byte
+            amount = max(int(s.spill_ratio * heap_state), int(heap_state - target))
+        else:
+            amount = int(s.spill_ratio * heap_state)
+        if average > threshold:
+            why = f"average gen-2 GC pause {average * 1000:.0f}ms over {len(recent)} collections"
+        else:
+            why = f"predicted gen-2 GC pause {predicted * 1000:.0f}ms at {_mib(heap_state)} heap"
+        return Verdict(
+            "spill",
+            f"{why} > threshold {threshold * 1000:.0f}ms",
+            min(amount, heap_state),
+            used,
+            rss,
+        )
