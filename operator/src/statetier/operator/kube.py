@@ -10,6 +10,7 @@ no second login path to keep in step.
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 import tempfile
 from typing import Any
@@ -82,7 +83,7 @@ def _temp_pem(data: str | bytes) -> str:
 
 
 class ApiClient:
-    """GET/POST/PATCH/DELETE of JSON objects by URL path; 404 on read gives None."""
+    """GET, POST and merge-PATCH of JSON objects by URL path; 404 on GET gives None."""
 
     def __init__(self, conn: kopf.ConnectionInfo) -> None:
         self._base = conn.server.rstrip("/")
@@ -103,10 +104,12 @@ class ApiClient:
         async with self._session.request(
             method, self._base + path, json=body, headers=headers, ssl=self._ssl
         ) as response:
-            data: Any = (
-                await response.json(content_type=None) if response.content_length != 0 else {}
-            )
-            if response.status == 404 and method in ("GET", "DELETE"):
+            text = await response.text()
+            try:
+                data: Any = json.loads(text) if text.strip() else {}
+            except ValueError:  # e.g. an HTML error page from a proxy: keep it for the message
+                data = text[:500]
+            if response.status == 404 and method == "GET":
                 return None
             if response.status >= 400:
                 message = data.get("message", "") if isinstance(data, dict) else str(data)
@@ -121,9 +124,6 @@ class ApiClient:
 
     async def merge_patch(self, path: str, patch: Obj) -> Obj:
         return await self._request("PATCH", path, patch, "application/merge-patch+json") or {}
-
-    async def delete(self, path: str) -> Obj | None:
-        return await self._request("DELETE", path)
 
     async def close(self) -> None:
         if self._session is not None:

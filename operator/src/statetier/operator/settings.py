@@ -42,8 +42,6 @@ class OperatorSettings:
     checkpoint_delete_timeout: float = 60.0
     """Longest a finalizer spends deleting a checkpoint before it gives up and lets go."""
 
-    cluster_domain: str = "cluster.local"
-
 
 _current = OperatorSettings()
 
