@@ -34,6 +34,7 @@ from typing import Any
 from statetier.backend.config import StatetierConfig
 from statetier.backend.descriptors import StateKind
 from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.serializers import SerializationError
 from statetier.backend.spill import metrics
 from statetier.backend.spill.accounting import KeyGroupAccounting
 from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
@@ -188,6 +189,12 @@ class SpillManager:
                 spilled.release()
             self._spill_failed(key_group, exc)
             return False
+        except SerializationError as exc:
+            # the heap holds a value the state's serializer cannot write: it stays there
+            for spilled in maps.values():
+                spilled.release()
+            log.warning("spill: key group %d stays on heap: %s", key_group, exc)
+            return False
         for name, spilled in maps.items():
             backend.tables[name].maps[slot] = spilled
         self.spilled[slot] = maps
@@ -211,12 +218,14 @@ class SpillManager:
         metrics.LOAD_SECONDS.observe(time.perf_counter() - started)
         return True
 
-    def _evacuate(self, slot: int, name: str) -> MutableMapping[Any, Any]:
-        """A write to a spilled key group found no space: bring it back to heap to take it."""
+    def _evacuate(self, slot: int, name: str, exc: Exception) -> MutableMapping[Any, Any]:
+        """A write to a spilled key group failed (no space, or a value the serializer cannot
+        write): bring the key group back to heap to take the write."""
         key_group = self._first + slot
-        self._spill_failed(key_group, SpaceUnavailableError(errno.ENOSPC, "no space to grow"))
-        self.load_key_group(key_group, reason="disk-full")
-        log.warning("spill: key group %d moved back to heap: no spill space to grow", key_group)
+        if isinstance(exc, OSError):
+            self._spill_failed(key_group, exc)
+        self.load_key_group(key_group, reason="disk-full" if isinstance(exc, OSError) else "error")
+        log.warning("spill: key group %d moved back to heap: %s", key_group, exc)
         return self.backend.tables[name].maps[slot]
 
     def _spill_failed(self, key_group: int, exc: OSError) -> None:
@@ -253,9 +262,10 @@ class SpillManager:
                         table.maps[slot].items(),
                         fallback=functools.partial(self._evacuate, slot, name),
                     )
-                except SpaceUnavailableError as exc:
-                    self._spill_failed(key_group, exc)
-                    self.load_key_group(key_group, reason="disk-full")
+                except (SpaceUnavailableError, SerializationError) as exc:
+                    if isinstance(exc, OSError):
+                        self._spill_failed(key_group, exc)
+                    self.load_key_group(key_group, reason="error")
                     break
                 table.maps[slot] = spilled
                 maps[name] = spilled

@@ -36,6 +36,7 @@ from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, Mu
 from typing import Any
 
 import xxhash
+from statetier.backend.serializers import SerializationError
 from statetier.backend.spill.storage import Region, SpaceUnavailableError, SpillStorage
 
 __all__ = ["FrozenView", "SpilledMap"]
@@ -98,8 +99,9 @@ class SpilledMap(MutableMapping[Any, Any]):
     back every change, so nothing is lost by that). ``encode``/``decode`` turn a stored value
     into bytes and back (a :class:`~statetier.backend.state.codec.StateCodec`'s methods);
     ``key_dumps``/``key_loads`` do the same for keys. ``fallback`` is called when the storage
-    runs out of space during a write: it must move the key group back to heap and return this
-    state's heap mapping there, which then takes the write, so a full disk loses nothing.
+    runs out of space during a write, or the value cannot be serialized: it must move the key
+    group back to heap and return this state's heap mapping there, which then takes the write,
+    so a full disk loses nothing and the heap's semantics hold.
     """
 
     def __init__(
@@ -111,7 +113,7 @@ class SpilledMap(MutableMapping[Any, Any]):
         decode: Decode,
         items: Iterable[tuple[Any, Any]] = (),
         *,
-        fallback: Callable[[], MutableMapping[Any, Any]] | None = None,
+        fallback: Callable[[Exception], MutableMapping[Any, Any]] | None = None,
     ) -> None:
         self._storage = storage
         self._kdumps = key_dumps
@@ -281,13 +283,14 @@ class SpilledMap(MutableMapping[Any, Any]):
         return self._find(kb, _hash(kb))[1] == _FOUND
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        vb = self._encode(value)
         try:
-            self._put(key, vb)
-        except SpaceUnavailableError:
+            self._put(key, self._encode(value))
+        except (SpaceUnavailableError, SerializationError) as exc:
+            # No space, or a value the serializer cannot write (the heap takes any object):
+            # the key group goes back to heap and the write happens there, as it would have.
             if self.fallback is None:
                 raise
-            self.fallback()[key] = value
+            self.fallback(exc)[key] = value
 
     def _put(self, key: Any, vb: bytes) -> None:
         memo = self._memo
