@@ -122,11 +122,11 @@ class SpillStorage:
     ) -> None:
         self.chunk_size = chunk_size
         self._on_error = on_error
-        self.dirs = SpillDirs(dirs, on_error=self._report)
+        self._logged: set[tuple[str, int | None]] = set()
         self.chunks: list[Chunk] = []
         self._next_dir = 0
         self._seq = 0
-        self._logged: set[tuple[str, int | None]] = set()
+        self.dirs = SpillDirs(dirs, on_error=self._report)
         self.closed = False
         # Clean exit without an explicit close(): the weak reference keeps atexit from
         # keeping every storage ever made alive.
