@@ -334,6 +334,32 @@ SETTINGS: tuple[Setting[Any], ...] = (
         one_of("fallback", "fail"),
     ),
     Setting(
+        "compaction.retries",
+        "int",
+        parse_int,
+        2,
+        "Further attempts (on the next endpoint) after a remote compaction fails on the service "
+        "side, all within compaction.timeout.",
+        between(0, 20),
+    ),
+    Setting(
+        "compaction.poll-interval",
+        "duration",
+        parse_duration,
+        0.5,
+        "How often a waiting client polls its remote compaction job (how fast it notices a "
+        "gateway that died or lost the job).",
+        between(0.01, 60),
+    ),
+    Setting(
+        "compaction.token",
+        "secret",
+        parse_str,
+        "",
+        "Shared bearer token of the compaction service (client, gateway and workers). Empty: "
+        "none. Prefer the environment variable to a Spark conf key for a secret.",
+    ),
+    Setting(
         "compaction.delta-trigger",
         "int",
         parse_int,

@@ -1,0 +1,254 @@
+"""The backend's side of remote compaction: a :class:`Compactor` that asks a gateway.
+
+Checkpoints call ``compact(request)`` and get a result back, whoever did the merge. This one
+submits the request to a compaction gateway (``compaction.endpoints``, a comma-separated list;
+endpoints can be added and removed while running), polls the job every
+``compaction.poll-interval`` and returns the outputs of the succeeded job. Polling is what lets
+a waiting client notice quickly that a gateway died or forgot the job (it resubmits elsewhere)
+instead of waiting out the whole timeout.
+
+Failures, as in the ForSt design: a gateway that cannot be reached, a job that failed on the
+service side (workers lost, storage errors) or a deadline that passed is retried on the next
+endpoint up to ``compaction.retries`` times, all within ``compaction.timeout``; then
+``compaction.failure-strategy`` applies: ``fallback`` compacts locally (same merge code),
+``fail`` raises. A request the service refuses (paths outside its allowed prefixes, a bad
+token, corrupt inputs) raises at once: that is a bug or an attack, not an outage, and running it
+locally would hide it. Only outputs of a succeeded job under the request's own output prefix
+are returned, so nothing a stray worker wrote can end up in a manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+from statetier.backend.config import StatetierConfig
+from statetier.backend.snapshot.compaction import (
+    CompactionError,
+    CompactionOutput,
+    CompactionRequest,
+    CompactionResult,
+    Compactor,
+    LocalCompactor,
+)
+
+__all__ = [
+    "RemoteCompactor",
+    "RemoteRefusedError",
+    "ServiceError",
+    "call_json",
+    "compactor_from_config",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(RuntimeError):
+    """The service could not do the job now (unreachable, lost it, failed it): retry."""
+
+
+class RemoteRefusedError(CompactionError):
+    """The service refused the request or found its inputs bad: never retried."""
+
+
+def call_json(
+    method: str, url: str, body: Any = None, *, token: str = "", timeout: float = 5.0
+) -> tuple[int, Any]:
+    """One HTTP call with a JSON body and answer; returns (status, parsed body).
+
+    HTTP errors come back as their status with the JSON error body; connection problems raise
+    ``OSError`` (``urllib.error.URLError`` is one).
+    """
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status), _parse(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), _parse(exc.read())
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return {"error": "invalid", "message": raw[:200].decode(errors="replace")}
+
+
+def _message(body: Any) -> str:
+    return str(body.get("message") or body.get("error")) if isinstance(body, dict) else str(body)
+
+
+class RemoteCompactor:
+    """Compacts through the gateways in ``endpoints``; see the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: Iterable[str],
+        *,
+        timeout: float = 300.0,
+        retries: int = 2,
+        poll_interval: float = 0.5,
+        http_timeout: float = 5.0,
+        token: str = "",
+        failure_strategy: str = "fallback",
+        fallback: Compactor | None = None,
+    ) -> None:
+        if failure_strategy not in ("fallback", "fail"):
+            raise ValueError("failure_strategy must be fallback or fail")
+        self._endpoints: list[str] = []
+        self._lock = threading.Lock()
+        self._turn = 0
+        self.add_endpoints(*endpoints)
+        self.timeout = timeout
+        self.retries = retries
+        self.poll_interval = poll_interval
+        self.http_timeout = http_timeout
+        self.token = token
+        self.failure_strategy = failure_strategy
+        self.fallback = fallback or LocalCompactor()
+        self.remote_jobs = 0
+        self.fallbacks = 0
+
+    # ------------------------------------------------------------------ endpoints
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._endpoints)
+
+    def add_endpoints(self, *urls: str) -> None:
+        """Start sending to ``urls`` too (comma-separated text is split)."""
+        with self._lock:
+            for text in urls:
+                for url in (u.strip().rstrip("/") for u in text.split(",")):
+                    if url and url not in self._endpoints:
+                        self._endpoints.append(url)
+
+    def remove_endpoints(self, *urls: str) -> None:
+        """Stop sending new jobs to ``urls``; jobs already there are still waited for."""
+        with self._lock:
+            gone = {u.strip().rstrip("/") for text in urls for u in text.split(",")}
+            self._endpoints = [u for u in self._endpoints if u not in gone]
+
+    def _next_endpoint(self) -> str | None:
+        with self._lock:
+            if not self._endpoints:
+                return None
+            url = self._endpoints[self._turn % len(self._endpoints)]
+            self._turn += 1
+            return url
+
+    # ------------------------------------------------------------------ compaction
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        deadline = time.monotonic() + self.timeout
+        problems: list[str] = []
+        for attempt in range(self.retries + 1):
+            if time.monotonic() >= deadline:
+                problems.append("timed out")
+                break
+            endpoint = self._next_endpoint()
+            if endpoint is None:
+                problems.append("no endpoint configured")
+                break
+            job_id = request.job_id if attempt == 0 else f"{request.job_id}.r{attempt}"
+            try:
+                result = self._run(endpoint, dataclasses.replace(request, job_id=job_id), deadline)
+            except ServiceError as exc:
+                problems.append(f"{endpoint}: {exc}")
+                log.warning("remote compaction %s on %s failed: %s", job_id, endpoint, exc)
+                continue
+            self.remote_jobs += 1
+            return CompactionResult(request.job_id, result.outputs, result.entries)
+        summary = "; ".join(problems)
+        if self.failure_strategy == "fail":
+            raise CompactionError(f"remote compaction of {request.job_id} failed: {summary}")
+        log.warning("compacting %s locally: remote compaction failed: %s", request.job_id, summary)
+        self.fallbacks += 1
+        return self.fallback.compact(request)
+
+    def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        try:
+            return call_json(method, url, body, token=self.token, timeout=self.http_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise ServiceError(f"unreachable: {exc}") from exc
+
+    def _run(self, endpoint: str, request: CompactionRequest, deadline: float) -> CompactionResult:
+        status, body = self._call("POST", f"{endpoint}/v1/jobs", json.loads(request.to_json()))
+        if status in (400, 401, 403):
+            raise RemoteRefusedError(f"{endpoint} refused job {request.job_id}: {_message(body)}")
+        if status not in (200, 202):
+            raise ServiceError(f"submit answered {status}: {_message(body)}")
+        url = f"{endpoint}/v1/jobs/{request.job_id}"
+        unreachable = polls = 0
+        while True:
+            state = str(body.get("state"))
+            if state == "succeeded":
+                return self._result(request, body)
+            if state == "failed":
+                if body.get("error_kind") == "request":
+                    raise RemoteRefusedError(f"job {request.job_id} failed: {body.get('error')}")
+                raise ServiceError(f"job failed: {body.get('error')}")
+            if state == "aborted":
+                raise ServiceError("job was aborted on the service")
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ServiceError):  # free the worker: nobody waits
+                    self._call("DELETE", url)
+                raise ServiceError(f"no result within {self.timeout:g}s (last state {state})")
+            # quick first polls (small jobs finish in tens of ms), then every poll_interval
+            pause = min(self.poll_interval, 0.02 * (2**polls))
+            polls += 1
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            try:
+                status, answer = self._call("GET", url)
+            except ServiceError:
+                unreachable += 1
+                if unreachable >= 3:
+                    raise
+                continue
+            if status == 404:
+                raise ServiceError("the gateway no longer knows the job (restarted?)")
+            if status != 200:
+                raise ServiceError(f"status answered {status}: {_message(answer)}")
+            unreachable, body = 0, answer
+
+    @staticmethod
+    def _result(request: CompactionRequest, body: Any) -> CompactionResult:
+        raw = body.get("result") or {}
+        outputs = [CompactionOutput(**o) for o in raw.get("outputs") or []]
+        prefix = request.output_prefix.rstrip("/") + "/"
+        if not outputs or any(not o.url.startswith(prefix) for o in outputs):
+            raise RemoteRefusedError(
+                f"job {request.job_id} reported outputs outside {prefix}: "
+                f"{[o.url for o in outputs]}"
+            )
+        return CompactionResult(request.job_id, outputs, int(raw.get("entries") or 0))
+
+
+def compactor_from_config(config: StatetierConfig, local: Compactor) -> Compactor:
+    """``local`` when no endpoint is configured, else a :class:`RemoteCompactor` that falls
+    back to ``local`` (if the failure strategy says so)."""
+    endpoints = tuple(config.compaction_endpoints)
+    if not endpoints:
+        return local
+    return RemoteCompactor(
+        endpoints,
+        timeout=config.compaction_timeout,
+        retries=config.compaction_retries,
+        poll_interval=config.compaction_poll_interval,
+        token=config.compaction_token,
+        failure_strategy=config.compaction_failure_strategy,
+        fallback=local,
+    )

@@ -1,0 +1,113 @@
+"""``statetier-compaction gateway|worker``: the two processes of the compaction service.
+
+The operator starts them with exactly these flags (see statetier.operator.compaction). The
+shared token comes from ``STATETIER_COMPACTION_TOKEN`` (the backend's ``compaction.token``
+setting, so client, gateway and workers read one variable) or ``--token-file``. Object-storage
+credentials come from the usual AWS_* variables, as s3fs reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+TOKEN_ENV = "STATETIER_COMPACTION_TOKEN"
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        with open(args.token_file) as f:
+            return f.read().strip()
+    return os.environ.get(TOKEN_ENV, "")
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from statetier.compaction.gateway import Gateway, GatewaySettings, serve
+    from statetier.compaction.scheduler import SchedulerSettings
+
+    settings = GatewaySettings(
+        allowed_prefixes=tuple(args.allowed_prefix),
+        token=_token(args),
+        scheduler=SchedulerSettings(
+            worker_policy=args.worker_policy,
+            job_policy=args.scheduling_policy,
+            lease_ttl=args.lease_ttl,
+            stall_timeout=args.stall_timeout,
+            max_attempts=args.max_attempts,
+        ),
+        heartbeat_interval=args.heartbeat_interval,
+        target_queue_per_worker=args.target_queue_per_worker,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(Gateway(settings), args.host, args.port))
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from statetier.compaction.worker import Worker, install_signal_handlers
+
+    worker = Worker(
+        args.gateway,
+        allowed_prefixes=tuple(args.allowed_prefix),
+        slots=args.concurrency,
+        token=_token(args),
+        max_read_rate=args.max_read_rate,
+        worker_id=args.worker_id,
+    )
+    install_signal_handlers(worker)
+    worker.run()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="statetier-compaction", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--allowed-prefix",
+        action="append",
+        default=[],
+        help="s3://bucket/prefix or file:///dir jobs may read and write (repeatable)",
+    )
+    common.add_argument("--token-file", default=None, help=f"shared token (else ${TOKEN_ENV})")
+    common.add_argument("--log-level", default="INFO")
+
+    gw = sub.add_parser("gateway", parents=[common], help="run the HTTP gateway and scheduler")
+    gw.add_argument("--host", default="0.0.0.0")
+    gw.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed)")
+    gw.add_argument("--scheduling-policy", choices=["fifo", "fair"], default="fair")
+    gw.add_argument(
+        "--worker-policy", choices=["round-robin", "least-loaded"], default="least-loaded"
+    )
+    gw.add_argument("--target-queue-per-worker", type=int, default=4)
+    gw.add_argument("--lease-ttl", type=float, default=10.0, help="seconds without heartbeat")
+    gw.add_argument("--heartbeat-interval", type=float, default=2.0)
+    gw.add_argument("--stall-timeout", type=float, default=300.0, help="seconds without progress")
+    gw.add_argument("--max-attempts", type=int, default=3)
+    gw.set_defaults(func=_gateway)
+
+    wk = sub.add_parser("worker", parents=[common], help="run a compaction worker")
+    wk.add_argument("--gateway", required=True, help="URL of the gateway")
+    wk.add_argument("--concurrency", type=int, default=1, help="jobs run at a time")
+    wk.add_argument("--max-read-rate", type=float, default=0.0, help="input bytes/s, 0: no cap")
+    wk.add_argument("--worker-id", default=None)
+    wk.set_defaults(func=_worker)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if not args.allowed_prefix:
+        parser.error("at least one --allowed-prefix is required")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""Jobs, workers, leases and the choice of worker: the gateway's state, without any I/O.
+
+A job is ``queued`` until the scheduler gives it to a worker with a free slot; it is then
+``running`` under a lease held by that worker for that attempt. The worker renews all its leases
+with each heartbeat and reports each job's progress (input bytes read). A lease is lost when the
+worker stops heartbeating for ``lease_ttl`` (dead, frozen, partitioned), when the job's progress
+has not moved for ``stall_timeout`` (a stuck merge), or when the worker leaves; the job then
+goes back to the head of the queue for another worker, up to ``max_attempts`` attempts. A late
+answer for a lost lease is refused, so only one attempt's result is ever reported.
+
+Which worker: ``round-robin`` cycles through the workers with a free slot; ``least-loaded``
+takes the one with the fewest input bytes left to read over its running jobs (the ForSt
+design's "remaining input files", in bytes), ties in round-robin order. Which job: ``fifo`` in
+arrival order; ``fair`` round-robins between tenants (the checkpoint location a job writes to),
+so one application with many compactions cannot starve the others.
+
+Time comes from an injected clock, so every rule here is tested deterministically.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import time
+from collections.abc import Callable
+from typing import Any
+
+from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
+
+__all__ = [
+    "Job",
+    "JobState",
+    "LeaseLostError",
+    "Scheduler",
+    "SchedulerSettings",
+    "UnknownWorkerError",
+    "tenant_of",
+]
+
+JOB_POLICIES = ("fifo", "fair")
+WORKER_POLICIES = ("round-robin", "least-loaded")
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABORTED)
+
+
+class LeaseLostError(RuntimeError):
+    """A worker answered for a job it no longer holds (lease expired, revoked or aborted)."""
+
+
+class UnknownWorkerError(KeyError):
+    """A worker the scheduler does not know (it expired, or the gateway restarted)."""
+
+
+def tenant_of(request: CompactionRequest) -> str:
+    """The checkpoint location a job writes under: the unit of fairness between applications."""
+    prefix = request.output_prefix
+    cut = prefix.find("/data/")
+    return prefix[:cut] if cut >= 0 else prefix.rsplit("/", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSettings:
+    worker_policy: str = "least-loaded"
+    job_policy: str = "fair"
+    lease_ttl: float = 10.0
+    stall_timeout: float = 300.0
+    max_attempts: int = 3
+    finished_retention: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.worker_policy not in WORKER_POLICIES:
+            raise ValueError(f"worker policy must be one of {', '.join(WORKER_POLICIES)}")
+        if self.job_policy not in JOB_POLICIES:
+            raise ValueError(f"job policy must be one of {', '.join(JOB_POLICIES)}")
+
+
+@dataclasses.dataclass
+class Job:
+    request: CompactionRequest
+    submitted_at: float
+    tenant: str
+    state: JobState = JobState.QUEUED
+    attempt: int = 0
+    worker: str | None = None
+    bytes_done: int = 0
+    progress_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    error_kind: str | None = None  # "request" (bad input: do not retry) or "service"
+    result: CompactionResult | None = None
+    history: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def job_id(self) -> str:
+        return self.request.job_id
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(i.size for i in self.request.inputs)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.bytes_total - self.bytes_done)
+
+    def view(self) -> dict[str, Any]:
+        """The job as the status API shows it."""
+        total = self.bytes_total
+        body: dict[str, Any] = {
+            "job_id": self.job_id,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "tenant": self.tenant,
+            "progress": {
+                "bytes_done": self.bytes_done,
+                "bytes_total": total,
+                "fraction": round(self.bytes_done / total, 4) if total else 0.0,
+            },
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "history": list(self.history),
+        }
+        if self.result is not None:
+            body["result"] = {
+                "job_id": self.result.job_id,
+                "entries": self.result.entries,
+                "outputs": [dataclasses.asdict(o) for o in self.result.outputs],
+            }
+        return body
+
+
+@dataclasses.dataclass
+class WorkerState:
+    worker_id: str
+    slots: int
+    last_seen: float
+    jobs: set[str] = dataclasses.field(default_factory=set)
+    assigned: list[str] = dataclasses.field(default_factory=list)  # not yet handed over
+    revoked: set[str] = dataclasses.field(default_factory=set)  # to tell at next heartbeat
+    order: int = 0
+
+
+Listener = Callable[[str, Job], None]
+
+
+class Scheduler:
+    """All jobs and workers of one gateway; every method is quick and never blocks."""
+
+    def __init__(
+        self,
+        settings: SchedulerSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: Listener | None = None,
+    ) -> None:
+        self.settings = settings or SchedulerSettings()
+        self.clock = clock
+        self.jobs: dict[str, Job] = {}
+        self.workers: dict[str, WorkerState] = {}
+        self._queues: dict[str, collections.deque[str]] = {}
+        self._tenant_turn: collections.deque[str] = collections.deque()
+        self._worker_turn = 0
+        self._joined = 0
+        self.on_event = on_event or (lambda event, job: None)
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(self, request: CompactionRequest) -> tuple[Job, bool]:
+        """Queue ``request``; the same job id again returns the existing job (retried submit)."""
+        existing = self.jobs.get(request.job_id)
+        if existing is not None:
+            if existing.request != request:
+                raise ValueError(f"job {request.job_id} exists with a different request")
+            return existing, False
+        job = Job(request, self.clock(), tenant_of(request))
+        self.jobs[job.job_id] = job
+        self._enqueue(job, front=False)
+        job.history.append("queued")
+        self.on_event("submitted", job)
+        return job, True
+
+    def _enqueue(self, job: Job, front: bool) -> None:
+        queue = self._queues.get(job.tenant)
+        if queue is None:
+            queue = self._queues[job.tenant] = collections.deque()
+            self._tenant_turn.append(job.tenant)
+        if front:
+            queue.appendleft(job.job_id)
+        else:
+            queue.append(job.job_id)
+
+    def _next_queued(self) -> Job | None:
+        if self.settings.job_policy == "fifo":
+            heads = [self.jobs[q[0]] for q in self._queues.values() if q]
+            if not heads:
+                return None
+            job = min(heads, key=lambda j: (j.attempt == 0, j.submitted_at))
+            self._queues[job.tenant].popleft()
+            return job
+        for _ in range(len(self._tenant_turn)):
+            tenant = self._tenant_turn[0]
+            self._tenant_turn.rotate(-1)
+            queue = self._queues[tenant]
+            if queue:
+                return self.jobs[queue.popleft()]
+        return None
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def running(self) -> int:
+        return sum(len(w.jobs) for w in self.workers.values())
+
+    def abort(self, job_id: str) -> Job:
+        """Abort a job: a queued one at once, a running one by revoking its lease."""
+        job = self.jobs[job_id]
+        if job.state.terminal:
+            return job
+        if job.state is JobState.QUEUED:
+            self._queues[job.tenant].remove(job_id)
+        else:
+            self._release(job, revoke=True)
+        self._finish(job, JobState.ABORTED, error="aborted by request")
+        return job
+
+    # ------------------------------------------------------------------ workers
+
+    def register(self, worker_id: str, slots: int) -> WorkerState:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            self._joined += 1
+            worker = WorkerState(worker_id, max(1, slots), self.clock(), order=self._joined)
+            self.workers[worker_id] = worker
+        worker.slots = max(1, slots)
+        worker.last_seen = self.clock()
+        return worker
+
+    def leave(self, worker_id: str) -> None:
+        """A worker shuts down cleanly: its jobs go to others at once."""
+        worker = self.workers.pop(worker_id, None)
+        if worker is not None:
+            for job_id in list(worker.jobs):
+                self._lose(self.jobs[job_id], f"worker {worker_id} left")
+
+    def heartbeat(self, worker_id: str, progress: dict[str, int]) -> list[str]:
+        """Renew ``worker_id``'s leases, record progress; return the job ids it must drop."""
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise UnknownWorkerError(worker_id)
+        now = self.clock()
+        worker.last_seen = now
+        for job_id, done in progress.items():
+            job = self.jobs.get(job_id)
+            running = job is not None and job.worker == worker_id
+            if (
+                running
+                and job is not None
+                and job.state is JobState.RUNNING
+                and done > job.bytes_done
+            ):
+                job.bytes_done = done
+                job.progress_at = now
+        drop = set(worker.revoked)
+        drop |= {j for j in progress if j not in worker.jobs}
+        worker.revoked.clear()
+        return sorted(drop)
+
+    def take_assigned(self, worker_id: str) -> list[Job]:
+        """Jobs assigned to ``worker_id`` and not yet handed over (its poll answer)."""
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise UnknownWorkerError(worker_id)
+        worker.last_seen = self.clock()
+        jobs = [self.jobs[j] for j in worker.assigned if j in worker.jobs]
+        worker.assigned.clear()
+        return jobs
+
+    # ------------------------------------------------------------------ assignment
+
+    def schedule(self) -> list[tuple[str, Job]]:
+        """Give queued jobs to workers with free slots; return the (worker, job) pairs."""
+        given: list[tuple[str, Job]] = []
+        while self.queued():
+            worker = self._pick_worker()
+            if worker is None:
+                break
+            job = self._next_queued()
+            if job is None:
+                break
+            now = self.clock()
+            job.state = JobState.RUNNING
+            job.attempt += 1
+            job.worker = worker.worker_id
+            job.bytes_done = 0
+            job.progress_at = now
+            job.started_at = job.started_at or now
+            job.history.append(f"attempt {job.attempt} on {worker.worker_id}")
+            worker.jobs.add(job.job_id)
+            worker.assigned.append(job.job_id)
+            given.append((worker.worker_id, job))
+            self.on_event("started", job)
+        return given
+
+    def _pick_worker(self) -> WorkerState | None:
+        free = sorted(
+            (w for w in self.workers.values() if len(w.jobs) < w.slots), key=lambda w: w.order
+        )
+        if not free:
+            return None
+        # round-robin order: the first worker that joined after the last one chosen
+        start = next((i for i, w in enumerate(free) if w.order > self._worker_turn), 0)
+        ordered = free[start:] + free[:start]
+        if self.settings.worker_policy == "least-loaded":
+            load = {w.worker_id: sum(self.jobs[j].remaining for j in w.jobs) for w in ordered}
+            chosen = min(ordered, key=lambda w: (load[w.worker_id], len(w.jobs)))
+        else:
+            chosen = ordered[0]
+        self._worker_turn = chosen.order
+        return chosen
+
+    # ------------------------------------------------------------------ completion
+
+    def complete(
+        self,
+        worker_id: str,
+        job_id: str,
+        attempt: int,
+        result: CompactionResult | None,
+        error: str | None = None,
+        error_kind: str = "service",
+    ) -> Job:
+        """A worker's answer for one attempt; refused with :class:`LeaseLostError` if stale."""
+        job = self.jobs.get(job_id)
+        if job is None or job.worker != worker_id or job.attempt != attempt:
+            raise LeaseLostError(f"job {job_id} attempt {attempt} is not held by {worker_id}")
+        if job.state is not JobState.RUNNING:
+            raise LeaseLostError(f"job {job_id} is {job.state.value}")
+        self._release(job, revoke=False)
+        if result is not None:
+            job.result = result
+            job.bytes_done = job.bytes_total
+            self._finish(job, JobState.SUCCEEDED)
+        elif error_kind == "request":
+            self._finish(job, JobState.FAILED, error=error, kind="request")
+        else:
+            self._lose(job, f"attempt {attempt} failed: {error}", released=True)
+        return job
+
+    def _release(self, job: Job, revoke: bool) -> None:
+        worker = self.workers.get(job.worker or "")
+        if worker is not None:
+            worker.jobs.discard(job.job_id)
+            if job.job_id in worker.assigned:
+                worker.assigned.remove(job.job_id)
+            elif revoke:
+                worker.revoked.add(job.job_id)
+
+    def _lose(self, job: Job, why: str, released: bool = False) -> None:
+        """The running attempt is over without a result: queue the job again, or fail it."""
+        if not released:
+            self._release(job, revoke=True)
+        job.history.append(why)
+        job.worker = None
+        self.on_event("lease_lost", job)
+        if job.attempt >= self.settings.max_attempts:
+            self._finish(job, JobState.FAILED, error=f"{why}; gave up after {job.attempt} attempts")
+            return
+        job.state = JobState.QUEUED
+        job.bytes_done = 0
+        self._enqueue(job, front=True)
+
+    def _finish(
+        self, job: Job, state: JobState, error: str | None = None, kind: str = "service"
+    ) -> None:
+        job.state = state
+        job.finished_at = self.clock()
+        job.worker = job.worker if state is JobState.SUCCEEDED else None
+        if error is not None:
+            job.error, job.error_kind = error, kind
+        job.history.append(state.value)
+        self.on_event(state.value, job)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def expire(self) -> list[str]:
+        """Drop dead workers and revoke stalled jobs' leases; return what happened."""
+        now = self.clock()
+        happened: list[str] = []
+        for worker in list(self.workers.values()):
+            if now - worker.last_seen > self.settings.lease_ttl:
+                del self.workers[worker.worker_id]
+                happened.append(f"worker {worker.worker_id} expired")
+                for job_id in list(worker.jobs):
+                    worker.jobs.discard(job_id)
+                    self._lose(
+                        self.jobs[job_id],
+                        f"worker {worker.worker_id} missed its heartbeats",
+                        released=True,
+                    )
+                continue
+            for job_id in list(worker.jobs):
+                job = self.jobs[job_id]
+                if now - job.progress_at > self.settings.stall_timeout:
+                    happened.append(f"job {job_id} stalled on {worker.worker_id}")
+                    self._lose(
+                        job,
+                        f"no progress on {worker.worker_id} for {self.settings.stall_timeout:g}s",
+                    )
+        for job_id, job in list(self.jobs.items()):
+            if (
+                job.state.terminal
+                and job.finished_at is not None
+                and now - job.finished_at > self.settings.finished_retention
+            ):
+                del self.jobs[job_id]
+        return happened
+
+    def stats(self) -> dict[str, Any]:
+        """Numbers the autoscaler and dashboards read."""
+        by_state = collections.Counter(j.state.value for j in self.jobs.values())
+        return {
+            "queued": self.queued(),
+            "running": self.running(),
+            "workers": len(self.workers),
+            "slots": sum(w.slots for w in self.workers.values()),
+            "jobs": {s.value: by_state.get(s.value, 0) for s in JobState},
+            "remaining_bytes": sum(j.remaining for j in self.jobs.values() if not j.state.terminal),
+        }

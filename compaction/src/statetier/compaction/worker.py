@@ -1,0 +1,270 @@
+"""A compaction worker: takes jobs from a gateway and runs the backend's merge on them.
+
+The worker registers, long-polls the gateway for jobs while it has a free slot, and runs each in
+a thread with :class:`~statetier.backend.snapshot.compaction.LocalCompactor` (the same code as
+local compaction), reading and writing through fsspec. A heartbeat thread renews its leases and
+reports how many input bytes each job has read; jobs the gateway says to drop (aborted, or
+given to another worker) stop at their next read and write nothing.
+
+Outputs go under ``<output prefix>/<job id>-a<attempt>/``: every attempt has its own names, so
+an attempt that dies half-way or loses its lease can never overwrite or be mistaken for the
+output a succeeded result names; the client names only what a succeeded result reports, and
+checkpoint retention deletes the orphans like any file no manifest names.
+
+``--max-read-rate`` caps input bytes per second, to keep a busy worker pool from saturating the
+object store the pipelines also use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import fsspec
+from statetier.backend.compaction_client import call_json
+from statetier.backend.snapshot.compaction import (
+    CompactionError,
+    CompactionRequest,
+    LocalCompactor,
+)
+from statetier.backend.snapshot.format import CorruptFileError
+from statetier.compaction.paths import PathPolicy, RefusedPathError
+
+__all__ = ["JobDroppedError", "Worker"]
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 4 << 20
+
+
+class JobDroppedError(Exception):
+    """The gateway took the job away (aborted, or its lease went to another worker)."""
+
+
+class _JobFiles:
+    """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
+    bytes counted, the read rate capped and the job's cancellation checked at every step."""
+
+    def __init__(self, output_url: str, cancelled: threading.Event, max_read_rate: float) -> None:
+        self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+        self.cancelled = cancelled
+        self.max_read_rate = max_read_rate
+        self.bytes_read = 0
+        self._started = time.monotonic()
+
+    @staticmethod
+    def _strip_protocol(url: str) -> str:
+        return url  # keep whole URLs: each call resolves its own filesystem
+
+    def _check(self) -> None:
+        if self.cancelled.is_set():
+            raise JobDroppedError()
+
+    def _throttle(self) -> None:
+        if self.max_read_rate > 0:
+            due = self._started + self.bytes_read / self.max_read_rate
+            while (now := time.monotonic()) < due:
+                self._check()
+                time.sleep(min(0.05, due - now))
+
+    def cat_file(self, url: str) -> bytes:
+        self._check()
+        fs, path = fsspec.core.url_to_fs(url)
+        if self.max_read_rate <= 0:
+            data: bytes = fs.cat_file(path)
+            self.bytes_read += len(data)
+            return data
+        parts = []
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(min(_CHUNK, max(1 << 16, int(self.max_read_rate / 10)))):
+                parts.append(chunk)
+                self.bytes_read += len(chunk)
+                self._throttle()
+        return b"".join(parts)
+
+    def makedirs(self, url: str, exist_ok: bool = True) -> None:
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.makedirs(path, exist_ok=exist_ok)
+
+    def pipe_file(self, url: str, data: bytes) -> None:
+        self._check()  # an aborted job writes nothing
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.pipe_file(path, data)
+
+    def mv(self, source: str, target: str) -> None:
+        fs, path = fsspec.core.url_to_fs(source)
+        fs.mv(path, fsspec.core.url_to_fs(target)[1])
+
+
+@dataclasses.dataclass
+class _Running:
+    job_id: str
+    attempt: int
+    files: _JobFiles | None = None
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Worker:
+    """One worker process's loop; :meth:`run` blocks until :meth:`stop`."""
+
+    def __init__(
+        self,
+        gateway: str,
+        *,
+        allowed_prefixes: tuple[str, ...],
+        slots: int = 1,
+        token: str = "",
+        max_read_rate: float = 0.0,
+        worker_id: str | None = None,
+        poll_wait: float = 10.0,
+    ) -> None:
+        self.gateway = gateway.rstrip("/")
+        self.policy = PathPolicy(allowed_prefixes)
+        self.slots = max(1, slots)
+        self.token = token
+        self.max_read_rate = max_read_rate
+        self.worker_id = worker_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.poll_wait = poll_wait
+        self.heartbeat_interval = 2.0
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.slots, "statetier-compaction")
+        self.completed = 0
+
+    def _url(self, suffix: str) -> str:
+        return f"{self.gateway}/v1/workers/{self.worker_id}{suffix}"
+
+    def _call(self, method: str, suffix: str, body: Any = None, timeout: float = 10.0) -> Any:
+        return call_json(method, self._url(suffix), body, token=self.token, timeout=timeout)
+
+    def register(self) -> None:
+        status, body = self._call("POST", "/register", {"slots": self.slots})
+        if status != 200:
+            raise RuntimeError(f"registering with {self.gateway} failed: {status} {body}")
+        self.heartbeat_interval = float(body.get("heartbeat_interval", 2.0))
+        log.info("worker %s registered with %s", self.worker_id, self.gateway)
+
+    # ------------------------------------------------------------------ loops
+
+    def run(self) -> None:
+        """Register, then poll for jobs until stopped (retrying while the gateway is away)."""
+        heartbeat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        registered = False
+        while not self._stop.is_set():
+            try:
+                if not registered:
+                    self.register()
+                    registered = True
+                    if not heartbeat.is_alive():
+                        heartbeat.start()
+                with self._free:
+                    while len(self._running) >= self.slots and not self._stop.is_set():
+                        self._free.wait(0.5)
+                if self._stop.is_set():
+                    break
+                status, body = self._call(
+                    "POST", f"/poll?wait={self.poll_wait:g}", {}, timeout=self.poll_wait + 10
+                )
+                if status == 404:
+                    registered = False
+                    continue
+                for item in (body or {}).get("jobs", []):
+                    self._start(item)
+            except OSError as exc:
+                log.warning("gateway %s unreachable: %s", self.gateway, exc)
+                registered = False
+                self._stop.wait(1.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            with self._lock:
+                progress = {
+                    r.job_id: r.files.bytes_read if r.files else 0 for r in self._running.values()
+                }
+            try:
+                status, body = self._call("POST", "/heartbeat", {"progress": progress})
+            except OSError:
+                continue
+            drop = set(body.get("drop", [])) if status == 200 else set(progress)
+            with self._lock:
+                for job_id in drop:
+                    if job_id in self._running:
+                        log.warning("dropping job %s: the gateway took it back", job_id)
+                        self._running[job_id].cancelled.set()
+
+    def stop(self, leave: bool = True) -> None:
+        """Stop taking jobs; with ``leave`` tell the gateway, so it hands them on at once."""
+        self._stop.set()
+        with self._lock:
+            for running in self._running.values():
+                running.cancelled.set()
+            self._free.notify_all()
+        if leave:
+            with contextlib.suppress(OSError):
+                self._call("DELETE", "", timeout=3)
+
+    # ------------------------------------------------------------------ jobs
+
+    def _start(self, item: dict[str, Any]) -> None:
+        request = CompactionRequest.from_json(json.dumps(item["request"]))
+        running = _Running(request.job_id, int(item["attempt"]))
+        with self._lock:
+            self._running[request.job_id] = running
+        self._pool.submit(self._execute, request, running)
+
+    def _execute(self, request: CompactionRequest, running: _Running) -> None:
+        answer: dict[str, Any] = {"attempt": running.attempt}
+        try:
+            self.policy.check_request(request)
+            prefix = f"{request.output_prefix.rstrip('/')}/{request.job_id}-a{running.attempt}"
+            running.files = _JobFiles(prefix, running.cancelled, self.max_read_rate)
+            compactor = LocalCompactor(filesystem=running.files)
+            result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
+            answer["result"] = json.loads(result.to_json())
+        except JobDroppedError:
+            answer = {}
+        except (RefusedPathError, CorruptFileError, CompactionError, FileNotFoundError) as exc:
+            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="request")
+        except Exception as exc:  # storage trouble: the gateway retries elsewhere
+            log.exception("job %s failed", request.job_id)
+            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="service")
+        finally:
+            with self._free:
+                self._running.pop(request.job_id, None)
+                self._free.notify_all()
+        if not answer:
+            return
+        try:
+            status, body = self._call("POST", f"/jobs/{request.job_id}/done", answer)
+        except OSError as exc:
+            log.warning("could not report job %s: %s", request.job_id, exc)
+            return
+        if status == 409:
+            log.warning("result of job %s discarded: %s", request.job_id, body.get("message"))
+        elif status == 200:
+            self.completed += 1
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    """SIGTERM/SIGINT (pod deletion, Ctrl-C): leave cleanly so jobs move on at once, then exit
+    without waiting for running merges (a worker keeps no state; their outputs stay unnamed)."""
+
+    def handle(signum: int, _frame: Any) -> None:
+        worker.stop(leave=True)
+        logging.shutdown()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
