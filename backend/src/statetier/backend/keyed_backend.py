@@ -139,7 +139,7 @@ class KeyedStateBackend:
         hits = self._hits
         n = hits[slot] + 1
         hits[slot] = n
-        if not n & 1023:
+        if not n & 63:
             self._on_poll()
         for hook in ctx.record_hooks:
             hook()
@@ -161,7 +161,7 @@ class KeyedStateBackend:
         """Count records per key-group slot into ``hits``; ``None`` stops counting.
 
         The spill tier's request rates, cheaper than a record hook (no call per record).
-        ``on_poll`` runs at every 1024th record of a slot: the spill tier's cue to look at memory.
+        ``on_poll`` runs at every 64th record of a slot: the spill tier's cue to look at memory.
         """
         self._hits = [] if hits is None else hits
         self._counting = hits is not None

@@ -137,6 +137,7 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                 "spill.threshold": 0.5,
                 "spill.load-threshold": 0.3,
                 "spill.check-interval": args.check_interval,
+                "spill.ratio": 0.05,  # small steps: the end state lands near the target
             },
             env={},
         )

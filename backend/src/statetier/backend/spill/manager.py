@@ -7,7 +7,7 @@ move without knowing about it; snapshots iterate ``map_for(kg).items()`` and rea
 groups through the same interface. A key group's state is on heap or on disk, never both.
 
 The backend counts one hit per record for its key group (``count_hits``: one list increment on
-the per-record path, no call), and at every 1024th record of a key group the manager asks the
+the per-record path, no call), and at every 64th record of a key group the manager asks the
 monitor whether a check is due (the check interval has passed, or a full GC just happened). A
 check refreshes the accounting, asks the monitor for a verdict, lets the policy choose key
 groups, moves them, and says so in one log line and the metrics. Checks run on the processing
@@ -139,7 +139,7 @@ class SpillManager:
     # ------------------------------------------------------------------ per record
 
     def _poll(self) -> None:
-        """Every 1024th record of a key group: check if the monitor says a check is due."""
+        """Every 64th record of a key group: check if the monitor says a check is due."""
         monitor = self.monitor
         if monitor is not None and monitor.due():
             self.check()

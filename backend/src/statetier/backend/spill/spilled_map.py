@@ -284,7 +284,18 @@ class SpilledMap(MutableMapping[Any, Any]):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         try:
-            self._put(key, self._encode(value))
+            vb = self._encode(value)
+            memo = self._memo
+            if memo[0] is key and memo[1] == self._gen and memo[3] == _FOUND:
+                # the write after a read of the same key: overwrite in place if it fits
+                index, data = self._index, self._data
+                assert index is not None and data is not None
+                _, loc, klen, vlen = _slot_at(index.mm, index.offset + memo[2] * SLOT_SIZE)
+                if vlen == len(vb) and not data.pins:
+                    start = data.offset - 1 + loc + klen
+                    data.mm[start : start + vlen] = vb
+                    return
+            self._put(key, vb)
         except (SpaceUnavailableError, SerializationError) as exc:
             # No space, or a value the serializer cannot write (the heap takes any object):
             # the key group goes back to heap and the write happens there, as it would have.
