@@ -50,7 +50,7 @@ __all__ = ["Gateway", "GatewaySettings"]
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+_OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/v1/stats")  # counts only, no job data
 _JOB_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 

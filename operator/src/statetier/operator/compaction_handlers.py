@@ -133,7 +133,12 @@ async def reconcile(
 async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
     """Drop the per-service metric series; owner references take care of the objects."""
     namespace = namespace or "default"
-    for gauge in (metrics.WORKERS_DESIRED, metrics.WORKERS_CURRENT):
+    for gauge in (
+        metrics.WORKERS_DESIRED,
+        metrics.WORKERS_CURRENT,
+        metrics.AUTOSCALER_RECOMMENDED,
+        metrics.AUTOSCALER_LOAD,
+    ):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
     logger.info("CompactionService %s/%s deleted; its objects go with it", namespace, name)

@@ -14,6 +14,10 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 __all__ = [
     "ADMISSIONS",
+    "AUTOSCALER_DECISIONS",
+    "AUTOSCALER_DOCUMENTED",
+    "AUTOSCALER_LOAD",
+    "AUTOSCALER_RECOMMENDED",
     "DOCUMENTED",
     "ERRORS",
     "MANAGED_APPLICATIONS",
@@ -65,6 +69,30 @@ WORKERS_CURRENT = Gauge(
     ["namespace", "name"],
 )
 
+AUTOSCALER_DECISIONS = Counter(
+    "statetier_operator_autoscaler_decisions",
+    "Autoscaling periods of CompactionServices, by what was decided (up, down, unchanged, "
+    "unreachable: the gateway could not be read).",
+    ["decision"],
+)
+AUTOSCALER_RECOMMENDED = Gauge(
+    "statetier_compaction_autoscaler_recommended_workers",
+    "Workers the autoscaler recommends from the gateway's load this period, per "
+    "CompactionService (before the scale-down stabilization window).",
+    ["namespace", "name"],
+)
+AUTOSCALER_LOAD = Gauge(
+    "statetier_compaction_autoscaler_load",
+    "Queued plus running jobs the autoscaler read from the gateway, per CompactionService.",
+    ["namespace", "name"],
+)
+
+# Per-service series of the autoscaler: they exist once a service with autoscaling ran a period.
+AUTOSCALER_DOCUMENTED: tuple[str, ...] = (
+    "statetier_compaction_autoscaler_recommended_workers",
+    "statetier_compaction_autoscaler_load",
+)
+
 # Names as they appear on the scraped endpoint (counters get _total, histograms _bucket etc.).
 DOCUMENTED: tuple[str, ...] = (
     "statetier_operator_reconciliations_total",
@@ -74,6 +102,7 @@ DOCUMENTED: tuple[str, ...] = (
     "statetier_operator_managed_applications",
     "statetier_compaction_workers_desired",
     "statetier_compaction_workers_current",
+    "statetier_operator_autoscaler_decisions_total",
 )
 
 
@@ -109,4 +138,6 @@ def serve(addr: str, port: int) -> None:
         ("validate", "rejected"),
     ):
         ADMISSIONS.labels(webhook, outcome)
+    for decision in ("up", "down", "unchanged", "unreachable"):
+        AUTOSCALER_DECISIONS.labels(decision)
     start_http_server(port, addr=addr)
