@@ -430,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocabulary", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument(
-        "--gc-keys", type=int, default=600_000, help="keys of the GC case (0 skips it)"
+        "--gc-keys", type=int, default=300_000, help="keys of the GC case (0 skips it)"
     )
     parser.add_argument("--check-interval", type=float, default=0.05)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

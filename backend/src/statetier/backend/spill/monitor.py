@@ -15,8 +15,9 @@ FLIP-50 watches the JVM heap and GC pauses; the Python equivalents are:
 - **GC pauses**: generation-2 collections are timed through ``gc.callbacks`` (one process-wide
   tracker, whatever the number of backends). A full collection walks every tracked container,
   so its pause is about proportional to the heap state; each pause calibrates seconds per heap
-  byte, which lets the monitor spill *before* the next pause would pass the threshold, and size
-  the spill so the pause falls to 80% of it, instead of learning from one more long pause.
+  byte, which lets the monitor spill *before* the next pause would pass the threshold (once the
+  predicted pause passes 80% of it), and size the spill so the predicted pause falls to 50% of
+  it, instead of learning from one more long pause.
 
 Hysteresis: spill above ``spill.threshold`` of the budget, load only below
 ``spill.load-threshold``, and a load brings usage at most to the middle of the two (and keeps
@@ -39,7 +40,12 @@ from statetier.backend.spill import metrics
 
 __all__ = ["GcPauseTracker", "MemoryMonitor", "MonitorSettings", "Verdict", "resolve_budget"]
 
-_V1_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
+_V1_UNLIMITED = 1 << 60
+# Spill when the predicted pause passes GC_EARLY of the threshold (the heap grows between two
+# checks, so waiting for 100% lets the next pause pass it), down to GC_TARGET of it; loads stay
+# under GC_TARGET too.
+GC_EARLY = 0.8
+GC_TARGET = 0.5  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
 
 
 def resolve_budget(configured: int, cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
@@ -237,7 +243,7 @@ class MemoryMonitor:
         if used < load_below and spilled_state > 0:
             room = int((s.load_threshold + s.spill_threshold) / 2 * s.budget - used)
             if s.gc_pause_threshold > 0 and self._seconds_per_byte > 0:
-                gc_room = 0.8 * s.gc_pause_threshold / self._seconds_per_byte - heap_state
+                gc_room = GC_TARGET * s.gc_pause_threshold / self._seconds_per_byte - heap_state
                 room = min(room, int(gc_room))
             if room > 0:
                 return Verdict(
@@ -258,10 +264,10 @@ class MemoryMonitor:
         ]
         average = sum(recent) / len(recent) if recent else 0.0
         predicted = self._seconds_per_byte * heap_state
-        if average <= threshold and predicted <= threshold:
+        if average <= threshold and predicted <= GC_EARLY * threshold:
             return None
         if self._seconds_per_byte > 0:
-            target = 0.8 * threshold / self._seconds_per_byte
+            target = GC_TARGET * threshold / self._seconds_per_byte
             amount = max(int(s.spill_ratio * heap_state), int(heap_state - target))
         else:
             amount = int(s.spill_ratio * heap_state)
