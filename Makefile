@@ -34,6 +34,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/statetier bench state
 	$(BIN)/statetier bench wordcount
+	$(BIN)/statetier bench checkpoint
 
 docs: $(STAMP)
 	$(BIN)/statetier config docs > docs/configuration.md

@@ -11,6 +11,7 @@ from statetier.backend import config
 BENCHMARKS = {
     "state": "statetier.backend.bench.state_ops",
     "wordcount": "statetier.backend.bench.wordcount",
+    "checkpoint": "statetier.backend.bench.checkpoint",
 }
 
 
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("demo", help="run the keyed word-count demo", add_help=False)
     bench = sub.add_parser("bench", help="run a benchmark", add_help=False)
     bench.add_argument("name", choices=sorted(BENCHMARKS))
+    sub.add_parser(
+        "checkpoint", help="list, inspect, verify or gc checkpoints (URI)", add_help=False
+    )
     cfg = sub.add_parser("config", help="configuration schema")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
     cfg_sub.add_parser("docs", help="print the configuration reference (Markdown)")
@@ -30,6 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from statetier.backend import demo
 
         return demo.main(rest)
+    if args.command == "checkpoint":
+        from statetier.backend.snapshot import admin
+
+        return admin.main(rest)
     if args.command == "bench":
         return _load_main(BENCHMARKS[args.name])(rest)
     if rest:

@@ -368,6 +368,14 @@ SETTINGS: tuple[Setting[Any], ...] = (
         at_least(1),
     ),
     Setting(
+        "compaction.size-ratio",
+        "fraction",
+        parse_float,
+        1.0,
+        "Compact a range when its delta files add up to this fraction of its base's size.",
+        at_least(0.01),
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,

@@ -8,6 +8,7 @@ A runner started on a store with committed epochs resumes from the latest, at an
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,10 +19,22 @@ from statetier.backend.keygroups import (
     operator_index_for_key_group,
 )
 from statetier.backend.runtime import FunctionFactory, OperatorInstance
-from statetier.backend.snapshot import Manifest, SnapshotStore, commit_snapshot
+from statetier.backend.snapshot import Checkpointer, CheckpointSettings, Manifest, SnapshotStore
 from statetier.backend.ttl import Clock
 
-__all__ = ["LocalRunner"]
+__all__ = ["LocalRunner", "checkpoint_settings"]
+
+
+def checkpoint_settings(config: StatetierConfig | None) -> CheckpointSettings:
+    """The checkpoint pipeline's settings from the configuration (defaults without one)."""
+    if config is None:
+        return CheckpointSettings()
+    return CheckpointSettings(
+        upload_concurrency=config.checkpoint_upload_concurrency,
+        retained=config.checkpoint_retained,
+        delta_trigger=config.compaction_delta_trigger,
+        size_ratio=config.compaction_size_ratio,
+    )
 
 
 class LocalRunner:
@@ -36,8 +49,11 @@ class LocalRunner:
         checkpoint_uri: str | None = None,
         clock: Clock | None = None,
         config: StatetierConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.store = SnapshotStore(checkpoint_uri) if checkpoint_uri else None
+        self.store = (
+            SnapshotStore(checkpoint_uri, **(storage_options or {})) if checkpoint_uri else None
+        )
         epochs = self.store.epochs() if self.store else []
         self.last_epoch = epochs[-1] if epochs else 0
         if epochs and self.store is not None:
@@ -64,11 +80,21 @@ class LocalRunner:
             )
             for index in range(parallelism)
         ]
+        # The first checkpoint takes the writer lease, which fences any earlier writer.
+        self.checkpointer = (
+            Checkpointer(
+                self.store, [i.writer for i in self.instances], checkpoint_settings(config)
+            )
+            if self.store is not None
+            else None
+        )
 
     def close(self) -> None:
         """Release every instance's spill files."""
         for instance in self.instances:
             instance.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
 
     @property
     def restored_epoch(self) -> int:
@@ -97,14 +123,20 @@ class LocalRunner:
         return out
 
     def checkpoint(self) -> Manifest:
-        """End the epoch: snapshot every instance, then commit the manifest."""
-        if self.store is None:
+        """End the epoch: snapshot every instance, upload, commit; wait for the commit."""
+        return self.checkpoint_async().result()
+
+    def checkpoint_async(self) -> concurrent.futures.Future[Manifest]:
+        """End the epoch: copy every instance's state out now, upload and commit it in the
+        background (processing may go on); the future holds the committed manifest."""
+        if self.checkpointer is None:
             raise RuntimeError("the runner has no checkpoint_uri")
         epoch = self.last_epoch + 1
-        parts = [instance.snapshot(epoch) for instance in self.instances]
-        manifest = commit_snapshot(self.store, epoch, parts)
+        for instance in self.instances:
+            instance.before_snapshot(epoch)
+        future = self.checkpointer.begin(epoch)
         self.last_epoch = epoch
-        return manifest
+        return future
 
     def run_epoch(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
         """Process one epoch of records and commit it."""

@@ -22,9 +22,9 @@ from statetier.backend.operator_state import (
 from statetier.backend.snapshot import (
     SnapshotStore,
     SubtaskSnapshot,
+    SubtaskWriter,
     restore_keyed_state,
     restore_operator_state,
-    snapshot_subtask,
 )
 from statetier.backend.ttl import Clock
 
@@ -53,11 +53,15 @@ class OperatorInstance:
         self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=clock)
         self.operator = OperatorStateBackend(index, parallelism)
         self.store = store
+        # Snapshots of this instance: full, or deltas on the chains of its own range.
+        incremental = config.checkpoint_incremental if config is not None else True
+        self.writer = SubtaskWriter(self.keyed, self.operator, incremental=incremental)
         restored = store is not None and restore_epoch is not None
         if restored:
             assert store is not None
-            restore_keyed_state(store, self.keyed, restore_epoch)
-            restore_operator_state(store, self.operator, restore_epoch)
+            manifest = restore_keyed_state(store, self.keyed, restore_epoch)
+            restore_operator_state(store, self.operator, manifest.epoch)
+            self.writer.restored_from(manifest)
         # The spill tier (spill.enabled): moves cold key groups of self.keyed to disk.
         self.spill: SpillManager | None = None
         if config is not None and config.spill_enabled:
@@ -84,14 +88,21 @@ class OperatorInstance:
                 out.extend(result)
         return out
 
-    def snapshot(self, epoch: int) -> SubtaskSnapshot:
-        """Write this instance's state for ``epoch`` (not yet committed)."""
-        if self.store is None:
-            raise RuntimeError("this instance has no snapshot store")
+    def before_snapshot(self, epoch: int) -> None:
+        """Let the function move its working data into state (``snapshot_state``)."""
         hook = getattr(self.function, "snapshot_state", None)
         if hook is not None:
             hook(FunctionSnapshotContext(epoch))
-        return snapshot_subtask(self.store, epoch, self.keyed, self.operator)
+
+    def snapshot(self, epoch: int, owner: str = "w") -> SubtaskSnapshot:
+        """Write this instance's full state for ``epoch`` now (not yet committed)."""
+        if self.store is None:
+            raise RuntimeError("this instance has no snapshot store")
+        self.before_snapshot(epoch)
+        prepared = self.writer.prepare(self.store, epoch, owner, full=True)
+        for upload in prepared.uploads:
+            self.store.write(upload.entry.path, upload.data)
+        return prepared.snapshot
 
     def close(self) -> None:
         """Release what the instance holds outside the heap (spill files)."""

@@ -67,7 +67,7 @@ class Checkpointer:
         self.store = store
         self.writers = list(writers)
         self.settings = settings or CheckpointSettings()
-        self.lease = lease or store.acquire_writer()
+        self._lease = lease  # taken at the first checkpoint: readers never fence a writer
         self.compactor: Compactor = compactor or LocalCompactor(filesystem=store.fs)
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             self.settings.upload_concurrency, thread_name_prefix="statetier-upload"
@@ -82,6 +82,12 @@ class Checkpointer:
         self._fenced: BaseException | None = None
         self._lock = threading.Lock()
         self._background_jobs: list[concurrent.futures.Future[None]] = []
+
+    @property
+    def lease(self) -> WriterLease:
+        if self._lease is None:
+            self._lease = self.store.acquire_writer()
+        return self._lease
 
     @property
     def owner(self) -> str:
@@ -118,6 +124,7 @@ class Checkpointer:
                     )
                 for future in uploads:
                     future.result()
+                self._check_uploaded(prepared)
                 manifest = commit_snapshot(self.store, epoch, snapshots, self.lease)
             except BaseException as exc:
                 for future in uploads:
@@ -135,6 +142,17 @@ class Checkpointer:
             return manifest
 
         return self._committer.submit(commit)
+
+    def _check_uploaded(self, prepared: Sequence[PreparedSubtask]) -> None:
+        """Never name a file the storage does not show: re-upload what a listing misses."""
+        files = {f.entry.path: f for p in prepared for f in p.uploads}
+        missing = self.store.missing([f.entry for f in files.values()])
+        for entry in missing:
+            log.warning("uploaded file %s is not listed; uploading it again", entry.path)
+            self.store.write(entry.path, files[entry.path].data)
+        still = self.store.missing([files[e.path].entry for e in missing])
+        if still:
+            raise CheckpointError(f"uploaded files are missing from storage: {still[0].path}")
 
     def checkpoint(self, epoch: int, *, full: bool = False) -> Manifest:
         """Prepare, upload and commit ``epoch``, waiting for the commit."""

@@ -227,3 +227,18 @@ def decode_operator_file(data: bytes, path: str) -> dict[str, dict[str, Any]]:
         )
     states: dict[str, dict[str, Any]] = msgpack.unpackb(payload)
     return states
+
+
+def diagnose(data: bytes, path: str) -> str | None:
+    """Which part of a damaged file is damaged (header, index, footer or the block of a key
+    group), found by checking each part's own checksum; None when every part checks out."""
+    try:
+        if data[:8] == OPS_MAGIC:
+            decode_operator_file(data, path)
+        else:
+            DataFileReader(data, path).verify()
+    except CorruptFileError as exc:
+        return exc.problem
+    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
+        return f"unreadable: {exc}"
+    return None

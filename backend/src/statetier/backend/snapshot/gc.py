@@ -31,7 +31,7 @@ def collect_garbage(
     *,
     protect: Iterable[str] = (),
     dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> GcReport:
     """Delete what the last ``retained`` committed epochs do not need."""
     if retained < 1:

@@ -17,7 +17,7 @@ from statetier.backend.keyed_backend import (
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend, Redistribution, even_split
 from statetier.backend.snapshot.commit import SnapshotError
-from statetier.backend.snapshot.format import DataFileReader, decode_operator_file
+from statetier.backend.snapshot.format import BASE, DataFileReader, decode_operator_file
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.serialize import merge_pairs
 from statetier.backend.snapshot.store import SnapshotStore
@@ -45,11 +45,11 @@ def read_key_groups(
         if state not in restored:
             raise SnapshotError(f"the manifest names files of state {state!r} it does not list")
         target = restored[state].entries
-        if len(readers) == 1:
+        if len(readers) == 1 and readers[0].kind == BASE:  # a base has no tombstones
             for key_group in overlap:
                 pairs = readers[0].read_block(key_group)
                 if pairs:
-                    target[key_group] = [(k, v) for k, v in pairs if v is not None]
+                    target[key_group] = pairs  # type: ignore[assignment]
             continue
         for key_group in overlap:
             merged = merge_pairs((r.kind, r.read_block(key_group)) for r in readers)

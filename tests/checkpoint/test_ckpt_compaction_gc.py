@@ -1,0 +1,156 @@
+"""Local compaction (count and size-ratio triggers) never changes what a restore returns;
+retention keeps the last N epochs and deletes every file none of them names; the Compactor
+interface speaks JSON-serializable requests and results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from statetier.backend.config import load_config
+from statetier.backend.local_runner import LocalRunner
+from statetier.backend.snapshot import (
+    CompactionRequest,
+    CompactionResult,
+    CorruptFileError,
+    LocalCompactor,
+    SnapshotStore,
+)
+from statetier.backend.snapshot.compaction import CompactionError, make_request
+from statetier.backend.snapshot.gc import collect_garbage
+from statetier.backend.snapshot.store import epoch_of
+from statetier.backend.snapshot.verify import verify_store
+
+from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
+
+
+def make(
+    location: Location, parallelism: int = 2, config: dict[str, object] | None = None
+) -> LocalRunner:
+    return LocalRunner(
+        Accumulate,
+        parallelism,
+        max_parallelism=MAX_P,
+        checkpoint_uri=location.uri,
+        storage_options=location.options,
+        config=load_config(config or {}),
+    )
+
+
+def restored(location: Location, parallelism: int = 3) -> dict[str, Any]:
+    return dump_keyed(make(location, parallelism))
+
+
+def test_count_trigger_compacts_without_changing_restores(location: Location) -> None:
+    live = make(location, config={"compaction.delta-trigger": 3, "compaction.size-ratio": 100.0})
+    compacted_seen = False
+    for epoch in range(1, 9):
+        live.process(records(epoch))
+        manifest = live.checkpoint()
+        live.checkpointer.drain()  # type: ignore[union-attr]
+        assert all(len(c.deltas) <= 3 for c in manifest.chains())
+        compacted_seen |= any("/compacted/" in c.base.path for c in manifest.chains())
+        assert restored(location) == dump_keyed(live), f"epoch {epoch}"
+    assert compacted_seen
+    assert verify_store(location.store()).ok
+
+
+def test_size_ratio_trigger(location: Location) -> None:
+    live = make(location, config={"compaction.delta-trigger": 100, "compaction.size-ratio": 0.3})
+    live.process(records(1, n=100))
+    live.checkpoint()
+    live.process(records(2, n=3000))  # deltas larger than 0.3 x the small bases
+    live.checkpoint()
+    live.checkpointer.drain()  # type: ignore[union-attr]
+    live.process(records(3, n=10))
+    manifest = live.checkpoint()
+    assert any("/compacted/" in c.base.path for c in manifest.chains())
+    assert restored(location) == dump_keyed(live)
+
+
+def test_retention_deletes_what_no_retained_manifest_names(location: Location) -> None:
+    live = make(
+        location,
+        config={
+            "checkpoint.retained": 2,
+            "compaction.delta-trigger": 2,
+            "checkpoint.incremental": True,
+        },
+    )
+    for epoch in range(1, 8):
+        live.process(records(epoch))
+        live.checkpoint()
+        live.checkpointer.drain()  # type: ignore[union-attr]
+    store = location.store()
+    assert store.epochs() == [6, 7]
+    named = {f.path for e in (6, 7) for f in store.manifest(e).files()}
+    for name in store.list_files():
+        if name.startswith("manifests/"):
+            continue
+        file_epoch = epoch_of(name)
+        assert name in named or (file_epoch is not None and file_epoch >= 6), name
+    assert verify_store(store).ok
+    assert restored(location, 1) == dump_keyed(live)
+    # an offline gc keeping one epoch: nothing epoch 7 needs goes
+    report = collect_garbage(store, 1)
+    assert store.epochs() == [7] and report.deleted_manifests == ["manifests/epoch-0000000006.json"]
+    assert verify_store(store).ok
+    assert restored(location, 2) == dump_keyed(live)
+
+
+class JsonCompactor:
+    """What a remote compactor does: the request and result cross a wire as JSON."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self.inner = LocalCompactor(filesystem=store.fs)
+        self.requests: list[dict[str, Any]] = []
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        wire = request.to_json()
+        self.requests.append(__import__("json").loads(wire))
+        result = self.inner.compact(CompactionRequest.from_json(wire))
+        return CompactionResult.from_json(result.to_json())
+
+
+def test_a_compactor_plugs_in_through_json(location: Location) -> None:
+    live = make(location, config={"compaction.delta-trigger": 2, "compaction.size-ratio": 100.0})
+    assert live.checkpointer is not None
+    compactor = JsonCompactor(live.checkpointer.store)
+    live.checkpointer.compactor = compactor
+    for epoch in range(1, 5):
+        live.process(records(epoch))
+        live.checkpoint()
+        live.checkpointer.drain()
+    assert compactor.requests
+    request = compactor.requests[0]
+    assert set(request) >= {"job_id", "inputs", "key_groups", "output_prefix", "format_version"}
+    assert request["inputs"][0]["kind"] == "base" and request["output_prefix"].startswith(
+        location.uri
+    )
+    assert restored(location) == dump_keyed(live)
+
+
+def test_compactor_refuses_bad_input(location: Location) -> None:
+    live = make(location, config={"compaction.delta-trigger": 100})
+    live.process(records(1))
+    live.checkpoint()
+    live.process(records(2))
+    manifest = live.checkpoint()
+    store = location.store()
+    chain = manifest.chains()[0]
+    compactor = LocalCompactor(filesystem=store.fs)
+    request = make_request(store.url, chain.state, chain.files, "data/tmp-out", MAX_P)
+    result = compactor.compact(request)
+    assert result.outputs[0].size > 0 and result.entries > 0
+    newer = CompactionRequest.from_json(
+        request.to_json().replace('"format_version": 2', '"format_version": 99')
+    )
+    with pytest.raises(CompactionError):
+        compactor.compact(newer)
+    lying = make_request(store.url, chain.state, chain.files, "data/tmp-out", MAX_P)
+    first = lying.inputs[0]
+    tampered = CompactionRequest.from_json(
+        lying.to_json().replace(f'"crc32": {first.crc32}', '"crc32": 1', 1)
+    )
+    with pytest.raises(CorruptFileError):
+        compactor.compact(tampered)

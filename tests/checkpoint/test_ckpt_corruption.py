@@ -1,0 +1,111 @@
+"""A flipped byte anywhere in a data file, an operator file or a manifest is found by verify and
+by restore, with a message that names the file and the damaged part (block, index, header)."""
+
+from __future__ import annotations
+
+import pytest
+from statetier.backend import KeyedStateBackend, KeyGroupRange, OperatorStateBackend
+from statetier.backend.local_runner import LocalRunner
+from statetier.backend.snapshot import (
+    CorruptFileError,
+    SnapshotStore,
+    restore_keyed_state,
+    restore_operator_state,
+)
+from statetier.backend.snapshot.format import DataFileReader
+from statetier.backend.snapshot.verify import verify_store
+
+from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, records
+
+PARTS = ("block of key group", "header", "index", "footer", "magic", "format version")
+
+
+def committed(location: Location) -> SnapshotStore:
+    live = LocalRunner(
+        Accumulate,
+        2,
+        max_parallelism=MAX_P,
+        checkpoint_uri=location.uri,
+        storage_options=location.options,
+    )
+    live.process(records(1, n=200, keys=60))
+    live.checkpoint()
+    live.process(records(2, n=50, keys=60))
+    live.checkpoint()  # epoch 2: bases of epoch 1 plus deltas
+    live.close()
+    store: SnapshotStore = location.store()
+    return store
+
+
+def positions(size: int, extra: tuple[int, ...] = ()) -> list[int]:
+    stride = max(1, size // 24)
+    return sorted({*range(0, size, stride), *(p % size for p in extra), size - 1})
+
+
+def restore_all(store: SnapshotStore) -> None:
+    restore_keyed_state(store, KeyedStateBackend(KeyGroupRange.of(MAX_P), MAX_P))
+    restore_operator_state(store, OperatorStateBackend(0, 1))
+
+
+def check_flips(
+    store: SnapshotStore, name: str, extra: tuple[int, ...], parts: tuple[str, ...]
+) -> None:
+    path = store.full_path(name)
+    original: bytes = store.fs.cat_file(path)
+    try:
+        for pos in positions(len(original), extra):
+            damaged = bytearray(original)
+            damaged[pos] ^= 0x20
+            store.fs.pipe_file(path, bytes(damaged))
+            report = verify_store(store, [2])
+            assert not report.ok, f"flip at {pos} of {name} not found by verify"
+            assert any(path in p and any(part in p for part in parts) for p in report.problems), (
+                pos,
+                report.problems,
+            )
+            with pytest.raises(CorruptFileError) as err:
+                restore_all(store)
+            assert err.value.path == path
+            assert any(part in str(err.value) for part in parts), (pos, str(err.value))
+    finally:
+        store.fs.pipe_file(path, original)
+    assert verify_store(store).ok
+
+
+def test_flipped_bytes_in_a_data_file(location: Location) -> None:
+    store = committed(location)
+    manifest = store.manifest(2)
+    entry = max((f for f in manifest.keyed_files if f.state == "residues"), key=lambda f: f.size)
+    reader = DataFileReader(store.read(entry), entry.path)
+    first_block = min(e.offset for e in reader.index.values())
+    check_flips(store, entry.path, (first_block, first_block + 1, -9, -17, -30), PARTS)
+
+
+def test_flipped_bytes_in_a_delta_file(location: Location) -> None:
+    store = committed(location)
+    entry = next(f for f in store.manifest(2).keyed_files if f.kind == "delta")
+    check_flips(store, entry.path, (), PARTS)
+
+
+def test_flipped_bytes_in_an_operator_file(location: Location) -> None:
+    store = committed(location)
+    entry = store.manifest(2).operator_files[0]
+    check_flips(store, entry.path, (), ("operator state", "magic", "format version"))
+
+
+def test_flipped_bytes_in_a_manifest(location: Location) -> None:
+    store = committed(location)
+    name = store.manifest_name(2)
+    path = store.full_path(name)
+    original: bytes = store.fs.cat_file(path)
+    for pos in positions(len(original)):
+        damaged = bytearray(original)
+        damaged[pos] ^= 0x01
+        store.fs.pipe_file(path, bytes(damaged))
+        report = verify_store(store, [2])
+        assert not report.ok and path in report.problems[0], (pos, report.problems)
+        with pytest.raises(CorruptFileError) as err:
+            restore_all(store)
+        assert err.value.path == path and "manifest" in str(err.value)
+    store.fs.pipe_file(path, original)
+    assert verify_store(store).ok
