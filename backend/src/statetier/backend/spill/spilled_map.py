@@ -31,6 +31,7 @@ nothing moved since. The memo holds a location, never a value: the key group sta
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
@@ -131,6 +132,7 @@ class SpilledMap(MutableMapping[Any, Any]):
         self._tail = 0
         self._gen = 0  # bumped whenever a memoized slot may have become stale
         self._memo: tuple[Any, int, int, int, bytes, int] = _NO_MEMO
+        self._at: tuple[mmap.mmap, int, int, mmap.mmap, int]
         records = []
         kbytes = self._key_bytes
         for key, value in items:
@@ -176,11 +178,19 @@ class SpilledMap(MutableMapping[Any, Any]):
         new_data.mm[o : o + len(log)] = log
         self._release_regions()
         self._index, self._data = new_index, new_data
+        new_index.moved = new_data.moved = self._locate
         self._mask = mask
         self._max_used = int(slots * MAX_LOAD)
         self._used = self._live = len(records)
         self.live_bytes = self._tail = len(log)
         self._gen += 1
+        self._locate()
+
+    def _locate(self) -> None:
+        """Cache where the regions are, for the per-record read (redone when they move)."""
+        index, data = self._index, self._data
+        assert index is not None and data is not None
+        self._at = (index.mm, index.offset, self._mask, data.mm, data.offset - 1)
 
     def _live_records(self) -> list[tuple[int, bytes, bytes]]:
         """``(hash, key bytes, value bytes)`` of every live record, straight from the log."""
@@ -246,10 +256,7 @@ class SpilledMap(MutableMapping[Any, Any]):
         # _find inlined: this is the per-record read of every spilled key
         kb = key.encode() if type(key) is str else _OTHER + self._kdumps(key)
         h = _hash(kb)
-        index, data = self._index, self._data
-        assert index is not None and data is not None
-        mm, base, mask = index.mm, index.offset, self._mask
-        dm, dbase = data.mm, data.offset - 1
+        mm, base, mask, dm, dbase = self._at
         klen = len(kb)
         i = h & mask
         tomb = -1
@@ -288,12 +295,11 @@ class SpilledMap(MutableMapping[Any, Any]):
             memo = self._memo
             if memo[0] is key and memo[1] == self._gen and memo[3] == _FOUND:
                 # the write after a read of the same key: overwrite in place if it fits
-                index, data = self._index, self._data
-                assert index is not None and data is not None
-                _, loc, klen, vlen = _slot_at(index.mm, index.offset + memo[2] * SLOT_SIZE)
-                if vlen == len(vb) and not data.pins:
-                    start = data.offset - 1 + loc + klen
-                    data.mm[start : start + vlen] = vb
+                mm, base, _, dm, dbase = self._at
+                _, loc, klen, vlen = _slot_at(mm, base + memo[2] * SLOT_SIZE)
+                if vlen == len(vb) and not self._data.pins:  # type: ignore[union-attr]
+                    start = dbase + loc + klen
+                    dm[start : start + vlen] = vb
                     return
             self._put(key, vb)
         except (SpaceUnavailableError, SerializationError) as exc:

@@ -43,11 +43,11 @@ class SpaceUnavailableError(OSError):
 class Region:
     """``size`` bytes at ``offset`` of a chunk's mapping; moved by compaction, pinned by views.
 
-    Owners read ``mm`` and ``offset`` on every access instead of caching them, which is what
-    lets the allocator relocate a region without telling its owner.
+    An owner that caches ``mm`` and ``offset`` sets ``moved``, which compaction calls after it
+    relocated the region.
     """
 
-    __slots__ = ("chunk", "mm", "offset", "pins", "retired", "size")
+    __slots__ = ("chunk", "mm", "moved", "offset", "pins", "retired", "size")
 
     def __init__(self, chunk: Chunk, offset: int, size: int) -> None:
         self.chunk = chunk
@@ -56,6 +56,7 @@ class Region:
         self.size = size
         self.pins = 0  # open snapshot views reading this region
         self.retired = False  # released by its owner while pinned: freed at the last unpin
+        self.moved: Callable[[], None] | None = None  # told after compaction moved the region
 
 
 class Chunk:
@@ -264,6 +265,8 @@ class SpillStorage:
                         chunk.give(region.offset, region.size)
                         region.chunk, region.mm, region.offset = target, target.mm, offset
                         target.regions.add(region)
+                        if region.moved is not None:
+                            region.moved()
                         break
             if not chunk.regions:
                 self.chunks.remove(chunk)
