@@ -259,3 +259,35 @@ def test_health_and_readiness(procs: Processes, prefix: str) -> None:
     wait_for("ready", lambda: call_json("GET", f"{gateway}/readyz")[0] == 200)
     worker.send_signal(signal.SIGKILL)
     wait_for("not ready", lambda: call_json("GET", f"{gateway}/readyz")[0] == 503, timeout=10)
+
+
+def test_configuration_selects_the_remote_compactor(
+    procs: Processes, seaweed: SeaweedFS, prefix: str
+) -> None:
+    from statetier.backend.compaction_client import compactor_for
+    from statetier.backend.config import load_config
+    from statetier.backend.snapshot import SnapshotStore
+
+    gateway, _ = procs.gateway([prefix], *FAST)
+    procs.worker(gateway, [prefix])
+    store = SnapshotStore(f"{prefix}/cfg", **seaweed.options)
+    assert isinstance(compactor_for(load_config({}, env={}), store), LocalCompactor)
+    config = load_config(
+        {"compaction.endpoints": f"http://127.0.0.1:1, {gateway}", "compaction.timeout": "20s"},
+        env={"STATETIER_COMPACTION_FAILURE_STRATEGY": "fail", "STATETIER_COMPACTION_RETRIES": "1"},
+    )
+    remote = compactor_for(config, store)
+    assert isinstance(remote, RemoteCompactor)
+    assert remote.endpoints == ("http://127.0.0.1:1", gateway) and remote.retries == 1
+    (request,) = chain_requests(f"{prefix}/cfg", seaweed.options, keys=30, n=40)[:1]
+    result = remote.compact(request)  # the dead first endpoint costs one retry
+    assert result.outputs and remote.remote_jobs == 1 and remote.fallbacks == 0
+
+
+@pytest.mark.slow
+def test_benchmark_runs_and_reports_its_figures() -> None:
+    from statetier.compaction.bench import run
+
+    figures = run(keys=5000, deltas=2, value_size=50, repeats=1)
+    assert figures["input_bytes"] > figures["output_bytes"] > 0
+    assert figures["ratio_to_raw"] > 0 and 0 < figures["cpu_share_moved_off"] <= 1

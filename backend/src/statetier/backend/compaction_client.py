@@ -39,13 +39,14 @@ from statetier.backend.snapshot.compaction import (
     Compactor,
     LocalCompactor,
 )
+from statetier.backend.snapshot.store import SnapshotStore
 
 __all__ = [
     "RemoteCompactor",
     "RemoteRefusedError",
     "ServiceError",
     "call_json",
-    "compactor_from_config",
+    "compactor_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -237,11 +238,13 @@ class RemoteCompactor:
         return CompactionResult(request.job_id, outputs, int(raw.get("entries") or 0))
 
 
-def compactor_from_config(config: StatetierConfig, local: Compactor) -> Compactor:
-    """``local`` when no endpoint is configured, else a :class:`RemoteCompactor` that falls
-    back to ``local`` (if the failure strategy says so)."""
-    endpoints = tuple(config.compaction_endpoints)
-    if not endpoints:
+def compactor_for(config: StatetierConfig | None, store: SnapshotStore) -> Compactor:
+    """The compactor a checkpointer of ``store`` uses: local (through the store's own
+    filesystem) unless ``compaction.endpoints`` names gateways; then remote, falling back to
+    local when ``compaction.failure-strategy`` is ``fallback``."""
+    local = LocalCompactor(filesystem=store.fs)
+    endpoints = tuple(config.compaction_endpoints) if config is not None else ()
+    if config is None or not endpoints:
         return local
     return RemoteCompactor(
         endpoints,

@@ -231,8 +231,17 @@ class Worker:
             prefix = f"{request.output_prefix.rstrip('/')}/{request.job_id}-a{running.attempt}"
             running.files = _JobFiles(prefix, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files)
+            started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
             answer["result"] = json.loads(result.to_json())
+            log.info(
+                "job %s attempt %d: %d bytes in, %d out, %.3f s",
+                request.job_id,
+                running.attempt,
+                running.files.bytes_read,
+                sum(o.size for o in result.outputs),
+                time.perf_counter() - started,
+            )
         except JobDroppedError:
             answer = {}
         except (RefusedPathError, CorruptFileError, CompactionError, FileNotFoundError) as exc:
