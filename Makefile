@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/statetier bench state
 	$(BIN)/statetier bench wordcount
 	$(BIN)/statetier bench checkpoint
+	$(BIN)/statetier bench compaction
 
 docs: $(STAMP)
 	$(BIN)/statetier config docs > docs/configuration.md

@@ -25,7 +25,11 @@ from statetier.compaction.testing import Processes, SeaweedFS, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 
+from statetier.backend.local_runner import LocalRunner
+
 from tests.compaction.compaction_support import (
+    MAX_P,
+    SumAndLast,
     chain_requests,
     dump,
     expected,
@@ -282,6 +286,27 @@ def test_configuration_selects_the_remote_compactor(
     (request,) = chain_requests(f"{prefix}/cfg", seaweed.options, keys=30, n=40)[:1]
     result = remote.compact(request)  # the dead first endpoint costs one retry
     assert result.outputs and remote.remote_jobs == 1 and remote.fallbacks == 0
+    # the local runner's checkpointer takes its compactor from the same configuration
+    live = runner(f"{prefix}/cfg-runner", seaweed.options)
+    configured = LocalRunner(
+        SumAndLast,
+        2,
+        max_parallelism=MAX_P,
+        checkpoint_uri=f"{prefix}/cfg-runner2",
+        storage_options=seaweed.options,
+        config=load_config({"compaction.endpoints": gateway, "compaction.delta-trigger": 2}),
+    )
+    assert configured.checkpointer is not None and live.checkpointer is not None
+    assert isinstance(live.checkpointer.compactor, LocalCompactor)
+    chosen = configured.checkpointer.compactor
+    assert isinstance(chosen, RemoteCompactor)
+    for epoch in range(1, 4):
+        configured.process(records(3, epoch))
+        configured.checkpoint()
+        configured.checkpointer.drain()
+    assert chosen.remote_jobs >= 2 and chosen.fallbacks == 0
+    configured.close()
+    live.close()
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ BENCHMARKS = {
     "state": "statetier.backend.bench.state_ops",
     "wordcount": "statetier.backend.bench.wordcount",
     "checkpoint": "statetier.backend.bench.checkpoint",
+    "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
 }
 
 

@@ -12,6 +12,7 @@ import concurrent.futures
 from collections.abc import Iterable
 from typing import Any
 
+from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.keygroups import (
     assign_to_key_group,
@@ -83,7 +84,10 @@ class LocalRunner:
         # The first checkpoint takes the writer lease, which fences any earlier writer.
         self.checkpointer = (
             Checkpointer(
-                self.store, [i.writer for i in self.instances], checkpoint_settings(config)
+                self.store,
+                [i.writer for i in self.instances],
+                checkpoint_settings(config),
+                compactor=compactor_for(config, self.store),  # remote if compaction.endpoints
             )
             if self.store is not None
             else None
