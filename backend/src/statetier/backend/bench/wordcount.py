@@ -48,6 +48,10 @@ from statetier.backend.workloads import zipf_words
 
 MAX_PARALLELISM = 128
 SPILL_TARGET = 0.57  # share of key groups spilled in FLIP-50's experiment
+# Heap state put over the spill threshold to get there. Less than SPILL_TARGET because the monitor
+# also sees the rest of the process grow with the state (dict tables resize in steps, the change
+# log holds every key of the batch): with 0.57 here about 68-72% ended on disk.
+BUDGET_SHARE = 0.47
 TARGET_VS_HEAP = 0.5
 TARGET_VS_ROCKSDICT = 2.0
 GC_HEAP_PAUSE = 0.3
@@ -126,9 +130,9 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     spill_dir = tempfile.mkdtemp(prefix="statetier-bench-")
     if mode == "spilled":
         # The heap run says what the monitor's usage would be at the end with everything on
-        # heap; a spill threshold SPILL_TARGET of the heap state below that leaves about that
-        # share of the key groups on disk.
-        budget = int((args.heap_usage - SPILL_TARGET * args.heap_bytes) / 0.5)
+        # heap; a spill threshold BUDGET_SHARE of the heap state below that leaves about
+        # SPILL_TARGET of the key groups on disk (the result is measured and reported).
+        budget = int((args.heap_usage - BUDGET_SHARE * args.heap_bytes) / 0.5)
         config = load_config(
             {
                 "spill.enabled": True,
@@ -432,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gc-keys", type=int, default=300_000, help="keys of the GC case (0 skips it)"
     )
-    parser.add_argument("--check-interval", type=float, default=0.05)
+    parser.add_argument("--check-interval", type=float, default=0.1)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--verbose", action="store_true", help="show the children's logs")
     parser.add_argument("--mode", help=argparse.SUPPRESS)

@@ -109,6 +109,7 @@ class SpillManager:
         self.spilled: dict[int, dict[str, SpilledMap]] = {}  # slot -> state name -> map
         self.decisions: collections.deque[Decision] = collections.deque(maxlen=1000)
         self.spill_failures = 0
+        self._sampled: dict[int, tuple[int, float]] = {}  # slot -> (entries, bytes per entry)
         self._reported = {"heap": 0, "spilled": 0, "disk": 0, "kg_heap": 0, "kg_disk": 0}
         self._failure_logged: set[str] = set()
         self.closed = False
@@ -273,15 +274,30 @@ class SpillManager:
     # ------------------------------------------------------------------ the check
 
     def refresh_accounting(self) -> None:
-        """Fold hits into rates, re-sample heap sizes, re-read exact spilled sizes."""
+        """Fold hits into rates, refresh heap sizes, re-read exact spilled sizes.
+
+        A heap size is entry count x bytes per entry; the count is read every time (``len``),
+        the bytes per entry are re-sampled only when the count moved by a quarter since the last
+        sample: sampling every key group at every check would cost more than the check.
+        """
         acc = self.accounting
         acc.fold(time.monotonic())
         backend = self.backend
+        tables = list(backend.tables.values())
+        sampled = self._sampled
         for slot in range(acc.slots):
             maps = self.spilled.get(slot)
             if maps is None:
-                acc.heap_bytes[slot] = backend.estimate_size(self._first + slot)
+                count = sum(len(table.maps[slot]) for table in tables)
+                then, per_entry = sampled.get(slot, (0, 0.0))
+                if not count or abs(count - then) * 4 > then:
+                    size = backend.estimate_size(self._first + slot)
+                    sampled[slot] = (count, size / count if count else 0.0)
+                    acc.heap_bytes[slot] = size
+                else:
+                    acc.heap_bytes[slot] = int(count * per_entry)
             else:
+                sampled.pop(slot, None)
                 acc.spilled_bytes[slot] = sum(m.live_bytes for m in maps.values())
         self._update_metrics()
 
