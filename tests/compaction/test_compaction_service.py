@@ -20,12 +20,11 @@ from typing import Any
 import fsspec
 import pytest
 from statetier.backend.compaction_client import RemoteCompactor, call_json
+from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.compaction import CompactionError, LocalCompactor
 from statetier.compaction.testing import Processes, SeaweedFS, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
-
-from statetier.backend.local_runner import LocalRunner
 
 from tests.compaction.compaction_support import (
     MAX_P,

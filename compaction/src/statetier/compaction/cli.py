@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 TOKEN_ENV = "STATETIER_COMPACTION_TOKEN"
 
@@ -66,7 +66,8 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the operator's Deployments are tested against it)."""
     parser = argparse.ArgumentParser(prog="statetier-compaction", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -99,7 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     wk.add_argument("--max-read-rate", type=float, default=0.0, help="input bytes/s, 0: no cap")
     wk.add_argument("--worker-id", default=None)
     wk.set_defaults(func=_worker)
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"

@@ -142,6 +142,17 @@ def _storage_env(spec: Obj) -> list[Obj]:
     return env
 
 
+def _token_env(spec: Obj) -> list[Obj]:
+    """The shared API token of the service, from a Secret, as the backend's setting
+    ``compaction.token`` reads it (clients set the same variable)."""
+    ref = spec.get("tokenSecretRef")
+    if not ref:
+        return []
+    key = ref.get("key", "token")
+    selector = {"secretKeyRef": {"name": ref["name"], "key": key}}
+    return [{"name": "STATETIER_COMPACTION_TOKEN", "valueFrom": selector}]
+
+
 def _prefix_args(spec: Obj) -> list[str]:
     # Command-line flags, not STATETIER_* variables: the backend's configuration loader
     # rejects unknown variables under that prefix, and the compaction image runs it.
@@ -203,7 +214,7 @@ def desired_objects(body: Obj) -> list[Obj]:
     common = {
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
-        "env": _storage_env(spec),
+        "env": _storage_env(spec) + _token_env(spec),
     }
     gateway_container: Obj = {
         **common,
