@@ -257,10 +257,14 @@ class TtlMapState(_TtlHandle, MapState[Any, Any]):
         entries = self._entries()
         if not entries or user_key not in entries:
             return False
-        if self._ttl.expired(entries[user_key][1], now):
+        value, stamp = entries[user_key]
+        if self._ttl.expired(stamp, now):
             del entries[user_key]
             self._store(entries)
             return self._return_expired
+        if self._update_on_read:  # a read like get(), as in Flink (contains is get != null)
+            entries[user_key] = (value, now)
+            self._store(entries)
         return True
 
     def items(self) -> Iterator[tuple[Any, Any]]:
