@@ -18,9 +18,11 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Sequence
 
+from statetier.backend import metrics as backend_metrics
 from statetier.backend.snapshot.commit import commit_snapshot
 from statetier.backend.snapshot.compaction import (
     Compactor,
@@ -111,6 +113,8 @@ class Checkpointer:
             for f in p.uploads
         ]
         snapshots = [p.snapshot for p in prepared]
+        started = time.monotonic()
+        size = sum(len(f.data) for p in prepared for f in p.uploads)
 
         def commit() -> Manifest:
             try:
@@ -135,9 +139,11 @@ class Checkpointer:
                         self._fenced = exc
                     for writer in self.writers:
                         writer.reset()
+                backend_metrics.checkpoint_failed()
                 if isinstance(exc, CheckpointError):
                     raise
                 raise CheckpointError(f"epoch {epoch} was not committed: {exc}") from exc
+            backend_metrics.checkpoint_committed(time.monotonic() - started, size)
             self._after_commit(manifest)
             return manifest
 

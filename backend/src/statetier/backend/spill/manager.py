@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import StatetierConfig
 from statetier.backend.descriptors import StateKind
 from statetier.backend.keyed_backend import KeyedStateBackend
@@ -135,6 +136,7 @@ class SpillManager:
             )
         )
         metrics.serve_metrics(config.metrics_port)
+        backend_metrics.watch_spill_dirs(dirs)
         return cls(backend, storage, monitor, size_weight=config.spill_size_weight)
 
     # ------------------------------------------------------------------ per record

@@ -1,0 +1,139 @@
+"""Process-wide Prometheus metrics of the backend outside the spill tier (prefix ``statetier_``).
+
+The spill tier has its own series (:mod:`statetier.backend.spill.metrics`, which also starts the
+endpoint on ``metrics.port``). This module holds the rest, each behind a one-line call so the
+owning code stays small:
+
+* checkpoints: :func:`checkpoint_committed` / :func:`checkpoint_failed` (duration, size,
+  outcome, time of the last commit, for the "stale" alert);
+* state locality: :func:`warm_hit` / :func:`cold_restore` (a key-group range found warm in the
+  process, or restored from tier 2), for the warm-hit rate;
+* spill volumes: :func:`watch_spill_dirs` registers the spill directories; their capacity and
+  free bytes are read with ``statvfs`` at each scrape, for the "spill volume nearly full" alert.
+
+Dashboards and alerts use only the names in :data:`METRIC_NAMES` and the spill tier's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "METRIC_NAMES",
+    "checkpoint_committed",
+    "checkpoint_failed",
+    "cold_restore",
+    "warm_hit",
+    "watch_spill_dirs",
+]
+
+CHECKPOINT_SECONDS = Histogram(
+    "statetier_checkpoint_duration_seconds",
+    "Start of an epoch checkpoint to its manifest being committed.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+CHECKPOINT_SIZE = Histogram(
+    "statetier_checkpoint_size_bytes",
+    "Bytes written to object storage by one committed checkpoint (data files).",
+    buckets=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26, 1 << 29, 1 << 32),
+)
+CHECKPOINTS = Counter(
+    "statetier_checkpoints", "Epoch checkpoints, by outcome (committed, failed).", ["outcome"]
+)
+LAST_COMMIT = Gauge(
+    "statetier_checkpoint_last_success_timestamp_seconds",
+    "Unix time of the last committed checkpoint of this process (0: none yet).",
+)
+WARM_HITS = Counter(
+    "statetier_state_warm_hits",
+    "Key-group ranges whose state was already in this process when a task needed it.",
+)
+COLD_RESTORES = Counter(
+    "statetier_state_cold_restores",
+    "Key-group ranges whose state had to be restored from tier 2 (ownership moved, restart).",
+)
+for _outcome in ("committed", "failed"):
+    CHECKPOINTS.labels(_outcome)
+
+METRIC_NAMES = (
+    "statetier_checkpoint_duration_seconds",
+    "statetier_checkpoint_size_bytes",
+    "statetier_checkpoints_total",
+    "statetier_checkpoint_last_success_timestamp_seconds",
+    "statetier_state_warm_hits_total",
+    "statetier_state_cold_restores_total",
+    "statetier_spill_volume_capacity_bytes",
+    "statetier_spill_volume_free_bytes",
+)
+
+
+def checkpoint_committed(seconds: float, size_bytes: int) -> None:
+    """One checkpoint committed in ``seconds``, having written ``size_bytes``."""
+    CHECKPOINT_SECONDS.observe(seconds)
+    CHECKPOINT_SIZE.observe(size_bytes)
+    CHECKPOINTS.labels("committed").inc()
+    LAST_COMMIT.set(time.time())
+
+
+def checkpoint_failed() -> None:
+    """One checkpoint that did not commit."""
+    CHECKPOINTS.labels("failed").inc()
+
+
+def warm_hit() -> None:
+    WARM_HITS.inc()
+
+
+def cold_restore() -> None:
+    COLD_RESTORES.inc()
+
+
+class _SpillVolumes(Collector):
+    """Capacity and free bytes of the file systems of the registered spill directories."""
+
+    def __init__(self) -> None:
+        self._dirs: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, dirs: Iterable[str]) -> None:
+        with self._lock:
+            self._dirs.update(os.path.abspath(d) for d in dirs)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        capacity = GaugeMetricFamily(
+            "statetier_spill_volume_capacity_bytes",
+            "Size of the file system holding a spill directory.",
+            labels=["dir"],
+        )
+        free = GaugeMetricFamily(
+            "statetier_spill_volume_free_bytes",
+            "Bytes available to this process on the file system of a spill directory.",
+            labels=["dir"],
+        )
+        with self._lock:
+            dirs = sorted(self._dirs)
+        for path in dirs:
+            try:
+                stat = os.statvfs(path)
+            except OSError:
+                continue  # gone or not yet created: no sample rather than a wrong one
+            capacity.add_metric([path], stat.f_blocks * stat.f_frsize)
+            free.add_metric([path], stat.f_bavail * stat.f_frsize)
+        yield capacity
+        yield free
+
+
+_VOLUMES = _SpillVolumes()
+REGISTRY.register(_VOLUMES)
+
+
+def watch_spill_dirs(dirs: Iterable[str]) -> None:
+    """Report the capacity and free space of these spill directories' file systems."""
+    _VOLUMES.add(dirs)

@@ -1,0 +1,479 @@
+"""Helpers of the packaging tests: the chart rendered with helm-python-sdk, and the API
+emulator run in this process so its request log can be read (who called what, with which verb).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "statetier"
+
+# Every optional feature of the chart switched on.
+ALL_ON: dict[str, Any] = {
+    "watchNamespaces": ["spark-jobs", "analytics"],
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "podMonitor": {"enabled": True},
+    },
+    "executorMetrics": {"podMonitor": {"enabled": True, "namespaces": ["spark-jobs"]}},
+    "certManager": {"enabled": True},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "grafana": {"dashboards": {"enabled": True}},
+    "webhooks": {"namespaceSelector": {"matchLabels": {"statetier.io/webhooks": "enabled"}}},
+    "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+}
+
+
+def render(
+    values: dict[str, Any] | None = None, *, namespace: str = "statetier"
+) -> list[dict[str, Any]]:
+    """The chart's manifests for ``values``, as a list of objects (empty documents dropped)."""
+    import helm_python
+
+    with helm_python.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(
+            values or {}, name="statetier", namespace=namespace, is_install=True
+        )
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def notes(values: dict[str, Any] | None = None) -> str:
+    import helm_python
+
+    with helm_python.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values or {}, name="statetier", namespace="statetier")
+    return next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+# ---------------------------------------------------------------------- in-process API emulator
+
+CORE_PATH = re.compile(r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<rest>.+)$")
+GROUP_PATH = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<rest>.+)$"
+)
+
+
+def classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str] | None:
+    """An API request as RBAC sees it: (verb, apiGroup, resource[/subresource], namespace).
+
+    None for non-resource paths (discovery, /version), which every authenticated client may
+    read. A namespace object itself (``/api/v1/namespaces/x``) is the resource ``namespaces``.
+    """
+    path = path.rstrip("/")
+    group = ""
+    match = CORE_PATH.match(path)
+    if match is None:
+        match = GROUP_PATH.match(path)
+        if match is None:
+            return None
+        group = match["group"]
+    parts = match["rest"].split("/")
+    namespace = match["ns"] or ""
+    if match["ns"] is None and parts[0] == "namespaces" and len(parts) == 1:
+        parts = ["namespaces"]
+    if len(parts) > 3:
+        return None
+    resource = parts[0] + (f"/{parts[2]}" if len(parts) == 3 else "")
+    named = len(parts) >= 2
+    method = method.upper()
+    if method == "GET":
+        verb = "watch" if query.get("watch") in ("true", "1") else ("get" if named else "list")
+    else:
+        verb = {
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if named else "deletecollection",
+        }[method]
+    return verb, group, resource, namespace
+
+
+def kubeconfig_text(url: str, token: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "u"}},
+            ],
+        }
+    )
+
+
+class ThreadedEmulator:
+    """statetier's API emulator in a thread of this process; its request log stays readable."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.emulator: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        from statetier.operator.testing.emulator import serve
+
+        self._stop = asyncio.Event()
+        async with serve() as (emulator, url):
+            self.emulator, self.url = emulator, url
+            self._ready.set()
+            await self._stop.wait()
+
+    def start(self) -> ThreadedEmulator:
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise RuntimeError("the API emulator did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def requests_by(self, token: str) -> list[tuple[str, str, str, str]]:
+        """Every resource request sent with ``token``, classified as RBAC sees it."""
+        seen = []
+        for request in list(self.emulator._requests):
+            if request.headers.get("Authorization", "") != f"Bearer {token}":
+                continue
+            query = {k: str(v) for k, v in request.params.items()}
+            found = classify(request.method, request.url.path, query)
+            if found is not None:
+                seen.append(found)
+        return seen
+
+
+def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+# ---------------------------------------------------------------------- the operator, as charted
+
+OPERATOR_TOKEN = "statetier-operator"
+TESTER_TOKEN = "tester"
+SPARK_CRD = REPO / "tests" / "operator" / "fixtures" / "sparkapplication-crd.yaml"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments"
+
+
+def chart_operator_args(docs: list[dict[str, Any]]) -> list[str]:
+    """The operator's arguments from the chart's Deployment (after ``statetier-operator``)."""
+    deployment = find(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return [str(a) for a in container["args"]]
+
+
+def loopback_args(
+    args: list[str], *, ports: dict[str, int], certfile: str, keyfile: str
+) -> list[str]:
+    """The chart's arguments with addresses, ports and certificate paths for this machine."""
+    out = list(args)
+    replace = {
+        "--metrics-addr": "127.0.0.1",
+        "--webhook-addr": "127.0.0.1",
+        "--webhook-host": "127.0.0.1",
+        "--metrics-port": str(ports["metrics"]),
+        "--webhook-port": str(ports["webhooks"]),
+        "--liveness": f"http://127.0.0.1:{ports['liveness']}/healthz",
+        "--certfile": certfile,
+        "--keyfile": keyfile,
+    }
+    for i, arg in enumerate(out[:-1]):
+        if arg in replace:
+            out[i + 1] = replace[arg]
+    return out
+
+
+class OperatorRun:
+    """The real operator with the chart's arguments against :class:`ThreadedEmulator`."""
+
+    def __init__(self, emulator: ThreadedEmulator, workdir: Path, args: list[str]) -> None:
+        import subprocess
+        import sys
+
+        from statetier.operator.testing.certs import self_signed
+        from statetier.operator.testing.processes import free_port
+
+        self.emulator = emulator
+        self.workdir = workdir
+        self.ports = {"metrics": free_port(), "webhooks": free_port(), "liveness": free_port()}
+        certfile, keyfile = self_signed(str(workdir))
+        self.operator_kubeconfig = workdir / "operator.kubeconfig"
+        self.operator_kubeconfig.write_text(kubeconfig_text(emulator.url, OPERATOR_TOKEN))
+        self.kubeconfig = workdir / "tester.kubeconfig"
+        self.kubeconfig.write_text(kubeconfig_text(emulator.url, TESTER_TOKEN))
+        self.args = loopback_args(args, ports=self.ports, certfile=certfile, keyfile=keyfile)
+        self.log = workdir / "operator.log"
+        self._subprocess = subprocess
+        self._python = sys.executable
+        self.proc: Any = None
+
+    def start(self) -> None:
+        import os
+
+        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig)}
+        with open(self.log, "ab") as log:
+            self.proc = self._subprocess.Popen(
+                [self._python, "-m", "statetier.operator.cli", *self.args, "--priority", "7"],
+                stdout=log,
+                stderr=self._subprocess.STDOUT,
+                env=env,
+            )
+        self.wait_for(
+            "the liveness endpoint", lambda: self.http_get(self.ports["liveness"], "/healthz")
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except self._subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    @staticmethod
+    def http_get(port: int, path: str) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as response:
+            return str(response.read().decode())
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        from statetier.operator.testing.processes import kubectl_path
+
+        extra = ["--validate=false"] if args and args[0] in ("apply", "create") else []
+        proc = self._subprocess.run(
+            [kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args[:1], *extra, *args[1:]],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}\n{self.tail()}")
+        return str(proc.stdout + proc.stderr)
+
+    def read(self, group: str, plural: str, namespace: str | None, name: str) -> Any:
+        return self.emulator.emulator.read_object(group, plural, namespace, name)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+    def wait_for(self, what: str, predicate: Any, timeout: float = 20.0) -> Any:
+        import contextlib
+        import time
+
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited:\n{self.tail()}")
+            with contextlib.suppress(Exception):
+                last = predicate()
+                if last:
+                    return last
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what} (last {last!r})\n{self.tail()}")
+
+
+class FlowResult:
+    """What one run of the operator integration flow recorded."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str, str]] = []
+        self.metrics = ""
+        self.wait_output = ""
+        self.status: dict[str, Any] = {}
+        self.generation = 0
+        self.docs: list[dict[str, Any]] = []
+
+
+def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") -> FlowResult:
+    """Install the chart's CRDs, run the operator with the chart's arguments, and drive every
+    API path it has: CompactionService create/ready/scale/drift/autoscaler/delete, an opted-in
+    SparkApplication with its event and finalizer (checkpoint deletion), peering, shutdown."""
+    from statetier.operator.testing.processes import compaction_service_manifest, free_port
+
+    result = FlowResult()
+    docs = render(values)
+    result.docs = docs
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    emulator = ThreadedEmulator().start()
+    run: OperatorRun | None = None
+    try:
+        run = OperatorRun(emulator, workdir, chart_operator_args(docs))
+        crd_file = workdir / "crds.json"
+        crd_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        run.kubectl("apply", "-f", str(crd_file), "-f", str(SPARK_CRD))
+        peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+        peering_file = workdir / "peering.json"
+        peering_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": peerings}))
+        run.kubectl("apply", "-f", str(peering_file))
+        run.start()
+        name = "flow"
+        deploy = DEPLOYMENTS.format(ns=namespace)
+        manifest = json.loads(compaction_service_manifest(name, namespace=namespace))
+        manifest["spec"]["workers"] = {
+            "min": 1,
+            "max": 4,
+            "autoscaling": {
+                "enabled": True,
+                "periodSeconds": 1,
+                "gatewayURL": f"http://127.0.0.1:{free_port()}",
+            },
+        }
+        run.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        for part in ("gateway", "workers"):
+            run.wait_for(
+                f"Deployment {name}-{part}",
+                lambda part=part: run.read("apps", "deployments", namespace, f"{name}-{part}"),
+            )
+        # Play the Deployment controller (the emulator runs none), without the operator's token.
+        for part in ("gateway", "workers"):
+            current = run.read("apps", "deployments", namespace, f"{name}-{part}")
+            replicas = current["spec"]["replicas"]
+            _send(
+                emulator.url,
+                f"{deploy}/{name}-{part}/status",
+                {
+                    "status": {
+                        "observedGeneration": current["metadata"]["generation"],
+                        "replicas": replicas,
+                        "updatedReplicas": replicas,
+                        "readyReplicas": replicas,
+                        "availableReplicas": replicas,
+                    }
+                },
+            )
+        result.wait_output = run.kubectl(
+            "wait",
+            "--for=condition=Ready",
+            f"compactionservice/{name}",
+            "-n",
+            namespace,
+            "--timeout=30s",
+        )
+        cs = run.read("statetier.io", "compactionservices", namespace, name)
+        result.status, result.generation = cs["status"], cs["metadata"]["generation"]
+        run.wait_for(
+            "the autoscaler's GatewayUnreachable observation",
+            lambda: (
+                (run.read("statetier.io", "compactionservices", namespace, name) or {})
+                .get("status", {})
+                .get("autoscaling", {})
+                .get("reason")
+                == "GatewayUnreachable"
+            ),
+        )
+        run.kubectl("scale", f"compactionservice/{name}", "-n", namespace, "--replicas=3")
+        run.wait_for(
+            "3 workers",
+            lambda: (
+                run.read("apps", "deployments", namespace, f"{name}-workers")["spec"]["replicas"]
+                == 3
+            ),
+        )
+        run.kubectl(
+            "patch",
+            f"compactionservice/{name}",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec": {"gateway": {"port": 8081}}}',
+        )
+        run.wait_for(
+            "the gateway Service on the new port",
+            lambda: (
+                run.read("", "services", namespace, f"{name}-gateway")["spec"]["ports"][0]["port"]
+                == 8081
+            ),
+        )
+        run.kubectl("delete", "deployment", f"{name}-workers", "-n", namespace)
+        run.wait_for(
+            "the worker Deployment recreated",
+            lambda: run.read("apps", "deployments", namespace, f"{name}-workers"),
+        )
+        app = {
+            "apiVersion": "sparkoperator.k8s.io/v1beta2",
+            "kind": "SparkApplication",
+            "metadata": {
+                "name": "flow-app",
+                "namespace": namespace,
+                "annotations": {
+                    "statetier.io/enabled": "true",
+                    "statetier.io/checkpoint-uri": "memory://flow-app/checkpoints",
+                    "statetier.io/checkpoint-retention": "delete",
+                    "statetier.io/status": '{"volume": "emptyDir"}',
+                },
+            },
+            "spec": {"type": "Python", "mode": "cluster", "sparkVersion": "4.0.1"},
+        }
+        run.kubectl("apply", "-f", "-", stdin=json.dumps(app))
+        run.wait_for(
+            "the finalizer",
+            lambda: (
+                "statetier.io/finalizer"
+                in (
+                    run.read("sparkoperator.k8s.io", "sparkapplications", namespace, "flow-app")
+                    or {}
+                )
+                .get("metadata", {})
+                .get("finalizers", [])
+            ),
+        )
+        run.kubectl("delete", "sparkapplication", "flow-app", "-n", namespace, "--timeout=30s")
+        result.metrics = run.http_get(run.ports["metrics"], "/metrics")
+        run.kubectl("delete", "compactionservice", name, "-n", namespace, "--timeout=30s")
+        run.wait_for(
+            "the worker Deployment collected",
+            lambda: run.read("apps", "deployments", namespace, f"{name}-workers") is None,
+        )
+    finally:
+        if run is not None:
+            run.stop()
+        result.requests = emulator.requests_by(OPERATOR_TOKEN)
+        emulator.stop()
+    return result
+
+
+def _send(url: str, path: str, body: Any) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + path,
+        method="PATCH",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
