@@ -56,6 +56,7 @@ KINDS = ("value", "list", "reducing", "aggregating", "map")
 
 SETTINGS = settings(
     max_examples=120,
+    database=None,  # no replays of examples saved by other runs: each run stands alone
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -579,5 +580,5 @@ class OperatorStateMachine(RuleBasedStateMachine):
 
 TestOperatorStateAgainstModel = OperatorStateMachine.TestCase
 TestOperatorStateAgainstModel.settings = settings(
-    max_examples=30, stateful_step_count=25, deadline=None
+    max_examples=30, stateful_step_count=25, deadline=None, database=None
 )
