@@ -13,6 +13,7 @@ exactly (tuples stay tuples, sets stay sets). Anything else is refused with the 
 from __future__ import annotations
 
 import pickle
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,7 +57,17 @@ class MsgpackSerializer:
     id = "msgpack"
 
     def __init__(self) -> None:
-        self._packer = msgpack.Packer(default=self._pack_ext, strict_types=True, use_bin_type=True)
+        # A Packer keeps a buffer between calls, so each thread gets its own: checkpoint
+        # uploads, the spill tier and the state host serialize from several threads.
+        self._local = threading.local()
+
+    @property
+    def _packer(self) -> Any:
+        packer = getattr(self._local, "packer", None)
+        if packer is None:
+            packer = msgpack.Packer(default=self._pack_ext, strict_types=True, use_bin_type=True)
+            self._local.packer = packer
+        return packer
 
     def _pack_ext(self, value: Any) -> msgpack.ExtType:
         # A nested value needs its own Packer: this runs inside self._packer.pack(), and a
@@ -64,9 +75,9 @@ class MsgpackSerializer:
         if isinstance(value, tuple):
             return msgpack.ExtType(_EXT_TUPLE, self._pack_nested(list(value)))
         if isinstance(value, frozenset):
-            return msgpack.ExtType(_EXT_FROZENSET, self._pack_nested(list(value)))
+            return msgpack.ExtType(_EXT_FROZENSET, self._pack_nested(_ordered(value)))
         if isinstance(value, set):
-            return msgpack.ExtType(_EXT_SET, self._pack_nested(list(value)))
+            return msgpack.ExtType(_EXT_SET, self._pack_nested(_ordered(value)))
         raise SerializationError(
             f"the default serializer cannot write {type(value).__name__} values; use "
             "PickleSerializer() in the state descriptor, or convert to a supported type "
@@ -106,6 +117,15 @@ class MsgpackSerializer:
             return msgpack.unpackb(data, ext_hook=self._unpack_ext, strict_map_key=False)
         except (ValueError, msgpack.UnpackException) as exc:
             raise SerializationError(f"malformed msgpack data: {exc}") from None
+
+
+def _ordered(items: set[Any] | frozenset[Any]) -> list[Any]:
+    """A set's elements in a stable order where they can be sorted: a set of strings iterates in
+    an order that depends on PYTHONHASHSEED, and a retried task must write the same bytes."""
+    try:
+        return sorted(items)
+    except TypeError:
+        return list(items)
 
 
 class PickleSerializer:
