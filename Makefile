@@ -13,7 +13,7 @@ $(STAMP): requirements-dev.txt backend/pyproject.toml compaction/pyproject.toml 
 	@scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt \
-		-e backend -e compaction -e operator
+		-e 'backend[spark]' -e compaction -e operator
 	@touch $@
 
 install: $(STAMP)

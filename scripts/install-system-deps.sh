@@ -16,3 +16,14 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# The Spark pipeline (issue 5) runs PySpark, which needs a Java runtime (17).
+if ! command -v java >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "statetier: java is missing (install openjdk-17-jre-headless, or run as root)" >&2
+        exit 1
+    fi
+    echo "statetier: installing openjdk-17-jre-headless"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi

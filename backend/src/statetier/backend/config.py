@@ -376,6 +376,15 @@ SETTINGS: tuple[Setting[Any], ...] = (
         at_least(0.01),
     ),
     Setting(
+        "host.idle-timeout",
+        "duration",
+        parse_duration,
+        600.0,
+        "Spark: how long an executor's state host keeps its warm key-group ranges without a "
+        "task before it exits (state is then restored from the checkpoint).",
+        at_least(1),
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,

@@ -1,0 +1,415 @@
+"""The state host: one long-lived process per executor that keeps key-group ranges warm.
+
+Spark gives Python code no partition affinity (a partition lands on any Python worker, and idle
+workers die), so the state does not live in the workers. The first task of an application on an
+executor starts this process detached, listening on a Unix socket under the executor's local dir;
+every task then streams its records to it and reads the outputs back.
+
+The host keeps one :class:`~statetier.backend.runtime.OperatorInstance` per (pipeline,
+parallelism, range). A task for epoch N names the committed base (epoch N-1 and the token of the
+task attempt whose files that epoch committed for the range); the host uses its warm instance only
+when it is at exactly that version, otherwise it restores the range from tier 2 at the base. That
+makes task retries, speculative attempts, driver re-runs and rescales correct: anything not
+proven current is restored. After processing, the host writes the range's snapshot files under a
+per-attempt owner and a result file the driver collects; the driver commits the epoch.
+
+The host exits after ``spark.host-idle-timeout`` without tasks, when the executor process it
+watches is gone, or on a ``shutdown`` request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection, Listener
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+from statetier.backend.config import load_config
+from statetier.backend.functions import KeyedProcessFunction
+from statetier.backend.runtime import OperatorInstance
+from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.spark.functions import KeyGroupFunction, SparkTask, set_current_task
+from statetier.backend.spark.protocol import BATCH, ERROR, RESULT, read_batch, write_batch
+from statetier.backend.spark.results import RangeResult, result_name, snapshot_to_dict
+
+__all__ = ["KG_COLUMN", "StateHost", "main"]
+
+log = logging.getLogger("statetier.spark.host")
+KG_COLUMN = "__statetier_kg"
+
+
+@dataclasses.dataclass
+class HostedRange:
+    instance: OperatorInstance
+    epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
+    token: str | None = None  # the task attempt that produced it
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class StateHost:
+    """Serves tasks on ``socket_path`` until idle, orphaned or told to stop."""
+
+    def __init__(self, socket_path: str, idle_timeout: float, watch_pid: int | None) -> None:
+        self.socket_path = socket_path
+        self.idle_timeout = idle_timeout
+        self.watch_pid = watch_pid
+        self.ranges: dict[tuple[str, int, int], HostedRange] = {}
+        self.functions: dict[str, Callable[[], Any]] = {}
+        self.stores: dict[str, SnapshotStore] = {}
+        self.lock = threading.Lock()
+        self.active = 0
+        self.last_activity = time.monotonic()
+        self.stopping = threading.Event()
+        self.tasks = 0
+        self.warm = 0
+        self.restored = 0
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        listener = Listener(self.socket_path, family="AF_UNIX")
+        threading.Thread(target=self._watchdog, args=(listener,), daemon=True).start()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    conn = listener.accept()
+                except OSError:
+                    break
+                threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+        finally:
+            self.close()
+            with contextlib.suppress(OSError):
+                listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+
+    def _watchdog(self, listener: Listener) -> None:
+        while not self.stopping.wait(0.5):
+            idle = time.monotonic() - self.last_activity
+            orphaned = self.watch_pid is not None and not _alive(self.watch_pid)
+            gone = not os.path.exists(self.socket_path)
+            if orphaned or gone or (self.active == 0 and idle > self.idle_timeout):
+                log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
+                self.stopping.set()
+        with contextlib.suppress(OSError):
+            listener.close()  # unblocks accept()
+        # accept() may not wake on close in every Python: leave no process behind.
+        time.sleep(2.0)
+        self.close()
+        os._exit(0)
+
+    def _connection(self, conn: Connection) -> None:
+        with self.lock:
+            self.active += 1
+        try:
+            header = json.loads(conn.recv_bytes())
+            op = header.get("op")
+            if op == "task":
+                self._task(conn, header)
+            elif op == "ping":
+                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
+            elif op == "stats":
+                conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
+            elif op == "shutdown":
+                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
+                self.stopping.set()
+        except (EOFError, OSError):
+            pass
+        finally:
+            with self.lock:
+                self.active -= 1
+                self.last_activity = time.monotonic()
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "tasks": self.tasks,
+            "warm": self.warm,
+            "restored": self.restored,
+            "ranges": len(self.ranges),
+        }
+
+    def close(self) -> None:
+        with self.lock:
+            ranges, self.ranges = list(self.ranges.values()), {}
+        for hosted in ranges:
+            with contextlib.suppress(Exception):
+                hosted.instance.close()
+
+    # ------------------------------------------------------------------ one task
+
+    def _task(self, conn: Connection, header: dict[str, Any]) -> None:
+        function_bytes = conn.recv_bytes()
+        batches: list[pa.RecordBatch] = []
+        while True:
+            data = conn.recv_bytes()
+            if not data:
+                break
+            batches.append(read_batch(data))
+        try:
+            outputs, result = self.run_task(header, function_bytes, batches)
+        except Exception:
+            conn.send_bytes(ERROR + traceback.format_exc().encode())
+            return
+        for batch in outputs:
+            conn.send_bytes(BATCH + write_batch(batch))
+        conn.send_bytes(RESULT + json.dumps(result).encode())
+
+    def _factory(self, function_bytes: bytes) -> Callable[[], Any]:
+        digest = hashlib.sha256(function_bytes).hexdigest()
+        with self.lock:
+            factory = self.functions.get(digest)
+            if factory is None:
+                factory = self.functions[digest] = pickle.loads(function_bytes)
+        return factory
+
+    def _store(self, uri: str, options: dict[str, Any]) -> SnapshotStore:
+        key = json.dumps([uri, options], sort_keys=True)
+        with self.lock:
+            store = self.stores.get(key)
+            if store is None:
+                store = self.stores[key] = SnapshotStore(uri, **options)
+        return store
+
+    def run_task(  # noqa: PLR0915 (one task's steps, in order)
+        self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
+    ) -> tuple[list[pa.RecordBatch], dict[str, Any]]:
+        started = time.perf_counter()
+        epoch: int = header["epoch"]
+        base: int = header["base_epoch"]
+        index: int = header["index"]
+        parallelism: int = header["parallelism"]
+        max_parallelism: int = header["max_parallelism"]
+        token: str = header["token"]
+        key = (header["pipeline"], parallelism, index)
+        factory = self._factory(function_bytes)
+        store = self._store(header["checkpoint_uri"], header["storage_options"])
+        config = load_config(header["config"])
+        with self.lock:
+            hosted = self.ranges.get(key)
+            if hosted is None:
+                # drop this pipeline's ranges of another parallelism: ownership moved
+                for other in [k for k in self.ranges if k[0] == key[0] and k[1] != parallelism]:
+                    with contextlib.suppress(Exception):
+                        self.ranges.pop(other).instance.close()
+        state = "fresh"
+        if hosted is not None:
+            hosted.lock.acquire()
+            if hosted.epoch == base and hosted.token == header["base_token"] and base > 0:
+                state = "warm"
+            elif hosted.epoch == base == 0 and header["base_token"] is None:
+                state = "fresh"
+            else:
+                hosted.lock.release()
+                with contextlib.suppress(Exception):
+                    hosted.instance.close()
+                hosted = None
+        restore_s = 0.0
+        if hosted is None:
+            t0 = time.perf_counter()
+            instance = OperatorInstance(
+                cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
+                index,
+                parallelism,
+                max_parallelism,
+                store=store,
+                restore_epoch=base if base > 0 else None,
+                config=config,
+            )
+            restore_s = time.perf_counter() - t0
+            state = "restored" if base > 0 else "fresh"
+            hosted = HostedRange(instance)
+            hosted.lock.acquire()
+            with self.lock:
+                self.ranges[key] = hosted
+        try:
+            hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
+            instance = hosted.instance
+            set_current_task(
+                SparkTask(epoch, index, header["attempt_number"], header["task_attempt_id"])
+            )
+            try:
+                records = sum(b.num_rows for b in batches)
+                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
+                outputs = self._process(instance, header, batches, out_schema)
+            finally:
+                set_current_task(None)
+            t1 = time.perf_counter()
+            snapshot = self._snapshot(instance, store, epoch, token, config)
+            snapshot_s = time.perf_counter() - t1
+            spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
+            result = RangeResult(
+                index=index,
+                parallelism=parallelism,
+                epoch=epoch,
+                token=token,
+                state=state,
+                records=records,
+                spilled_key_groups=spilled,
+                key_groups=len(instance.keyed.key_groups),
+                restore_s=restore_s,
+                snapshot_s=snapshot_s,
+                total_s=time.perf_counter() - started,
+                upload_bytes=snapshot.pop("upload_bytes"),
+                snapshot=snapshot,
+                host_pid=os.getpid(),
+                host_socket=self.socket_path,
+            )
+            payload = json.dumps(dataclasses.asdict(result)).encode()
+            store.write(result_name(epoch, header["owner"], index, parallelism), payload)
+            hosted.epoch, hosted.token = epoch, token
+        finally:
+            hosted.lock.release()
+        with self.lock:
+            self.tasks += 1
+            self.warm += state == "warm"
+            self.restored += state == "restored"
+            self.last_activity = time.monotonic()
+        return outputs, dataclasses.asdict(result)
+
+    def _process(
+        self,
+        instance: OperatorInstance,
+        header: dict[str, Any],
+        batches: list[pa.RecordBatch],
+        out_schema: pa.Schema,
+    ) -> list[pa.RecordBatch]:
+        key_columns: list[str] = header["key_columns"]
+        key_range = instance.keyed.key_groups
+        for batch in batches:
+            kg = batch.column(KG_COLUMN).to_numpy()
+            if len(kg) and (kg.min() < key_range.start or kg.max() > key_range.end):
+                raise RuntimeError(
+                    f"records of key groups outside {key_range} reached range {header['index']}: "
+                    "the partition-to-range mapping is broken (adaptive coalescing?)"
+                )
+        function = instance.function
+        if isinstance(function, KeyGroupFunction):
+            return self._process_key_groups(instance, function, batches, out_schema)
+        rows: list[Any] = []
+        for batch in batches:
+            names = [n for n in batch.schema.names if n != KG_COLUMN]
+            value_columns = [n for n in names if n not in key_columns]
+            keys: Iterable[Any]
+            if len(key_columns) == 1:
+                keys = batch.column(key_columns[0]).to_pylist()
+            else:
+                keys = zip(*(batch.column(k).to_pylist() for k in key_columns), strict=True)
+            values: Iterable[Any]
+            if not value_columns:
+                values = [None] * batch.num_rows
+            elif len(value_columns) == 1:
+                values = batch.column(value_columns[0]).to_pylist()
+            else:
+                values = zip(*(batch.column(v).to_pylist() for v in value_columns), strict=True)
+            rows.extend(instance.process(zip(keys, values, strict=True)))
+        return [to_batch(rows, out_schema)] if rows else []
+
+    def _process_key_groups(
+        self,
+        instance: OperatorInstance,
+        function: KeyGroupFunction,
+        batches: list[pa.RecordBatch],
+        out_schema: pa.Schema,
+    ) -> list[pa.RecordBatch]:
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return []
+        table = pa.Table.from_batches(batches)
+        kg = table.column(KG_COLUMN).to_numpy()
+        order = np.argsort(kg, kind="stable")
+        sorted_kg = kg[order]
+        table = table.drop_columns([KG_COLUMN]).take(pa.array(order))
+        starts = [0, *(np.flatnonzero(np.diff(sorted_kg)) + 1).tolist()]
+        ends = [*starts[1:], len(sorted_kg)]
+        out: list[pa.RecordBatch] = []
+        context = instance.context
+        for start, end in zip(starts, ends, strict=True):
+            result = function.process_key_group(
+                int(sorted_kg[start]), table.slice(start, end - start), context
+            )
+            if result is None:
+                continue
+            if isinstance(result, pa.Table):
+                out.extend(result.cast(out_schema).to_batches())
+            elif isinstance(result, pa.RecordBatch):
+                out.append(result.cast(out_schema))
+            else:
+                rows = list(result)
+                if rows:
+                    out.append(to_batch(rows, out_schema))
+        return out
+
+    def _snapshot(
+        self, instance: OperatorInstance, store: SnapshotStore, epoch: int, owner: str, config: Any
+    ) -> dict[str, Any]:
+        instance.before_snapshot(epoch)
+        chains = instance.writer.chains()
+        # compaction in the host: a base instead of a delta once a chain is long
+        full = any(len(files) > config.compaction_delta_trigger for files in chains.values())
+        prepared = instance.writer.prepare(store, epoch, owner, full=full)
+        try:
+            if len(prepared.uploads) > 1:
+                workers = min(config.checkpoint_upload_concurrency, len(prepared.uploads))
+                with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(lambda f: store.write(f.entry.path, f.data), prepared.uploads))
+            else:
+                for f in prepared.uploads:
+                    store.write(f.entry.path, f.data)
+        except BaseException:
+            instance.writer.reset()
+            raise
+        snapshot = snapshot_to_dict(prepared.snapshot)
+        snapshot["upload_bytes"] = prepared.upload_bytes
+        return snapshot
+
+
+def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """Output rows (tuples in schema order, or dicts) as one batch of ``schema``."""
+    if isinstance(rows[0], dict):
+        return pa.RecordBatch.from_pylist(rows, schema=schema)
+    columns = list(zip(*rows, strict=True))
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="statetier-state-host")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--idle-timeout", type=float, default=600.0)
+    parser.add_argument("--watch-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    StateHost(args.socket, args.idle_timeout, args.watch_pid).serve()
+
+
+if __name__ == "__main__":
+    main()

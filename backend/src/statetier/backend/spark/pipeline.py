@@ -1,0 +1,292 @@
+"""The driver side: a keyed function over Spark DataFrames, one committed epoch per run or batch.
+
+``StatefulPipeline.run(df)`` processes a batch DataFrame as the next epoch;
+``StatefulPipeline.foreach_batch(sink)`` is a ``writeStream.foreachBatch`` function whose epoch is
+the micro-batch id + 1. Each epoch:
+
+1. adds the key-group column (``pmod(xxhash64(keys), P)``, the backend's own hash) and
+   repartitions with ``repartitionById`` so that partition i holds exactly range i
+   (``kg * p div P``), a fixed mapping;
+2. runs ``mapInArrow``: each task streams its range to the executor's state host, which keeps
+   the range warm between epochs and restores it from tier 2 only when it is not at the
+   committed base (see host);
+3. hands the output DataFrame to the sink (which runs the job);
+4. after the sink returned, reads every range's result and commits the epoch's manifest; an epoch
+   that is already committed (a re-run after a driver restart) adopts the committed manifest
+   instead of writing another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+from statetier.backend.config import SETTINGS, StatetierConfig, load_config
+from statetier.backend.keygroups import (
+    check_parallelism,
+    compute_default_max_parallelism,
+    spark_key_group_expr,
+)
+from statetier.backend.snapshot import (
+    CorruptFileError,
+    SnapshotStore,
+    WriterLease,
+    collect_garbage,
+    commit_snapshot,
+)
+from statetier.backend.spark.host import KG_COLUMN
+from statetier.backend.spark.results import RangeResult, result_name, snapshot_from_dict
+from statetier.backend.spark.task import partition_function, request
+
+__all__ = ["EpochReport", "StatefulPipeline"]
+
+Sink = Callable[[DataFrame, int], None]
+
+
+@dataclasses.dataclass
+class EpochReport:
+    """How one epoch went (the driver's view)."""
+
+    epoch: int
+    adopted: bool  # already committed before: the committed manifest was kept
+    records: int
+    seconds: float
+    ranges: int
+    warm: int
+    restored: int
+    fresh: int
+    spilled_key_groups: int
+    upload_bytes: int
+
+
+class StatefulPipeline:
+    """A keyed function with statetier state, applied to DataFrames epoch by epoch.
+
+    ``function`` is a class (or zero-argument factory) of a
+    :class:`~statetier.backend.functions.KeyedProcessFunction` or a
+    :class:`~statetier.backend.spark.functions.KeyGroupFunction`; define it in an importable
+    module, not ``__main__``, when it holds module-level state. ``key`` names the key columns
+    (integers as bigint). ``output_schema`` is a ``StructType`` or DDL string. Settings come
+    from the configuration schema: ``config`` (code) > Spark conf ``spark.statetier.*`` >
+    ``STATETIER_*``; the checkpoint location is ``checkpoint.uri``.
+    """
+
+    def __init__(
+        self,
+        function: Callable[[], Any],
+        *,
+        key: str | Sequence[str],
+        output_schema: StructType | str,
+        parallelism: int,
+        config: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.function_bytes = bytes(cloudpickle.dumps(function))  # type: ignore[no-untyped-call]
+        self.key_columns = [key] if isinstance(key, str) else list(key)
+        self.output_schema = output_schema
+        self.parallelism = parallelism
+        self.overrides = dict(config or {})
+        self.storage_options = dict(storage_options or {})
+        self.name = name or uuid.uuid4().hex[:12]
+        self.config: StatetierConfig | None = None
+        self._store: SnapshotStore | None = None
+        self._lease: WriterLease | None = None
+        self._tokens: dict[str, str] = {}  # range index -> token of its committed files
+        self._tokens_epoch = -1
+        self.reports: list[EpochReport] = []
+        self.hosts: dict[str, int] = {}  # socket -> pid of the state hosts that served us
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup(self, spark: SparkSession) -> SnapshotStore:
+        if self._store is None:
+            conf = dict(spark.sparkContext.getConf().getAll())
+            self.config = load_config(self.overrides, spark_conf=conf)
+            self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
+        return self._store
+
+    @property
+    def store(self) -> SnapshotStore:
+        if self._store is None:
+            raise RuntimeError("the pipeline has not run yet")
+        return self._store
+
+    def _host_config(self) -> dict[str, str]:
+        """The settings given in code or Spark conf; executors add their own environment."""
+        assert self.config is not None
+        by_name = {s.name: s for s in SETTINGS}
+        out: dict[str, str] = {}
+        for name in self.config:
+            if self.config.source(name) in ("code", "spark"):
+                value = self.config[name]
+                out[by_name[name].name] = (
+                    ",".join(value)
+                    if isinstance(value, tuple)
+                    else str(value).lower()
+                    if isinstance(value, bool)
+                    else str(value)
+                )
+        return out
+
+    # ------------------------------------------------------------------ epochs
+
+    def run(self, df: DataFrame, sink: Sink | None = None) -> EpochReport:
+        """Process a batch DataFrame as the next epoch and commit it."""
+        store = self._setup(df.sparkSession)
+        epochs = store.epochs()
+        return self.run_epoch(df, (epochs[-1] if epochs else 0) + 1, sink)
+
+    def foreach_batch(self, sink: Sink | None = None) -> Callable[[DataFrame, int], None]:
+        """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``."""
+
+        def on_batch(batch: DataFrame, batch_id: int) -> None:
+            self.run_epoch(batch, batch_id + 1, sink)
+
+        return on_batch
+
+    def transform(self, df: DataFrame, epoch: int) -> DataFrame:
+        """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran."""
+        store = self._setup(df.sparkSession)
+        assert self.config is not None
+        epochs = store.epochs()
+        latest = epochs[-1] if epochs else 0
+        if epoch > latest + 1:
+            raise ValueError(
+                f"epoch {epoch} cannot run: the latest committed epoch at {store.uri} is {latest}"
+            )
+        base = epoch - 1
+        if base > 0 and base not in epochs:
+            raise ValueError(f"epoch {epoch} needs epoch {base}, which is not retained")
+        if latest:
+            max_parallelism = store.manifest(latest).max_parallelism
+        else:
+            max_parallelism = self.config.state_max_parallelism or (
+                compute_default_max_parallelism(self.parallelism)
+            )
+        check_parallelism(max_parallelism, self.parallelism)
+        if self._lease is None:
+            self._lease = store.acquire_writer()
+        p, mp = self.parallelism, max_parallelism
+        schema = self.output_schema
+        if not isinstance(schema, StructType):
+            parsed = StructType.fromDDL(schema)
+            assert isinstance(parsed, StructType)
+            schema = parsed
+        arrow_schema = to_arrow_schema(schema)
+        spec = {
+            "app_id": df.sparkSession.sparkContext.applicationId,
+            "idle_timeout": float(self.config.host_idle_timeout),
+            "pipeline": self.name,
+            "epoch": epoch,
+            "base_epoch": base,
+            "base_tokens": dict(self._tokens) if self._tokens_epoch == base else {},
+            "parallelism": p,
+            "max_parallelism": mp,
+            "owner": self._lease.owner,
+            "checkpoint_uri": store.uri,
+            "storage_options": self.storage_options,
+            "config": self._host_config(),
+            "key_columns": self.key_columns,
+            "schema": arrow_schema.serialize().to_pybytes().hex(),
+        }
+        keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
+        owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
+        ranged = keyed.repartitionById(p, owner_col)
+        return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+
+    def run_epoch(self, df: DataFrame, epoch: int, sink: Sink | None = None) -> EpochReport:
+        """Process ``df`` as ``epoch``: run the sink on the output, then commit."""
+        started = time.perf_counter()
+        out = self.transform(df, epoch)
+        if sink is not None:
+            sink(out, epoch)
+        else:
+            out.write.format("noop").mode("overwrite").save()
+        return self.commit(epoch, started)
+
+    def commit(self, epoch: int, started: float | None = None) -> EpochReport:
+        """Commit ``epoch`` from its ranges' results (after the job that ran it succeeded)."""
+        store = self.store
+        assert self._lease is not None
+        results = [self._result(epoch, index) for index in range(self.parallelism)]
+        for r in results:
+            self.hosts[r.host_socket] = r.host_pid
+        adopted = epoch in store.epochs()
+        if adopted:
+            self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
+        else:
+            snapshots = [snapshot_from_dict(r.snapshot) for r in results]
+            commit_snapshot(store, epoch, snapshots, self._lease)
+            self._tokens = {str(r.index): r.token for r in results}
+            self._tokens_epoch = epoch
+            assert self.config is not None
+            collect_garbage(store, self.config.checkpoint_retained)
+        report = EpochReport(
+            epoch=epoch,
+            adopted=adopted,
+            records=sum(r.records for r in results),
+            seconds=time.perf_counter() - started if started is not None else 0.0,
+            ranges=len(results),
+            warm=sum(r.state == "warm" for r in results),
+            restored=sum(r.state == "restored" for r in results),
+            fresh=sum(r.state == "fresh" for r in results),
+            spilled_key_groups=sum(r.spilled_key_groups for r in results),
+            upload_bytes=sum(r.upload_bytes for r in results),
+        )
+        self.reports.append(report)
+        return report
+
+    def _result(self, epoch: int, index: int) -> RangeResult:
+        assert self._lease is not None
+        name = result_name(epoch, self._lease.owner, index, self.parallelism)
+        try:
+            data = self.store.fs.cat_file(self.store.full_path(name))
+        except FileNotFoundError:
+            raise CorruptFileError(
+                name, f"range {index} of epoch {epoch} reported no result; not committing"
+            ) from None
+        return RangeResult(**json.loads(data))
+
+    # ------------------------------------------------------------------ hosts
+
+    def warm_hit_rate(self) -> float:
+        """Ranges served warm / ranges that needed state (fresh starts not counted)."""
+        warm = sum(r.warm for r in self.reports)
+        restored = sum(r.restored for r in self.reports)
+        return warm / (warm + restored) if warm + restored else 0.0
+
+    def stop_hosts(self, timeout: float = 10.0) -> None:
+        """Stop the state hosts that served this pipeline (local mode: they run here)."""
+        for path in list(self.hosts):
+            request(path, "shutdown")
+        deadline = time.monotonic() + timeout
+        for pid in self.hosts.values():
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+        self.hosts.clear()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,59 @@
+"""The wire protocol between a Spark task and its executor's state host.
+
+One connection per task attempt over a Unix socket (``multiprocessing.connection`` frames).
+The task sends a JSON header, the pickled function, then its records as Arrow IPC messages and an
+empty frame; the host answers with output batches (``B`` + Arrow IPC), then ``R`` + the result as
+JSON, or ``X`` + the error text. Control requests (``ping``, ``shutdown``, ``stats``) are a JSON
+header answered by one ``R`` frame.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "BATCH",
+    "ERROR",
+    "RESULT",
+    "read_batch",
+    "socket_path",
+    "write_batch",
+]
+
+BATCH = b"B"
+RESULT = b"R"
+ERROR = b"X"
+
+
+def write_batch(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_batch(data: Any) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    batch: pa.RecordBatch = reader.read_next_batch()
+    return batch
+
+
+def socket_path(app_id: str, local_dirs: str | None = None) -> str:
+    """Where the state host of application ``app_id`` listens on this machine/executor.
+
+    Under the executor's first local dir (``SPARK_LOCAL_DIRS``), else the temp dir; hashed into
+    the temp dir when the path would pass the Unix socket length limit.
+    """
+    dirs = local_dirs if local_dirs is not None else os.environ.get("SPARK_LOCAL_DIRS", "")
+    root = next((d.strip() for d in dirs.split(",") if d.strip()), tempfile.gettempdir())
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
+    path = os.path.join(root, f"statetier-host-{safe}.sock")
+    if len(path.encode()) > 100:
+        digest = hashlib.sha256(path.encode()).hexdigest()[:16]
+        path = os.path.join(tempfile.gettempdir(), f"statetier-host-{digest}.sock")
+    return path

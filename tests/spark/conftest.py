@@ -1,0 +1,60 @@
+"""Fixtures of the Spark tests: one real local[2] Spark session, state hosts stopped after use.
+
+The Python workers and the state hosts they start must import statetier and these test modules:
+the workers run this interpreter (PYSPARK_PYTHON) with the repository on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+sys.path.insert(0, str(REPO))
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession  # noqa: E402
+from statetier.backend.spark import StatefulPipeline  # noqa: E402
+
+from tests.spark.spark_support import host_pids  # noqa: E402
+
+
+def spark_env() -> dict[str, str]:
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ.update(spark_env())
+    session = (
+        SparkSession.builder.master("local[2,4]")  # 4: a failed task is retried
+        .appName("statetier-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pipelines() -> Iterator[list[StatefulPipeline]]:
+    """Pipelines a test made; their state hosts are stopped (and checked gone) afterwards."""
+    made: list[StatefulPipeline] = []
+    yield made
+    pids = {pid for p in made for pid in p.hosts.values()}
+    for p in made:
+        p.stop_hosts()
+    assert not (pids & host_pids()), "a state host survived its test"

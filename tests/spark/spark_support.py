@@ -1,0 +1,99 @@
+"""Functions and data of the Spark tests (importable: workers and state hosts unpickle them)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow.compute as pc
+from statetier.backend.descriptors import ValueStateDescriptor
+from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend.spark import KeyGroupFunction, current_task
+
+COUNT = ValueStateDescriptor[int]("count")
+
+
+class WordCount(KeyedProcessFunction[str, None, tuple[str, int]]):
+    """Per record: count the word, emit its running count."""
+
+    def open(self, context: RuntimeContext) -> None:
+        self.count = context.get_state(COUNT)
+
+    def process(self, key: str, value: None, context: RuntimeContext) -> list[tuple[str, int]]:
+        count = (self.count.value() or 0) + 1
+        self.count.update(count)
+        return [(key, count)]
+
+
+class VectorWordCount(KeyGroupFunction):
+    """Per key group: count with Arrow, then one state update per distinct word."""
+
+    fail_at: tuple[int, int] | None = None  # (epoch, partition) failing on the first attempt
+
+    def open(self, context: RuntimeContext) -> None:
+        self.count = context.get_state(COUNT)
+
+    def process_key_group(
+        self, key_group: int, records: Any, context: RuntimeContext
+    ) -> Iterable[tuple[str, int]]:
+        counts = records.group_by("word").aggregate([("word", "count")])
+        set_key = context.keyed_state.set_current_key
+        out = []
+        for word, n in zip(
+            counts["word"].to_pylist(), counts["word_count"].to_pylist(), strict=True
+        ):
+            set_key(word)
+            total = (self.count.value() or 0) + n
+            self.count.update(total)
+            out.append((word, total))
+        task = current_task()
+        if self.fail_at == (task.epoch, task.partition_id) and task.attempt_number == 0:
+            raise RuntimeError("injected failure in the middle of a batch")
+        return out
+
+
+class FailingWordCount(VectorWordCount):
+    fail_at = (2, 1)
+
+
+def zipf_words(n: int, vocabulary: int, seed: int) -> list[str]:
+    """``n`` words drawn Zipf-like (weight 1/rank) from ``vocabulary`` words."""
+    rng = random.Random(seed)
+    weights = [1.0 / (rank + 1) for rank in range(vocabulary)]
+    return [f"w{i}" for i in rng.choices(range(vocabulary), weights, k=n)]
+
+
+def expected_counts(batches: Iterable[list[str]]) -> dict[str, int]:
+    counts: collections.Counter[str] = collections.Counter()
+    for batch in batches:
+        counts.update(batch)
+    return dict(counts)
+
+
+def latest(outputs: dict[str, int], rows: Iterable[Any]) -> None:
+    """Fold (word, running count) outputs: the latest count per word."""
+    for word, count in rows:
+        if count > outputs.get(word, 0):
+            outputs[word] = count
+
+
+def host_pids() -> set[int]:
+    """Running state hosts (processes of ``statetier.backend.spark.host``)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"statetier.backend.spark.host" in cmdline:
+            found.add(int(entry))
+    return found
+
+
+__all__ = ["pc"]
