@@ -229,6 +229,7 @@ class OperatorRun:
         self.operator_kubeconfig.write_text(kubeconfig_text(emulator.url, OPERATOR_TOKEN))
         self.kubeconfig = workdir / "tester.kubeconfig"
         self.kubeconfig.write_text(kubeconfig_text(emulator.url, TESTER_TOKEN))
+        self.certfile = certfile
         self.args = loopback_args(args, ports=self.ports, certfile=certfile, keyfile=keyfile)
         self.log = workdir / "operator.log"
         self._subprocess = subprocess
@@ -315,6 +316,7 @@ class FlowResult:
         self.status: dict[str, Any] = {}
         self.generation = 0
         self.docs: list[dict[str, Any]] = []
+        self.admissions: dict[str, dict[str, Any]] = {}
 
 
 def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") -> FlowResult:
@@ -439,6 +441,15 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
             "spec": {"type": "Python", "mode": "cluster", "sparkVersion": "4.0.1"},
         }
         run.kubectl("apply", "-f", "-", stdin=json.dumps(app))
+        objects = {"sparkapplications": app, "compactionservices": manifest}
+        for doc in docs:
+            if doc["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+                for hook in doc["webhooks"]:
+                    path = hook["clientConfig"]["service"]["path"]
+                    rule = hook["rules"][0]
+                    result.admissions[path] = admission_review(
+                        run, path, rule, objects[rule["resources"][0]]
+                    )
         run.wait_for(
             "the finalizer",
             lambda: (
@@ -464,6 +475,50 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
         result.requests = emulator.requests_by(OPERATOR_TOKEN)
         emulator.stop()
     return result
+
+
+def admission_review(
+    run: OperatorRun, path: str, rule: dict[str, Any], obj: dict[str, Any]
+) -> dict[str, Any]:
+    """POST an AdmissionReview to the operator's webhook server as the apiserver would (HTTPS,
+    certificate verified), at a path of the chart's webhook configuration."""
+    import ssl
+    import urllib.request
+
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0b6f6d8e-0000-4000-8000-000000000001",
+            "kind": {
+                "group": rule["apiGroups"][0],
+                "version": rule["apiVersions"][0],
+                "kind": obj["kind"],
+            },
+            "resource": {
+                "group": rule["apiGroups"][0],
+                "version": rule["apiVersions"][0],
+                "resource": rule["resources"][0],
+            },
+            "operation": "CREATE",
+            "namespace": obj["metadata"].get("namespace", "default"),
+            "name": obj["metadata"]["name"],
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "userInfo": {"username": "tester"},
+        },
+    }
+    context = ssl.create_default_context(cafile=run.certfile)
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{run.ports['webhooks']}{path}",
+        method="POST",
+        data=json.dumps(review).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        answer: dict[str, Any] = json.load(response)
+    return answer
 
 
 def _send(url: str, path: str, body: Any) -> Any:

@@ -1,0 +1,245 @@
+"""The Helm chart renders and lints (helm-python-sdk: Helm's Go SDK, no helm binary) with the
+default values and with every optional feature on; the manifests pass kubernetes-validate
+--strict; values are checked against values.schema.json; the pieces agree with each other."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+from cryptography import x509
+
+from tests.packaging.packaging_support import ALL_ON, CHART, REPO, find, notes, render
+
+VARIANTS = {"default": {}, "all-on": ALL_ON}
+# Kinds of other projects' CRDs (prometheus-operator, cert-manager, ours, kopf's): not in the
+# Kubernetes schemas kubernetes-validate ships; they are checked by shape below instead.
+CUSTOM_KINDS = {
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "Certificate",
+    "Issuer",
+    "KopfPeering",
+    "ClusterKopfPeering",
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chart_lints_clean(variant: str) -> None:
+    report = helm_python.lint(str(CHART), VARIANTS[variant], strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_manifests_pass_kubernetes_validate_strict(variant: str, tmp_path: Path) -> None:
+    docs = [d for d in render(VARIANTS[variant]) if d["kind"] not in CUSTOM_KINDS]
+    files = []
+    for i, doc in enumerate(docs):
+        path = tmp_path / f"{i:02d}-{doc['kind']}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        files.append(str(path))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", *files],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" passed for resource ") == len(files), proc.stdout
+
+
+def test_optional_features_render_only_when_enabled() -> None:
+    default = {d["kind"] for d in render({})}
+    every = {d["kind"] for d in render(ALL_ON)}
+    optional = {
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "Certificate",
+        "Issuer",
+        "ConfigMap",
+        "Role",
+        "RoleBinding",
+    }
+    assert not default & optional
+    assert optional <= every
+    assert "Secret" in default and "Secret" not in every  # cert-manager writes it instead
+
+
+def test_bad_values_are_rejected_naming_the_key() -> None:
+    with helm_python.Chart.load(str(CHART)) as chart:
+        chart.validate_schema({})
+        chart.validate_schema(ALL_ON)
+        cases: dict[str, dict[str, Any]] = {
+            "/replicaCount": {"replicaCount": 0},
+            "/webhooks/failurePolicy": {"webhooks": {"failurePolicy": "Sometimes"}},
+            "/metrics/port": {"metrics": {"port": 70000}},
+            "/image/tag": {"image": {"tag": 3}},
+            "replicas": {"replicas": 2},  # a typo of replicaCount
+        }
+        for key, values in cases.items():
+            with pytest.raises(helm_python.HelmValuesError) as error:
+                chart.render(values, name="statetier", namespace="statetier")
+            assert key in str(error.value), str(error.value)
+
+
+def test_every_value_is_documented() -> None:
+    """Each key of values.yaml has a description in the schema and is typed there."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(vals: dict[str, Any], node: dict[str, Any], path: str) -> None:
+        for key, value in vals.items():
+            sub = node.get("properties", {}).get(key)
+            assert sub is not None, f"{path}{key} is not in values.schema.json"
+            assert sub.get("description") or isinstance(value, dict), f"{path}{key}"
+            if isinstance(value, dict) and "properties" in sub:
+                walk(value, sub, f"{path}{key}.")
+
+    walk(values, schema, "")
+
+
+def test_operator_pod_is_hardened_and_probed() -> None:
+    deployment = find(render({}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"]["cpu"]
+    assert container["resources"]["requests"]["memory"]
+    # The probe asks the port kopf's --liveness endpoint listens on.
+    args = container["args"]
+    liveness = args[args.index("--liveness") + 1]
+    port = next(p for p in container["ports"] if p["name"] == "healthz")["containerPort"]
+    assert liveness == f"http://0.0.0.0:{port}/healthz"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    # The metrics and webhook ports are the ones the Services target.
+    metrics_port = int(args[args.index("--metrics-port") + 1])
+    assert {"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"} in container[
+        "ports"
+    ]
+    assert "--no-manage-webhooks" in args
+
+
+def test_generated_certificate_matches_the_webhook_configurations() -> None:
+    docs = render({})
+    secret = find(docs, "Secret")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    service = find(docs, "Service", "statetier-webhook")
+    assert "statetier-webhook.statetier.svc" in names.get_values_for_type(x509.DNSName)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in find(docs, kind)["webhooks"]:
+            assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+            assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+    # The pod restarts when the certificate changes.
+    annotations = find(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/webhook-tls"]
+
+
+def test_cert_manager_variant_injects_the_ca() -> None:
+    docs = render(ALL_ON)
+    certificate = find(docs, "Certificate")
+    assert certificate["spec"]["secretName"] == "statetier-webhook-tls"
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": "statetier-selfsigned"}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = find(docs, kind)
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            "statetier/statetier-webhook"
+        )
+        for hook in config["webhooks"]:
+            assert "caBundle" not in hook["clientConfig"]
+            if "sparkapplication" in hook["name"]:
+                assert hook["namespaceSelector"] == ALL_ON["webhooks"]["namespaceSelector"]
+
+
+def test_chart_crds_are_the_repository_crds() -> None:
+    """charts/statetier/files/crds links to crds/: the chart installs exactly those CRDs."""
+    assert (CHART / "files" / "crds").resolve() == (REPO / "crds").resolve()
+    rendered = {
+        d["metadata"]["name"]: d for d in render({}) if d["kind"] == "CustomResourceDefinition"
+    }
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            got = rendered[crd["metadata"]["name"]]
+            assert got["spec"] == crd["spec"]
+            assert got["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not [d for d in render({"crds": {"install": False}}) if d["kind"].endswith("Definition")]
+
+
+def test_webhook_configurations_match_the_operators_handlers() -> None:
+    """The chart owns what kopf would register: same handler ids (paths) and resources."""
+    from statetier.operator import webhooks
+
+    source = Path(webhooks.__file__).read_text()
+    docs = render({})
+    paths = {
+        hook["clientConfig"]["service"]["path"].lstrip("/")
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for hook in find(docs, kind)["webhooks"]
+    }
+    ids = set(__import__("re").findall(r'id="([a-z-]+)"', source))
+    assert paths == ids
+
+
+def test_dashboards_configmaps_and_prometheus_rule() -> None:
+    docs = render(ALL_ON)
+    maps = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert {m["metadata"]["name"] for m in maps} == {
+        f"statetier-dashboard-{p.stem}" for p in (CHART / "dashboards").glob("*.json")
+    }
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = cm["data"].items()
+        assert json.loads(text) == json.loads((CHART / "dashboards" / name).read_text())
+    rule = find(docs, "PrometheusRule")
+    plain = yaml.safe_load((CHART / "rules" / "statetier-alerts.yaml").read_text())
+    assert rule["spec"] == plain  # default thresholds: the promtool-tested file verbatim
+    tuned = find(
+        render(
+            {
+                "prometheusRule": {
+                    "enabled": True,
+                    "checkpointStaleSeconds": 7200,
+                    "spillVolumeFullRatio": 0.8,
+                    "queueGrowingMinutes": 30,
+                }
+            }
+        ),
+        "PrometheusRule",
+    )
+    exprs = {r["alert"]: r["expr"] for g in tuned["spec"]["groups"] for r in g["rules"]}
+    assert "> 7200" in exprs["StatetierCheckpointsStale"]
+    assert "> 0.8" in exprs["StatetierSpillVolumeNearlyFull"]
+    assert "[30m]" in exprs["StatetierCompactionQueueGrowing"]
+    assert "[30m]" in exprs["StatetierCheckpointsFailing"]  # its own window, unchanged
+
+
+def test_namespaced_install_has_peering_and_roles_per_namespace() -> None:
+    docs = render({"watchNamespaces": ["a", "b"]})
+    assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering"} == {"a", "b"}
+    assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"} == {"a", "b"}
+    assert not [d for d in docs if d["kind"] == "ClusterKopfPeering"]
+    args = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--namespace") + 1] == "a"
+
+
+def test_notes() -> None:
+    text = notes({})
+    assert "kubectl wait --for=condition=Ready compactionservice/" in text
+    assert "all namespaces" in text
