@@ -27,3 +27,16 @@ if ! command -v java >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
+
+# Packaging (issue 8): promtool checks and unit-tests the alert rules (Debian's prometheus
+# package). Optional: without it those tests skip, so a failure here only warns.
+if ! command -v promtool >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "statetier: promtool is missing; the alert-rule tests will skip (apt-get install prometheus as root)" >&2
+    else
+        echo "statetier: installing prometheus (for promtool)"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
+            echo "statetier: could not install prometheus; the alert-rule tests will skip" >&2
+        fi
+    fi
+fi
