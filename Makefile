@@ -53,3 +53,21 @@ sandbox: $(STAMP)
 
 e2e-kind: $(STAMP)
 	BIN=$(BIN) operator/e2e-kind.sh
+
+# Packaging (issue 8). `make chart-lint`: the chart rendered, linted and validated (helm-python-sdk,
+# no helm binary); `make rules-test`: promtool on the alert rules; `make manifests`: the chart as
+# plain manifests in dist/statetier.yaml (VALUES=my-values.yaml to override).
+.PHONY: chart-lint rules-test manifests
+VALUES ?=
+
+chart-lint: $(STAMP)
+	$(BIN)/python -m pytest -q tests/packaging/test_packaging_chart.py
+
+rules-test:
+	cd charts/statetier/rules && promtool check rules statetier-alerts.yaml
+	cd charts/statetier/rules/tests && promtool test rules statetier-alerts-test.yaml
+
+manifests: $(STAMP)
+	@mkdir -p dist
+	$(BIN)/python charts/render.py $(if $(VALUES),-f $(VALUES)) > dist/statetier.yaml
+	@echo "wrote dist/statetier.yaml"

@@ -243,3 +243,20 @@ def test_notes() -> None:
     text = notes({})
     assert "kubectl wait --for=condition=Ready compactionservice/" in text
     assert "all namespaces" in text
+
+
+def test_plain_manifests_script(tmp_path: Path) -> None:
+    """charts/render.py (make manifests): the same objects as the chart, bad values refused."""
+    script = REPO / "charts" / "render.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in render({})
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("webhooks: {failurePolicy: Sometimes}\n")
+    proc = subprocess.run(
+        [sys.executable, str(script), "-f", str(bad)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 2
+    assert "/webhooks/failurePolicy" in proc.stderr
