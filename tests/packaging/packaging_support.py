@@ -190,6 +190,26 @@ def chart_operator_args(docs: list[dict[str, Any]]) -> list[str]:
     return [str(a) for a in container["args"]]
 
 
+POD_NAME = "statetier-5d8c7b9f6d-x2v4q"
+
+
+def chart_operator_command(docs: list[dict[str, Any]]) -> list[str]:
+    """The container command of the chart's Deployment, expanded as the kubelet does."""
+    container = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {"POD_NAME": POD_NAME}
+    return [kubelet_expand(str(a), env) for a in container["command"]]
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of command/args: ``$(VAR)`` of a defined variable is replaced,
+    ``$$`` is a literal ``$``, anything else stays as written."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
+
+
 def loopback_args(
     args: list[str], *, ports: dict[str, int], certfile: str, keyfile: str
 ) -> list[str]:
@@ -214,7 +234,9 @@ def loopback_args(
 class OperatorRun:
     """The real operator with the chart's arguments against :class:`ThreadedEmulator`."""
 
-    def __init__(self, emulator: ThreadedEmulator, workdir: Path, args: list[str]) -> None:
+    def __init__(
+        self, emulator: ThreadedEmulator, workdir: Path, command: list[str], args: list[str]
+    ) -> None:
         import subprocess
         import sys
 
@@ -230,6 +252,7 @@ class OperatorRun:
         self.kubeconfig = workdir / "tester.kubeconfig"
         self.kubeconfig.write_text(kubeconfig_text(emulator.url, TESTER_TOKEN))
         self.certfile = certfile
+        self.command = command
         self.args = loopback_args(args, ports=self.ports, certfile=certfile, keyfile=keyfile)
         self.log = workdir / "operator.log"
         self._subprocess = subprocess
@@ -239,10 +262,18 @@ class OperatorRun:
     def start(self) -> None:
         import os
 
-        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig)}
+        # The chart's own command (a shell giving the replica its peering priority, then exec
+        # of the statetier-operator console script of this environment), with the pod's env.
+        bindir = str(Path(self._python).parent)
+        env = {
+            **os.environ,
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "POD_NAME": POD_NAME,
+            "KUBECONFIG": str(self.operator_kubeconfig),
+        }
         with open(self.log, "ab") as log:
             self.proc = self._subprocess.Popen(
-                [self._python, "-m", "statetier.operator.cli", *self.args, "--priority", "7"],
+                [*self.command, *self.args],
                 stdout=log,
                 stderr=self._subprocess.STDOUT,
                 env=env,
@@ -317,6 +348,7 @@ class FlowResult:
         self.generation = 0
         self.docs: list[dict[str, Any]] = []
         self.admissions: dict[str, dict[str, Any]] = {}
+        self.peering: dict[str, Any] = {}
 
 
 def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") -> FlowResult:
@@ -332,7 +364,9 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
     emulator = ThreadedEmulator().start()
     run: OperatorRun | None = None
     try:
-        run = OperatorRun(emulator, workdir, chart_operator_args(docs))
+        run = OperatorRun(
+            emulator, workdir, chart_operator_command(docs), chart_operator_args(docs)
+        )
         crd_file = workdir / "crds.json"
         crd_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
         run.kubectl("apply", "-f", str(crd_file), "-f", str(SPARK_CRD))
@@ -464,6 +498,13 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
         )
         run.kubectl("delete", "sparkapplication", "flow-app", "-n", namespace, "--timeout=30s")
         result.metrics = run.http_get(run.ports["metrics"], "/metrics")
+        peering = next(d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering"))
+        result.peering = run.read(
+            "kopf.dev",
+            "clusterkopfpeerings" if peering["kind"] == "ClusterKopfPeering" else "kopfpeerings",
+            peering["metadata"].get("namespace"),
+            peering["metadata"]["name"],
+        )
         run.kubectl("delete", "compactionservice", name, "-n", namespace, "--timeout=30s")
         run.wait_for(
             "the worker Deployment collected",

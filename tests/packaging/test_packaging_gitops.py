@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 
-from tests.packaging.packaging_support import FlowResult
+from tests.packaging.packaging_support import POD_NAME, FlowResult
 
 
 def test_kubectl_wait_for_condition_ready_succeeds(clusterwide_flow: FlowResult) -> None:
@@ -46,3 +47,21 @@ def test_chart_webhook_paths_are_served_by_the_operator(clusterwide_flow: FlowRe
     patch = json.loads(base64.b64decode(answers["/mutate-sparkapplication"]["response"]["patch"]))
     touched = {op["path"] for op in patch}
     assert any(p.startswith("/spec/volumes") or p == "/spec" for p in touched), touched
+
+
+def test_each_replica_takes_its_peering_priority_from_its_pod_name(
+    clusterwide_flow: FlowResult,
+) -> None:
+    """The chart's shell wrapper really starts the operator, with priority = cksum(pod name):
+    replicas of one Deployment get different priorities, so peering does not pause them all
+    (kopf pauses every replica when two share a priority)."""
+    expected = int(
+        subprocess.run(
+            ["cksum"], input=POD_NAME, capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
+    peers = clusterwide_flow.peering.get("status") or {}
+    priorities = [
+        (json.loads(v) if isinstance(v, str) else v).get("priority") for v in peers.values()
+    ]
+    assert expected in priorities, peers
