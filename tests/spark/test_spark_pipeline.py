@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,11 +19,13 @@ from statetier.backend.keygroups import assign_to_key_group, spark_key_group_exp
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 
+from tests.spark.conftest import REPO, spark_env
 from tests.spark.spark_support import (
     FailingWordCount,
     VectorWordCount,
     WordCount,
     expected_counts,
+    host_pids,
     latest,
     zipf_words,
 )
@@ -132,3 +140,93 @@ def test_spill_with_a_budget_below_the_state(
         pipeline.run(words_df(spark, batch), collecting(outputs))
     assert outputs == expected_counts(batches)
     assert max(r.spilled_key_groups for r in pipeline.reports) > 0
+
+
+def test_batch_rerun_after_the_driver_died_before_commit(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    before = host_pids()
+    env = {**os.environ, **spark_env()}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "tests.spark.crash_driver", uri, str(tmp_path / "out.json")],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=240,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr.decode()[-3000:]
+    store = SnapshotStore(uri)
+    assert store.epochs() == [1, 2]  # epoch 3 ran but was never committed
+    crashed_rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    # the new driver re-runs epoch 3 from the committed epoch 2
+    pipeline = make(pipelines, VectorWordCount, uri, 4)
+    outputs: dict[str, int] = {}
+    batch = zipf_words(2000, 300, 3)
+    report = pipeline.run_epoch(words_df(spark, batch), 3, collecting(outputs))
+    assert not report.adopted and report.restored == 4
+    assert store.epochs() == [1, 2, 3]
+    expected = expected_counts([zipf_words(2000, 300, e) for e in (1, 2, 3)])
+    assert outputs == {w: expected[w] for w in set(batch)}
+    assert dict(map(tuple, crashed_rows)) == outputs  # the lost run had computed the same
+    # the dead driver's state host noticed its executor was gone and exited
+    deadline = time.monotonic() + 20
+    while (host_pids() - before) - set(pipeline.hosts.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (host_pids() - before) - set(pipeline.hosts.values())
+
+
+def test_rerun_of_a_committed_epoch_adopts_it(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    batches = [zipf_words(2000, 300, seed) for seed in range(4)]
+    first = make(pipelines, VectorWordCount, uri, 4)
+    for batch in batches[:3]:
+        first.run(words_df(spark, batch))
+    store = SnapshotStore(uri)
+    committed = store.fs.cat_file(store.full_path(store.manifest_name(3)))
+    # a new driver re-runs epoch 3 (its sink had not finished): same outputs, manifest kept
+    second = make(pipelines, VectorWordCount, uri, 4)
+    outputs: dict[str, int] = {}
+    report = second.run_epoch(words_df(spark, batches[2]), 3, collecting(outputs))
+    assert report.adopted
+    assert store.fs.cat_file(store.full_path(store.manifest_name(3))) == committed
+    second.run_epoch(words_df(spark, batches[3]), 4, collecting(outputs))
+    assert second.reports[-1].restored == 4  # its own epoch-3 files were not the committed ones
+    expected = expected_counts(batches)
+    assert outputs == {w: expected[w] for w in {*batches[2], *batches[3]}}
+
+
+def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    source, uri = tmp_path / "in", f"file://{tmp_path}/ckpt"
+    source.mkdir()
+    batches = [zipf_words(1500, 300, seed) for seed in range(5)]
+    outputs: dict[str, int] = {}
+
+    def run_query(files: range) -> StatefulPipeline:
+        for i in files:
+            (source / f"part-{i:03d}.csv").write_text("\n".join(batches[i]) + "\n")
+        pipeline = make(pipelines, VectorWordCount, uri, 4)
+        query = (
+            spark.readStream.schema("word string")
+            .option("maxFilesPerTrigger", 1)
+            .csv(str(source))
+            .writeStream.foreachBatch(pipeline.foreach_batch(collecting(outputs)))
+            .option("checkpointLocation", str(tmp_path / "spark-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        query.stop()
+        return pipeline
+
+    first = run_query(range(3))
+    assert [r.epoch for r in first.reports] == [1, 2, 3]
+    second = run_query(range(3, 5))  # a restarted query: new driver objects, same checkpoints
+    assert [r.epoch for r in second.reports] == [4, 5]
+    assert second.reports[0].restored == 4 and second.reports[1].warm == 4
+    assert outputs == expected_counts(batches)
