@@ -1,4 +1,5 @@
-"""A real backend process for the metrics scrape: ``python backend_metrics_process.py PORT DIR``.
+"""A real backend process for the metrics scrape:
+``python backend_metrics_process.py PORT DIR [nospill]``.
 
 It runs the reference word count (``statetier demo``'s function) through LocalRunner with the
 spill tier on a tiny memory budget (so key groups spill and load) and a checkpoint per epoch on
@@ -20,10 +21,11 @@ def main() -> None:
     from statetier.backend.workloads import batches, zipf_words
 
     port, workdir = int(sys.argv[1]), Path(sys.argv[2])
+    spill = sys.argv[3:] != ["nospill"]
     config = load_config(
         {
             "metrics.port": port,
-            "spill.enabled": "true",
+            "spill.enabled": str(spill).lower(),
             "spill.dirs": str(workdir / "spill"),
             "memory.budget": "8m",
             "spill.check-interval": "0.01",

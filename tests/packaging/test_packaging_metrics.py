@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,13 +140,11 @@ def compaction_scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield _wait("the worker's heartbeat in the gateway's metrics", one_worker_alive)
 
 
-@pytest.fixture(scope="module")
-def backend_scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("backend")
+def _backend(workdir: Path, *extra: str) -> Generator[str, None, None]:
     port = free_port()
     with open(workdir / "backend.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(BACKEND_PROCESS), str(port), str(workdir)],
+            [sys.executable, str(BACKEND_PROCESS), str(port), str(workdir), *extra],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -159,6 +157,25 @@ def backend_scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def backend_scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _backend(tmp_path_factory.mktemp("backend"))
+
+
+def test_backend_without_spill_tier_still_exports_checkpoint_metrics(tmp_path: Path) -> None:
+    process = _backend(tmp_path, "nospill")
+    try:
+        text = next(process)
+    finally:
+        process.close()  # stops it
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("statetier_checkpoints_total", (("outcome", "committed"),))] == 4
 
 
 def test_every_expression_uses_only_exported_names(

@@ -68,6 +68,11 @@ class OperatorInstance:
             from statetier.backend.spill import SpillManager
 
             self.spill = SpillManager.from_config(self.keyed, config)
+        elif config is not None and config.metrics_port:
+            # No spill tier: the process still exports its checkpoint and locality metrics.
+            from statetier.backend.spill.metrics import serve_metrics
+
+            serve_metrics(config.metrics_port)
         self.function = factory()
         self.context = RuntimeContext(self.keyed, self.operator, is_restored=restored)
         initialize = getattr(self.function, "initialize_state", None)
