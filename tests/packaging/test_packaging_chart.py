@@ -239,6 +239,16 @@ def test_namespaced_install_has_peering_and_roles_per_namespace() -> None:
     assert args[args.index("--namespace") + 1] == "a"
 
 
+def test_webhooks_off() -> None:
+    docs = render({"webhooks": {"enabled": False}})
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Secret", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    container = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--no-webhooks" in container["args"] and "--certfile" not in container["args"]
+    assert "webhooks" not in {p["name"] for p in container["ports"]}
+    assert "Webhooks:   off" in notes({"webhooks": {"enabled": False}})
+
+
 def test_notes() -> None:
     text = notes({})
     assert "kubectl wait --for=condition=Ready compactionservice/" in text

@@ -87,12 +87,14 @@ def checkpoint_failed() -> None:
     CHECKPOINTS.labels("failed").inc()
 
 
-def warm_hit() -> None:
-    WARM_HITS.inc()
+def warm_hit(ranges: int = 1) -> None:
+    """``ranges`` key-group ranges were served from state already in the process."""
+    WARM_HITS.inc(ranges)
 
 
-def cold_restore() -> None:
-    COLD_RESTORES.inc()
+def cold_restore(ranges: int = 1) -> None:
+    """``ranges`` key-group ranges had to be restored from tier 2."""
+    COLD_RESTORES.inc(ranges)
 
 
 class _SpillVolumes(Collector):
