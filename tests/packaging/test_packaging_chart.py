@@ -270,3 +270,21 @@ def test_plain_manifests_script(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "/webhooks/failurePolicy" in proc.stderr
+
+
+def test_packaged_chart_carries_the_linked_crds(tmp_path: Path) -> None:
+    """helm package resolves the files/crds link: the archive installs the same CRDs, and the
+    promtool test cases stay out of it (.helmignore)."""
+    import tarfile
+
+    archive = helm_python.package(str(CHART), destination=str(tmp_path))
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "statetier/files/crds/compactionservice.yaml" in names
+    assert not [n for n in names if "/rules/tests/" in n]
+    with helm_python.Chart.load(archive) as chart:
+        rendered = chart.render({}, name="statetier", namespace="statetier")
+    crds = [d for d in yaml.safe_load_all(rendered["statetier/templates/crds.yaml"]) if d]
+    assert {d["metadata"]["name"] for d in crds} == {
+        d["metadata"]["name"] for d in render({}) if d["kind"] == "CustomResourceDefinition"
+    }
