@@ -344,6 +344,8 @@ class FlowResult:
         self.requests: list[tuple[str, str, str, str]] = []
         self.metrics = ""
         self.wait_output = ""
+        self.wait_before_ready = ""
+        self.status_before_ready: dict[str, Any] = {}
         self.status: dict[str, Any] = {}
         self.generation = 0
         self.docs: list[dict[str, Any]] = []
@@ -393,6 +395,27 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
                 f"Deployment {name}-{part}",
                 lambda part=part: run.read("apps", "deployments", namespace, f"{name}-{part}"),
             )
+        # Not ready yet (no Deployment controller has reported): kubectl wait must time out.
+        run.wait_for(
+            "a first status",
+            lambda: (
+                (run.read("statetier.io", "compactionservices", namespace, name) or {})
+                .get("status", {})
+                .get("conditions")
+            ),
+        )
+        result.wait_before_ready = run.kubectl(
+            "wait",
+            "--for=condition=Ready",
+            f"compactionservice/{name}",
+            "-n",
+            namespace,
+            "--timeout=1s",
+            check=False,
+        )
+        result.status_before_ready = run.read(
+            "statetier.io", "compactionservices", namespace, name
+        )["status"]
         # Play the Deployment controller (the emulator runs none), without the operator's token.
         for part in ("gateway", "workers"):
             current = run.read("apps", "deployments", namespace, f"{name}-{part}")

@@ -15,6 +15,13 @@ from tests.packaging.packaging_support import POD_NAME, FlowResult
 
 
 def test_kubectl_wait_for_condition_ready_succeeds(clusterwide_flow: FlowResult) -> None:
+    # Before the Deployments report ready replicas, the same wait times out ...
+    assert "timed out waiting for the condition" in clusterwide_flow.wait_before_ready
+    ready = next(
+        c for c in clusterwide_flow.status_before_ready["conditions"] if c["type"] == "Ready"
+    )
+    assert ready["status"] == "False" and ready["reason"] != "AllReplicasReady"
+    # ... and once they do, it succeeds.
     assert "compactionservice.statetier.io/flow condition met" in clusterwide_flow.wait_output
 
 
