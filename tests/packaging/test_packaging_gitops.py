@@ -10,8 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+from typing import Any
 
-from tests.packaging.packaging_support import POD_NAME, FlowResult
+from tests.packaging.packaging_support import CHART, POD_NAME, REPO, FlowResult
+
+HEALTH_LUA = CHART / "argocd" / "compactionservice-health.lua"
 
 
 def test_kubectl_wait_for_condition_ready_succeeds(clusterwide_flow: FlowResult) -> None:
@@ -72,3 +75,41 @@ def test_each_replica_takes_its_peering_priority_from_its_pod_name(
         (json.loads(v) if isinstance(v, str) else v).get("priority") for v in peers.values()
     ]
     assert expected in priorities, peers
+
+
+def _argocd_health(obj: dict[str, Any]) -> dict[str, str]:
+    """Run the Argo CD health script as Argo CD does (Lua 5.1, global ``obj``)."""
+    from lupa import lua51  # type: ignore[import-untyped]  # no stubs published
+
+    lua = lua51.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    result = lua.execute(HEALTH_LUA.read_text())
+    return {str(k): str(v) for k, v in result.items()}
+
+
+def test_argocd_health_check_reads_the_operators_status(clusterwide_flow: FlowResult) -> None:
+    generation = clusterwide_flow.generation
+    ready = {"metadata": {"generation": generation}, "status": clusterwide_flow.status}
+    assert _argocd_health(ready)["status"] == "Healthy"
+    starting = {
+        "metadata": {"generation": generation},
+        "status": clusterwide_flow.status_before_ready,
+    }
+    assert _argocd_health(starting)["status"] == "Progressing"
+    stale = {"metadata": {"generation": generation + 1}, "status": clusterwide_flow.status}
+    assert _argocd_health(stale)["status"] == "Progressing"
+    degraded_status = json.loads(json.dumps(clusterwide_flow.status))
+    for condition in degraded_status["conditions"]:
+        if condition["type"] == "Degraded":
+            condition.update(status="True", reason="WorkersBelowMinimum", message="0 of 1 ready")
+    degraded = _argocd_health({"metadata": {"generation": generation}, "status": degraded_status})
+    assert degraded == {"status": "Degraded", "message": "WorkersBelowMinimum: 0 of 1 ready"}
+    assert _argocd_health({"metadata": {"generation": 1}})["status"] == "Progressing"
+
+
+def test_install_doc_carries_the_tested_health_script() -> None:
+    doc = (REPO / "docs" / "install.md").read_text()
+    indented = "\n".join(
+        f"    {line}" if line else "" for line in HEALTH_LUA.read_text().splitlines()
+    )
+    assert indented in doc
