@@ -24,6 +24,7 @@ ALL_ON: dict[str, Any] = {
         "podMonitor": {"enabled": True},
     },
     "executorMetrics": {"podMonitor": {"enabled": True, "namespaces": ["spark-jobs"]}},
+    "compactionMetrics": {"podMonitor": {"enabled": True}},
     "certManager": {"enabled": True},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "grafana": {"dashboards": {"enabled": True}},

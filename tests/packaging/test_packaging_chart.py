@@ -239,6 +239,33 @@ def test_namespaced_install_has_peering_and_roles_per_namespace() -> None:
     assert args[args.index("--namespace") + 1] == "a"
 
 
+def test_compaction_pod_monitor_selects_the_operators_gateway_pods() -> None:
+    """The PodMonitor's selector and port match the gateway pods the operator creates."""
+    from statetier.operator import compaction
+
+    monitor = find(render(ALL_ON), "PodMonitor", "statetier-compaction")
+    service = {
+        "apiVersion": "statetier.io/v1alpha1",
+        "kind": "CompactionService",
+        "metadata": {"name": "c", "namespace": "spark", "uid": "u", "generation": 1},
+        "spec": {"image": "statetier/compaction:0.1.0"},
+    }
+    gateway = next(
+        d
+        for d in compaction.desired_objects(service)
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "c-gateway"
+    )
+    pod = gateway["spec"]["template"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    workers = next(
+        d for d in compaction.desired_objects(service) if d["metadata"]["name"] == "c-workers"
+    )
+    assert not selector.items() <= workers["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_webhooks_off() -> None:
     docs = render({"webhooks": {"enabled": False}})
     kinds = {d["kind"] for d in docs}
