@@ -13,6 +13,7 @@ BENCHMARKS = {
     "wordcount": "statetier.backend.bench.wordcount",
     "checkpoint": "statetier.backend.bench.checkpoint",
     "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
+    "spark-wordcount": "statetier.backend.bench.spark_wordcount",  # needs the spark extra
 }
 
 

@@ -118,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statetier demo", description=__doc__)
+    argv = list(argv or [])
+    if "--local" not in argv:  # the Spark streaming demo (needs the spark extra)
+        from statetier.backend.spark.demo import main as spark_demo
+
+        return spark_demo(argv)
+    argv.remove("--local")
+    parser = argparse.ArgumentParser(prog="statetier demo --local", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -66,6 +66,8 @@ class EpochReport:
     fresh: int
     spilled_key_groups: int
     upload_bytes: int
+    host_seconds: float = 0.0  # time the state hosts spent on the ranges (summed)
+    snapshot_seconds: float = 0.0  # of which writing the ranges' snapshots
 
 
 class StatefulPipeline:
@@ -242,6 +244,8 @@ class StatefulPipeline:
             fresh=sum(r.state == "fresh" for r in results),
             spilled_key_groups=sum(r.spilled_key_groups for r in results),
             upload_bytes=sum(r.upload_bytes for r in results),
+            host_seconds=sum(r.total_s for r in results),
+            snapshot_seconds=sum(r.snapshot_s for r in results),
         )
         self.reports.append(report)
         return report

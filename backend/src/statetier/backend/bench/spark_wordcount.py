@@ -1,0 +1,316 @@
+"""``statetier bench spark-wordcount``: statetier on Spark against Spark's own stateful operators.
+
+The same Zipf words (2M from a 200k vocabulary by default) are written once as 10 Parquet files;
+every pipeline reads them as a Structured Streaming source, one file per micro-batch
+(``maxFilesPerTrigger=1``, ``availableNow``), on ``local[2]`` with 8 partitions, and keeps a
+running count per word:
+
+- ``statetier``: ``foreachBatch`` running a :class:`StatefulPipeline` (a key-group word count,
+  state warm in the executor's state host, one checkpoint per batch on local disk);
+- ``statetier_s3`` (with ``--s3``): the same, checkpointing to SeaweedFS started on 127.0.0.1;
+- ``spark_rocksdb_count``: ``groupBy("word").count()``, RocksDB state store, update mode;
+- ``apply_in_pandas_with_state`` and ``transform_with_state_in_pandas`` (ValueState);
+- ``ceiling``: a ``mapInPandas`` that only counts rows.
+
+Every pipeline writes to the ``noop`` sink; records/s = input records / wall time of the query.
+``applyInPandasWithState`` and ``transformWithStateInPandas`` run at a few thousand records/s, so
+by default they process only the first ``--slow-batches`` batches (their rate is per record, the
+other batches would take many minutes); ``--slow-batches 10`` runs them on everything.
+statetier checks its final counts against ``collections.Counter``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from statetier.backend.bench import print_table
+from statetier.backend.workloads import batches, zipf_words
+
+TARGETS = {
+    "transform_with_state_in_pandas": 20.0,
+    "spark_rocksdb_count": 1.5,
+    "ceiling": 0.85,
+}
+
+
+def spark_session(partitions: int) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("statetier-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.default.parallelism", str(partitions))
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "2g")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def write_input(spark: Any, parts: list[list[str]], directory: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True)
+    for i, part in enumerate(parts):
+        pq.write_table(pa.table({"word": part}), directory / f"part-{i:03d}.parquet")
+
+
+def stream(spark: Any, source: Path, files: int | None = None) -> Any:
+    reader = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+    if files is not None:
+        reader = reader.option("pathGlobFilter", "part-*.parquet")
+    return reader.parquet(str(source))
+
+
+def run_query(writer: Any, checkpoint: Path) -> float:
+    started = time.perf_counter()
+    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return elapsed
+
+
+# ---------------------------------------------------------------------- the pipelines
+
+
+def bench_statetier(
+    spark: Any, source: Path, work: Path, uri: str, partitions: int, storage: dict[str, Any]
+) -> tuple[float, dict[str, Any]]:
+    from statetier.backend.bench.spark_functions import ArrowWordCount
+    from statetier.backend.spark import StatefulPipeline
+
+    pipeline = StatefulPipeline(
+        ArrowWordCount,
+        key="word",
+        output_schema="word string, count bigint",
+        parallelism=partitions,
+        config={"checkpoint.uri": uri},
+        storage_options=storage,
+    )
+    try:
+        writer = stream(spark, source).writeStream.foreachBatch(pipeline.foreach_batch())
+        elapsed = run_query(writer, work / "spark-ckpt")
+        counts = read_counts(pipeline)
+    finally:
+        pipeline.stop_hosts()
+    reports = pipeline.reports
+    return elapsed, {
+        "batches": len(reports),
+        "warm_hit_rate": pipeline.warm_hit_rate(),
+        "checkpoint_bytes": sum(r.upload_bytes for r in reports),
+        "counts": counts,
+    }
+
+
+def read_counts(pipeline: Any) -> dict[str, int]:
+    from statetier.backend.bench.spark_functions import ArrowWordCount
+    from statetier.backend.descriptors import ValueStateDescriptor
+    from statetier.backend.runtime import OperatorInstance
+
+    store = pipeline.store
+    manifest = store.manifest()
+    counts: dict[str, int] = {}
+    for index in range(manifest.parallelism):
+        instance = OperatorInstance(
+            cast(Any, ArrowWordCount),  # a KeyGroupFunction: open() is all a restore needs
+            index,
+            manifest.parallelism,
+            manifest.max_parallelism,
+            store=store,
+            restore_epoch=manifest.epoch,
+        )
+        state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
+        for key in instance.keyed.keys("count"):
+            instance.keyed.set_current_key(key)
+            counts[key] = state.value() or 0
+    return counts
+
+
+def bench_rocksdb(spark: Any, source: Path, work: Path) -> float:
+    counts = stream(spark, source).groupBy("word").count()
+    writer = counts.writeStream.outputMode("update").format("noop")
+    return run_query(writer, work / "rocksdb-ckpt")
+
+
+def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    from statetier.backend.bench.spark_functions import apply_count
+
+    counts = (
+        stream(spark, source)
+        .groupBy("word")
+        .applyInPandasWithState(
+            apply_count,
+            "word string, count long",
+            "count long",
+            "Update",
+            GroupStateTimeout.NoTimeout,
+        )
+    )
+    writer = counts.writeStream.outputMode("update").format("noop")
+    return run_query(writer, work / "aipws-ckpt")
+
+
+def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
+    from statetier.backend.bench.spark_functions import TwsCount
+
+    counts = (
+        stream(spark, source)
+        .groupBy("word")
+        .transformWithStateInPandas(
+            statefulProcessor=TwsCount(),
+            outputStructType="word string, count long",
+            outputMode="Update",
+            timeMode="None",
+        )
+    )
+    writer = counts.writeStream.outputMode("update").format("noop")
+    return run_query(writer, work / "tws-ckpt")
+
+
+def bench_ceiling(spark: Any, source: Path, work: Path) -> float:
+    from statetier.backend.bench.spark_functions import count_rows
+
+    counted = stream(spark, source).mapInPandas(count_rows, "n long")
+    return run_query(counted.writeStream.format("noop"), work / "ceiling-ckpt")
+
+
+# ---------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, in order)
+    parser = argparse.ArgumentParser(prog="statetier bench spark-wordcount")
+    parser.add_argument("--words", type=int, default=2_000_000)
+    parser.add_argument("--vocabulary", type=int, default=200_000)
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument(
+        "--slow-batches",
+        type=int,
+        default=1,
+        help="batches the pandas-state baselines process (they are slow)",
+    )
+    parser.add_argument("--s3", action="store_true", help="also checkpoint to SeaweedFS")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    words = zipf_words(args.words, args.vocabulary)
+    parts = batches(words, args.batches)
+    work = Path(tempfile.mkdtemp(prefix="statetier-bench-spark-"))
+    spark = spark_session(args.partitions)
+    results: dict[str, dict[str, Any]] = {}
+    weed = None
+    try:
+        full, slow = work / "in", work / "in-slow"
+        write_input(spark, parts, full)
+        slow_parts = parts[: args.slow_batches]
+        write_input(spark, slow_parts, slow)
+        slow_records = sum(len(p) for p in slow_parts)
+
+        def record(name: str, seconds: float, records: int, **extra: Any) -> None:
+            results[name] = {
+                "records": records,
+                "seconds": round(seconds, 3),
+                "records_per_s": round(records / seconds, 1),
+                **extra,
+            }
+
+        bench_ceiling(spark, full, work / "warmup")  # JIT and Python workers warm for everyone
+        elapsed, info = bench_statetier(
+            spark, full, work / "st", f"file://{work}/st-checkpoints", args.partitions, {}
+        )
+        exact = info.pop("counts") == dict(collections.Counter(words))
+        record(
+            "statetier", elapsed, len(words), counts_exact=exact, checkpoint="local disk", **info
+        )
+        if args.s3:
+            from statetier.backend.seaweed import SeaweedFS
+
+            weed = SeaweedFS.start(work / "weed")
+            elapsed, info = bench_statetier(
+                spark, full, work / "st3", weed.uri("bench"), args.partitions, weed.options
+            )
+            exact = info.pop("counts") == dict(collections.Counter(words))
+            record(
+                "statetier_s3",
+                elapsed,
+                len(words),
+                counts_exact=exact,
+                checkpoint="SeaweedFS (s3://)",
+                **info,
+            )
+        record("spark_rocksdb_count", bench_rocksdb(spark, full, work), len(words))
+        record("ceiling", bench_ceiling(spark, full, work), len(words))
+        record("apply_in_pandas_with_state", bench_apply_in_pandas(spark, slow, work), slow_records)
+        record(
+            "transform_with_state_in_pandas",
+            bench_transform_with_state(spark, slow, work),
+            slow_records,
+        )
+    finally:
+        spark.stop()
+        if weed is not None:
+            weed.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    st = results["statetier"]["records_per_s"]
+    ratios = {name: round(st / results[name]["records_per_s"], 2) for name in TARGETS}
+    meets = all(ratios[name] >= target for name, target in TARGETS.items())
+    report = {
+        "benchmark": "spark-wordcount",
+        "words": args.words,
+        "vocabulary": args.vocabulary,
+        "batches": args.batches,
+        "partitions": args.partitions,
+        "master": "local[2]",
+        "pipelines": results,
+        "ratios": ratios,
+        "targets": TARGETS,
+        "meets_target": meets and bool(results["statetier"]["counts_exact"]),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        rows = [
+            [name, f"{r['records']:,}", f"{r['seconds']:.1f}", f"{r['records_per_s']:,.0f}"]
+            for name, r in results.items()
+        ]
+        print_table(
+            f"spark-wordcount: {args.words:,} Zipf words, {args.batches} micro-batches, "
+            f"{args.partitions} partitions, local[2]",
+            ["pipeline", "records", "seconds", "records/s"],
+            rows,
+        )
+        for name, target in TARGETS.items():
+            print(f"  statetier / {name}: {ratios[name]}x (target >= {target}x)")
+        print(
+            f"  warm-hit rate: {results['statetier']['warm_hit_rate']:.0%}, "
+            f"counts exact: {results['statetier']['counts_exact']}"
+        )
+    return 0 if report["meets_target"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

