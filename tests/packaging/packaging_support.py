@@ -496,7 +496,7 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
                     "statetier.io/status": '{"volume": "emptyDir"}',
                 },
             },
-            "spec": {"type": "Python", "mode": "cluster", "sparkVersion": "4.0.1"},
+            "spec": {"type": "Python", "mode": "cluster", "sparkVersion": "4.3.0"},
         }
         run.kubectl("apply", "-f", "-", stdin=json.dumps(app))
         objects = {"sparkapplications": app, "compactionservices": manifest}
