@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/statetier bench wordcount
 	$(BIN)/statetier bench checkpoint
 	$(BIN)/statetier bench compaction
+	$(BIN)/statetier bench spark-wordcount
 
 docs: $(STAMP)
 	$(BIN)/statetier config docs > docs/configuration.md

@@ -10,7 +10,9 @@ running count per word:
 - ``statetier_s3`` (with ``--s3``): the same, checkpointing to SeaweedFS started on 127.0.0.1;
 - ``spark_rocksdb_count``: ``groupBy("word").count()``, RocksDB state store, update mode;
 - ``apply_in_pandas_with_state`` and ``transform_with_state_in_pandas`` (ValueState);
-- ``ceiling``: a ``mapInPandas`` that only counts rows.
+- ``ceiling``: a ``mapInPandas`` that only counts rows;
+- ``ceiling_keyed``: the same after the key-group exchange (``repartitionById``) that any keyed
+  pipeline needs, statetier's own floor.
 
 Every pipeline writes to the ``noop`` sink; records/s = input records / wall time of the query.
 ``applyInPandasWithState`` and ``transformWithStateInPandas`` run at a few thousand records/s, so
@@ -190,6 +192,19 @@ def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
     return run_query(writer, work / "tws-ckpt")
 
 
+def bench_ceiling_keyed(spark: Any, source: Path, work: Path, partitions: int) -> float:
+    """The ceiling with the exchange any keyed state needs: key group, repartitionById, count."""
+    from pyspark.sql import functions as sf
+    from statetier.backend.bench.spark_functions import count_rows
+    from statetier.backend.keygroups import spark_key_group_expr
+
+    kg = sf.expr(spark_key_group_expr(["word"], 128))
+    owner = sf.expr(f"CAST((kg * {partitions}) div 128 AS INT)")
+    ranged = stream(spark, source).withColumn("kg", kg).repartitionById(partitions, owner)
+    counted = ranged.mapInPandas(count_rows, "n long")
+    return run_query(counted.writeStream.format("noop"), work / "ceiling-keyed-ckpt")
+
+
 def bench_ceiling(spark: Any, source: Path, work: Path) -> float:
     from statetier.backend.bench.spark_functions import count_rows
 
@@ -263,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
             )
         record("spark_rocksdb_count", bench_rocksdb(spark, full, work), len(words))
         record("ceiling", bench_ceiling(spark, full, work), len(words))
+        record(
+            "ceiling_keyed",
+            bench_ceiling_keyed(spark, full, work, args.partitions),
+            len(words),
+            note="the ceiling plus the key-group exchange (repartitionById) keyed state needs",
+        )
         record("apply_in_pandas_with_state", bench_apply_in_pandas(spark, slow, work), slow_records)
         record(
             "transform_with_state_in_pandas",

@@ -1,11 +1,17 @@
 """statetier on Spark: keyed functions with tiered state over DataFrames and micro-batches.
 
-See docs/spark.md. Importing this package needs pyspark (the backend's ``spark`` extra).
+See docs/spark.md. The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's
+``spark`` extra); it is imported lazily, so the executors' state hosts, which import this package
+for the function classes, start without loading pyspark.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark.functions import KeyGroupFunction, SparkTask, current_task
-from statetier.backend.spark.pipeline import EpochReport, StatefulPipeline
+
+if TYPE_CHECKING:
+    from statetier.backend.spark.pipeline import EpochReport, StatefulPipeline
 
 __all__ = [
     "EpochReport",
@@ -16,3 +22,11 @@ __all__ = [
     "StatefulPipeline",
     "current_task",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("EpochReport", "StatefulPipeline"):
+        from statetier.backend.spark import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(name)
