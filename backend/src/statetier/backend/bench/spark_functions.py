@@ -1,16 +1,15 @@
-"""The functions the Spark word-count benchmark runs (importable by workers and state hosts)."""
+"""The statetier function of the Spark word-count benchmark and demo (imported by state hosts)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-import pandas as pd
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import RuntimeContext
 from statetier.backend.spark.functions import KeyGroupFunction
 
-__all__ = ["ArrowWordCount", "TwsCount", "apply_count", "count_rows"]
+__all__ = ["ArrowWordCount"]
 
 
 class ArrowWordCount(KeyGroupFunction):
@@ -35,50 +34,3 @@ class ArrowWordCount(KeyGroupFunction):
             update(total)
             out.append((word, total))
         return out
-
-
-def count_rows(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The ceiling: touch every batch, count its rows."""
-    n = 0
-    for frame in frames:
-        n += len(frame)
-    yield pd.DataFrame({"n": [n]})
-
-
-def apply_count(
-    key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any
-) -> Iterator[pd.DataFrame]:
-    """applyInPandasWithState: a running count per word."""
-    count = state.get[0] if state.exists else 0
-    for frame in frames:
-        count += len(frame)
-    state.update((count,))
-    yield pd.DataFrame({"word": [key[0]], "count": [count]})
-
-
-def _tws_base() -> Any:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    return StatefulProcessor
-
-
-class TwsCount(_tws_base()):  # type: ignore[misc]
-    """transformWithStateInPandas: a running count per word in a ValueState."""
-
-    def init(self, handle: Any) -> None:
-        self.count = handle.getValueState("count", "count long")
-
-    def handleInputRows(  # noqa: N802 (Spark's name)
-        self,
-        key: Any,
-        rows: Iterator[pd.DataFrame],
-        timerValues: Any,  # noqa: N803
-    ) -> Iterator[pd.DataFrame]:
-        count = self.count.get()[0] if self.count.exists() else 0
-        for frame in rows:
-            count += len(frame)
-        self.count.update((count,))
-        yield pd.DataFrame({"word": [key[0]], "count": [count]})
-
-    def close(self) -> None:
-        pass

@@ -122,6 +122,8 @@ def bench_statetier(
         "batches": len(reports),
         "warm_hit_rate": pipeline.warm_hit_rate(),
         "checkpoint_bytes": sum(r.upload_bytes for r in reports),
+        "epoch_seconds": [round(r.seconds, 2) for r in reports],
+        "host_seconds": [round(r.host_seconds, 2) for r in reports],
         "counts": counts,
     }
 
@@ -158,7 +160,7 @@ def bench_rocksdb(spark: Any, source: Path, work: Path) -> float:
 
 def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
     from pyspark.sql.streaming.state import GroupStateTimeout
-    from statetier.backend.bench.spark_functions import apply_count
+    from statetier.backend.bench.spark_baselines import apply_count
 
     counts = (
         stream(spark, source)
@@ -176,7 +178,7 @@ def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
 
 
 def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
-    from statetier.backend.bench.spark_functions import TwsCount
+    from statetier.backend.bench.spark_baselines import TwsCount
 
     counts = (
         stream(spark, source)
@@ -195,7 +197,7 @@ def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
 def bench_ceiling_keyed(spark: Any, source: Path, work: Path, partitions: int) -> float:
     """The ceiling with the exchange any keyed state needs: key group, repartitionById, count."""
     from pyspark.sql import functions as sf
-    from statetier.backend.bench.spark_functions import count_rows
+    from statetier.backend.bench.spark_baselines import count_rows
     from statetier.backend.keygroups import spark_key_group_expr
 
     kg = sf.expr(spark_key_group_expr(["word"], 128))
@@ -206,7 +208,7 @@ def bench_ceiling_keyed(spark: Any, source: Path, work: Path, partitions: int) -
 
 
 def bench_ceiling(spark: Any, source: Path, work: Path) -> float:
-    from statetier.backend.bench.spark_functions import count_rows
+    from statetier.backend.bench.spark_baselines import count_rows
 
     counted = stream(spark, source).mapInPandas(count_rows, "n long")
     return run_query(counted.writeStream.format("noop"), work / "ceiling-ckpt")
