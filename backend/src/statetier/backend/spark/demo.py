@@ -30,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocabulary", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=10, help="micro-batches over both runs")
     parser.add_argument("--parallelism", type=int, default=4)
-    parser.add_argument("--budget", default="16m", help="memory.budget of the state")
+    parser.add_argument(
+        "--budget", default="256m", help="memory.budget of the state host (RSS-based)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", default="statetier-demo", help="where everything goes")
     parser.add_argument("--restart", action="store_true", help="resume from the checkpoints")
