@@ -22,7 +22,16 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 
 def test_demo_counts_exactly_and_resumes(tmp_path: Path) -> None:
-    args = ["demo", "--local", "--words", "20000", "--vocabulary", "2000", "--dir", str(tmp_path / "d")]
+    args = [
+        "demo",
+        "--local",
+        "--words",
+        "20000",
+        "--vocabulary",
+        "2000",
+        "--dir",
+        str(tmp_path / "d"),
+    ]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr
     assert "counts exact = True" in first.stdout
