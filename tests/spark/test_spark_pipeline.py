@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.keygroups import assign_to_key_group, spark_key_group_expr
 from statetier.backend.snapshot import SnapshotStore
@@ -81,12 +82,29 @@ def test_word_count_is_exact_and_stays_warm(
     pipeline = make(pipelines, function, f"file://{tmp_path}/ckpt", 4)
     batches = [zipf_words(3000, 400, seed) for seed in range(3)]
     outputs: dict[str, int] = {}
+    before = driver_metrics()
     for batch in batches:
         pipeline.run(words_df(spark, batch), collecting(outputs))
     assert outputs == expected_counts(batches)
     assert SnapshotStore(f"file://{tmp_path}/ckpt").epochs()[-1] == 3
     assert [r.fresh for r in pipeline.reports] == [4, 0, 0]
     assert pipeline.warm_hit_rate() == 1.0  # epochs 2 and 3 found every range warm
+    # the driver exports what the state-tier dashboard shows
+    after = driver_metrics()
+    assert after["committed"] - before["committed"] == 3
+    assert after["warm"] - before["warm"] == 8
+    assert after["restored"] == before["restored"]
+
+
+def driver_metrics() -> dict[str, float]:
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    return {
+        "committed": sample("statetier_checkpoints_total", outcome="committed"),
+        "warm": sample("statetier_state_warm_hits_total"),
+        "restored": sample("statetier_state_cold_restores_total"),
+    }
 
 
 def test_failed_task_is_retried_and_counts_stay_exact(

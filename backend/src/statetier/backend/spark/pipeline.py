@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
+from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config
 from statetier.backend.keygroups import (
     check_parallelism,
@@ -46,6 +47,7 @@ from statetier.backend.snapshot import (
 from statetier.backend.spark.host import KG_COLUMN
 from statetier.backend.spark.results import RangeResult, result_name, snapshot_from_dict
 from statetier.backend.spark.task import partition_function, request
+from statetier.backend.spill.metrics import serve_metrics
 
 __all__ = ["EpochReport", "StatefulPipeline"]
 
@@ -115,6 +117,7 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
+            serve_metrics(self.config.metrics_port)
         return self._store
 
     @property
@@ -228,7 +231,11 @@ class StatefulPipeline:
             self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
         else:
             snapshots = [snapshot_from_dict(r.snapshot) for r in results]
-            commit_snapshot(store, epoch, snapshots, self._lease)
+            try:
+                commit_snapshot(store, epoch, snapshots, self._lease)
+            except Exception:
+                backend_metrics.checkpoint_failed()
+                raise
             self._tokens = {str(r.index): r.token for r in results}
             self._tokens_epoch = epoch
             assert self.config is not None
@@ -248,6 +255,11 @@ class StatefulPipeline:
             snapshot_seconds=sum(r.snapshot_s for r in results),
         )
         self.reports.append(report)
+        # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
+        if not adopted:
+            backend_metrics.checkpoint_committed(report.seconds, report.upload_bytes)
+        backend_metrics.warm_hit(report.warm)
+        backend_metrics.cold_restore(report.restored)
         return report
 
     def _result(self, epoch: int, index: int) -> RangeResult:
