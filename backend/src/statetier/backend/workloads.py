@@ -1,6 +1,6 @@
 """Generated inputs for the demo and the benchmarks: Zipf-distributed words.
 
-Deterministic for a seed (``random.Random``, never ``hash()``), so every mode of a benchmark and
+Deterministic for a seed (``random.Random``, never the built-in ``hash``), so every mode of a benchmark and
 every run of the demo see the same words, and results can be checked exactly.
 """
 
