@@ -14,8 +14,8 @@ can put every record in its key group without Python::
 Canonical bytes per type (the Spark column type that hashes the same in brackets):
 ``str`` UTF-8 (StringType), ``bytes`` as is (BinaryType), ``int`` 8 bytes little-endian
 (LongType: cast integer keys to bigint), ``None`` leaves the seed unchanged (NULL). Booleans are
-refused: ``True == 1`` in Python but Spark hashes them differently. Python's built-in ``hash`` is never
-used: it changes with PYTHONHASHSEED.
+refused: ``True == 1`` in Python but Spark hashes them differently. Python's built-in ``hash``
+is never used: it changes with PYTHONHASHSEED.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Generated inputs for the demo and the benchmarks: Zipf-distributed words.
 
-Deterministic for a seed (``random.Random``, never the built-in ``hash``), so every mode of a benchmark and
-every run of the demo see the same words, and results can be checked exactly.
+Deterministic for a seed (``random.Random``, never the built-in ``hash``), so every mode of a
+benchmark and every run of the demo see the same words, and results can be checked exactly.
 """
 
 from __future__ import annotations

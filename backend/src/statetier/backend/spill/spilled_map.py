@@ -13,8 +13,8 @@ of the mmap'd chunks (:mod:`.storage`):
   A str key is stored as its UTF-8 (no serializer call on the per-record path), any other key as
   0xFF (which never starts UTF-8) and the key serializer's bytes.
 
-A read hashes the serialized key (xxh3, never Python's built-in ``hash``), probes, compares the key bytes
-and decodes only that value. A write of a value of the same encoded length overwrites it in
+A read hashes the serialized key (xxh3, never the built-in ``hash``), probes, compares the key
+bytes and decodes only that value. A write of a value of the same encoded length overwrites it in
 place; otherwise a new record is appended and the slot repointed. When the log or the index is
 full, the live records are copied into a fresh log and index sized for twice the live data:
 compaction and growth in one step, with no decoding.
