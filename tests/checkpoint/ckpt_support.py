@@ -25,12 +25,10 @@ from statetier.backend import (
 )
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
+from statetier.backend.seaweed import KEY, SECRET
 from statetier.backend.snapshot import SnapshotStore
 
 from tests.checkpoint.ckpt_faults import FaultPlan
-
-BUCKET = "checkpoints"
-KEY, SECRET = "statetier-test", "statetier-test-secret"
 
 
 @dataclasses.dataclass(frozen=True)

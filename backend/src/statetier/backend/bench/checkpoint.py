@@ -20,13 +20,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -39,6 +34,7 @@ from statetier.backend.bench import print_table
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, key_group_range_for_operator
+from statetier.backend.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 from statetier.backend.snapshot import (
     Checkpointer,
     CheckpointSettings,
@@ -49,66 +45,18 @@ from statetier.backend.snapshot import (
 
 TARGET_RATIO = 0.7
 TARGET_INCREMENTAL = 0.05
-BUCKET = "bench"
-KEY, SECRET = "statetier-bench", "statetier-bench-secret"
 MAX_P = 128
 PARALLELISM = 4
-
-
-def _free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 <= 65535 and not taken & {port, port + 10000}:
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-            taken.update({port, port + 10000})
-            return port
 
 
 @contextmanager
 def seaweedfs() -> Iterator[str]:
     """A throwaway SeaweedFS on loopback; yields its S3 endpoint."""
-    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-    data = tempfile.mkdtemp(prefix="statetier-bench-weed-")
-    taken: set[int] = set()
-    names = ("master", "volume", "filer", "s3", "admin", "webdav")
-    ports = {name: _free_port(taken) for name in (*names, "iceberg", "lance")}
-    cmd = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-    cmd += [f"-{name}.port={ports[name]}" for name in names]
-    cmd += [f"-s3.port.iceberg={ports['iceberg']}", f"-s3.port.lance={ports['lance']}"]
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
-    env["S3_BUCKET"] = BUCKET
-    proc = subprocess.Popen(
-        cmd, cwd=data, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    data = Path(tempfile.mkdtemp(prefix="statetier-bench-weed-"))
     try:
-        import s3fs  # type: ignore[import-untyped]
-
-        fs = s3fs.S3FileSystem(
-            endpoint_url=endpoint, key=KEY, secret=SECRET, skip_instance_cache=True
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                fs.pipe_file(f"{BUCKET}/ready", b"1")
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        yield endpoint
+        with SeaweedFS.start(data) as server:
+            yield server.endpoint
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -152,7 +100,7 @@ def touch(backends: list[KeyedStateBackend], keys: int, fraction: float, round_:
 
 
 def run(endpoint: str, keys: int, value_bytes: int, repeats: int) -> dict[str, Any]:
-    import s3fs
+    import s3fs  # type: ignore[import-untyped]
 
     options: dict[str, Any] = {"endpoint_url": endpoint, "key": KEY, "secret": SECRET}
     raw_fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
