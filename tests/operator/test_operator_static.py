@@ -181,6 +181,42 @@ def test_generated_manifests_pass_kubernetes_validate() -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
+def _example_objects() -> list[dict[str, Any]]:
+    example = next(
+        d
+        for d in _docs(REPO / "examples" / "compactionservice.yaml")
+        if d["kind"] == "CompactionService"
+    )
+    body = copy.deepcopy(example)
+    body["metadata"]["uid"] = "8d2c1f9e-0000-4000-8000-000000000001"
+    return compaction.desired_objects(body)
+
+
+def _dockerfile_user() -> int:
+    lines = (REPO / "compaction" / "Dockerfile").read_text().splitlines()
+    return int(next(line.split()[1] for line in reversed(lines) if line.startswith("USER ")))
+
+
+def test_compaction_pods_meet_the_restricted_pod_security_standard() -> None:
+    """The checks of the "restricted" profile that a pod spec controls, per Deployment."""
+    deployments = [o for o in _example_objects() if o["kind"] == "Deployment"]
+    assert len(deployments) == 2
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["runAsUser"] == _dockerfile_user()
+        assert security["seccompProfile"]["type"] == "RuntimeDefault"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
+            assert context["readOnlyRootFilesystem"] is True
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]]  # the one writable path
+
+
 def test_operator_defaults_match_the_crd() -> None:
     spec_schema = _crd_schema("CompactionService")["properties"]["spec"]
     minimal = {"image": "x", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}

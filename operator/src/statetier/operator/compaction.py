@@ -162,9 +162,35 @@ def _prefix_args(spec: Obj) -> list[str]:
     return args
 
 
+# The Pod Security Standard "restricted" profile: the image runs as UID 10001 (see
+# compaction/Dockerfile), needs no capability and writes only to /tmp (an emptyDir), so the
+# gateway and workers run unprivileged in namespaces that enforce that profile.
+POD_SECURITY: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+TMP_VOLUME = "tmp"
+
+
 def _pod_spec(spec: Obj, container: Obj) -> Obj:
     scheduling = spec.get("scheduling") or {}
-    pod: Obj = {"containers": [container]}
+    container = {
+        **container,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
+    }
+    pod: Obj = {
+        "securityContext": copy.deepcopy(POD_SECURITY),
+        "containers": [container],
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}],
+    }
     if scheduling.get("nodeSelector"):
         pod["nodeSelector"] = dict(scheduling["nodeSelector"])
     if scheduling.get("tolerations"):
