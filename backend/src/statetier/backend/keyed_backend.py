@@ -10,7 +10,7 @@ in :mod:`statetier.backend.snapshot`, which read and fill the tables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from statetier.backend.descriptors import (
@@ -72,11 +72,13 @@ class RestoredState:
     """A state read from a snapshot whose descriptor has not been registered yet.
 
     Its entries stay as bytes until the user registers the state, because only the descriptor
-    knows how to decode them. A state never registered again is written back as it was.
+    knows how to decode them. A state never registered again is written back as it was. A
+    restore hands a mapping that decodes a key group's pairs from the checkpoint's blocks when
+    it is first read (``statetier.backend.snapshot.lazy``), so restoring costs the download.
     """
 
     meta: dict[str, Any]
-    entries: dict[int, list[tuple[bytes, bytes]]]  # key group -> [(key bytes, value bytes)]
+    entries: Mapping[int, Sequence[tuple[bytes, bytes]]]  # key group -> [(key, value) bytes]
 
 
 class KeyedStateBackend:

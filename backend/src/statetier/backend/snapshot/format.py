@@ -15,8 +15,11 @@ The header says what the file is: ``kind`` ("base": every entry of the range at 
 Version 1 files (bases only, no ``kind``) are still read.
 
 A reader opens the footer, checks the index checksum, and then reads only the blocks of the key
-groups it needs, checking each block's crc32. Every problem is reported with the file and block,
-so a corrupt checkpoint says where it is corrupt.
+groups it needs, checking each block's crc32 (the whole-file checksum of the manifest does not
+cover a writer that damaged its bytes before checksumming the file). Blocks can be taken undecoded
+(:class:`Block`, a view into the file) and decoded later, which is what a lazy restore does.
+Every problem is reported with the file and block, so a corrupt checkpoint says where it is
+corrupt.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -32,6 +35,7 @@ import msgpack
 __all__ = [
     "BASE",
     "DELTA",
+    "Block",
     "FORMAT_VERSION",
     "CorruptFileError",
     "DataFileReader",
@@ -103,12 +107,49 @@ def encode_data_file(
     return b"".join(parts)
 
 
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One key group's block, not decoded yet: a slice of its file, and where it came from (for
+    the error messages of a later decode)."""
+
+    path: str
+    key_group: int
+    offset: int
+    entries: int
+    kind: str
+    data: memoryview | bytes
+
+    def fail(self, problem: str) -> CorruptFileError:
+        where = f"block of key group {self.key_group} at offset {self.offset}"
+        return CorruptFileError(self.path, f"{where} {problem}")
+
+    def pairs(self) -> list[tuple[bytes, bytes | None]]:
+        """Decode the block: its (key, value) pairs, a value of None a tombstone."""
+        flat: Iterator[Any] = iter(self.flat())
+        return list(zip(flat, flat, strict=True))
+
+    def flat(self) -> list[bytes | None]:
+        """Decode the block as stored: [key, value, key, value, ...], a value of None a
+        tombstone (the cheapest decode: no pair is built)."""
+        try:
+            flat = msgpack.unpackb(self.data)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise self.fail(f"is unreadable: {exc}") from None
+        if not isinstance(flat, list) or len(flat) != 2 * self.entries:
+            found = len(flat) // 2 if isinstance(flat, list) else "no"
+            raise self.fail(f"holds {found} entries, index says {self.entries}")
+        if self.kind != DELTA and None in flat[1::2]:
+            raise self.fail("holds a tombstone, but this is not a delta file")
+        return flat
+
+
 class DataFileReader:
     """Reads a data file held in memory; ``path`` is only used in error messages."""
 
     def __init__(self, data: bytes, path: str) -> None:
         self.path = path
         self._data = data
+        self._view = memoryview(data)
         self.header = self._read_header()
         self.index = self._read_index()
 
@@ -172,28 +213,25 @@ class DataFileReader:
         kind: str = self.header.get("kind", BASE)
         return kind
 
+    def block(self, key_group: int) -> Block | None:
+        """The undecoded block of ``key_group`` (a view into the file, its crc32 checked now),
+        None when the file has none."""
+        entry = self.index.get(key_group)
+        if entry is None:
+            return None
+        view = self._view[entry.offset : entry.offset + entry.length]
+        found = Block(self.path, key_group, entry.offset, entry.entries, self.kind, view)
+        if zlib.crc32(view) != entry.crc32:
+            raise found.fail("fails its checksum")
+        return found
+
     def read_block(self, key_group: int) -> list[tuple[bytes, bytes | None]]:
         """The (key, value) pairs of ``key_group``; empty when the file has none.
 
         A value of None is a tombstone (delta files only).
         """
-        entry = self.index.get(key_group)
-        if entry is None:
-            return []
-        block = self._data[entry.offset : entry.offset + entry.length]
-        where = f"block of key group {key_group} at offset {entry.offset}"
-        if len(block) != entry.length or zlib.crc32(block) != entry.crc32:
-            raise self._fail(f"{where} fails its checksum")
-        try:
-            flat = msgpack.unpackb(block)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise self._fail(f"{where} is unreadable: {exc}") from None
-        if not isinstance(flat, list) or len(flat) != 2 * entry.entries:
-            found = len(flat) // 2 if isinstance(flat, list) else "no"
-            raise self._fail(f"{where} holds {found} entries, index says {entry.entries}")
-        if self.kind != DELTA and None in flat[1::2]:
-            raise self._fail(f"{where} holds a tombstone, but this is not a delta file")
-        return list(zip(flat[0::2], flat[1::2], strict=True))
+        found = self.block(key_group)
+        return [] if found is None else found.pairs()
 
     def verify(self) -> int:
         """Check every block; return the number of entries."""

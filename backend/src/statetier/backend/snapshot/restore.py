@@ -2,12 +2,16 @@
 
 For each state, the manifest's chains partition the key groups; a backend reads, from every
 chain whose range overlaps its own, the blocks of its key groups: the base, then each delta in
-epoch order (later values win, tombstones remove). Files are fetched concurrently, and every
-block is checked, so a damaged checkpoint fails the restore with the file and block named.
+epoch order (later values win, tombstones remove). Files are fetched concurrently and each is
+checked against the size and crc32 its manifest records (a mismatch is diagnosed down to the
+block), so a damaged checkpoint fails the restore with the file and block named. Blocks are kept
+undecoded until their key group is first read (see lazy): the restore costs the download.
 Operator state is redistributed over the new parallelism (even split or union).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from statetier.backend.keyed_backend import (
     KeyedStateBackend,
@@ -17,9 +21,9 @@ from statetier.backend.keyed_backend import (
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend, Redistribution, even_split
 from statetier.backend.snapshot.commit import SnapshotError
-from statetier.backend.snapshot.format import BASE, DataFileReader, decode_operator_file
+from statetier.backend.snapshot.format import DataFileReader, decode_operator_file
+from statetier.backend.snapshot.lazy import LazyEntries
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
-from statetier.backend.snapshot.serialize import merge_pairs
 from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.state.table import StateTable
 
@@ -29,33 +33,35 @@ __all__ = ["read_key_groups", "restore_keyed_state", "restore_operator_state"]
 def read_key_groups(
     store: SnapshotStore, manifest: Manifest, key_groups: KeyGroupRange, concurrency: int = 8
 ) -> dict[str, RestoredState]:
-    """State name -> its entries (as bytes) in ``key_groups``, from base + deltas."""
-    restored: dict[str, RestoredState] = {
-        name: RestoredState(meta, {}) for name, meta in manifest.states.items()
-    }
-    wanted: list[tuple[str, KeyGroupRange, list[FileEntry]]] = []
+    """State name -> its entries in ``key_groups``, from base + deltas.
+
+    The files are downloaded and checked now; the entries are :class:`LazyEntries`, decoded per
+    key group on first read (see lazy).
+    """
+    lazy = {name: LazyEntries() for name in manifest.states}
+    wanted: list[tuple[str, bool, KeyGroupRange, list[FileEntry]]] = []
     for chain in manifest.chains():
-        overlap = KeyGroupRange.parse(chain.key_groups).intersection(key_groups)
+        if chain.state not in lazy:
+            raise SnapshotError(
+                f"the manifest names files of state {chain.state!r} it does not list"
+            )
+        chain_range = KeyGroupRange.parse(chain.key_groups)
+        overlap = chain_range.intersection(key_groups)
         if len(overlap):
-            wanted.append((chain.state, overlap, chain.files))
-    entries = [f for _, _, files in wanted for f in files]
+            # a view into a file keeps all of it in memory: copy when only a little is ours
+            copy = 2 * len(overlap) < len(chain_range)
+            wanted.append((chain.state, copy, overlap, chain.files))
+    entries = [f for *_, files in wanted for f in files]
     datas = iter(store.read_many(entries, concurrency))
-    for state, overlap, files in wanted:
+    for state, copy, overlap, files in wanted:
         readers = [DataFileReader(next(datas), store.full_path(f.path)) for f in files]
-        if state not in restored:
-            raise SnapshotError(f"the manifest names files of state {state!r} it does not list")
-        target = restored[state].entries
-        if len(readers) == 1 and readers[0].kind == BASE:  # a base has no tombstones
-            for key_group in overlap:
-                pairs = readers[0].read_block(key_group)
-                if pairs:
-                    target[key_group] = pairs  # type: ignore[assignment]
-            continue
         for key_group in overlap:
-            merged = merge_pairs((r.kind, r.read_block(key_group)) for r in readers)
-            if merged:
-                target[key_group] = merged
-    return restored
+            blocks = [b for b in (r.block(key_group) for r in readers) if b is not None]
+            if copy:
+                blocks = [dataclasses.replace(b, data=bytes(b.data)) for b in blocks]
+            if blocks:
+                lazy[state].add(key_group, blocks)
+    return {name: RestoredState(meta, lazy[name]) for name, meta in manifest.states.items()}
 
 
 def restore_keyed_state(
