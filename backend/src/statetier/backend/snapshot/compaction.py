@@ -14,23 +14,27 @@ implements the same interface over HTTP with the same JSON.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
 import json
+import operator
 import uuid
 import zlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import fsspec
 from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.snapshot.blocks import DataFileBuilder, decode_block, encode_block
 from statetier.backend.snapshot.format import (
     BASE,
     FORMAT_VERSION,
     CorruptFileError,
     DataFileReader,
-    encode_data_file,
 )
 from statetier.backend.snapshot.manifest import Chain, FileEntry
-from statetier.backend.snapshot.serialize import merge_pairs
+from statetier.backend.snapshot.upload import put_parts
 
 __all__ = [
     "CompactionError",
@@ -154,20 +158,7 @@ class LocalCompactor:
             )
         if not request.inputs or request.inputs[0].kind != BASE:
             raise CompactionError("the first input of a compaction must be a base")
-        readers = []
-        for item in request.inputs:
-            fs, path = self._fs(item.url)
-            data: bytes = fs.cat_file(path)
-            if len(data) != item.size or zlib.crc32(data) != item.crc32:
-                raise CorruptFileError(item.url, "does not match the size and checksum requested")
-            readers.append(DataFileReader(data, item.url))
-        key_groups = KeyGroupRange.parse(request.key_groups)
-        blocks: list[tuple[int, list[tuple[bytes, bytes | None]]]] = []
-        entries = 0
-        for key_group in key_groups:
-            merged = merge_pairs((r.kind, r.read_block(key_group)) for r in readers)
-            entries += len(merged)
-            blocks.append((key_group, list(merged)))
+        datas = self._read_inputs(request.inputs)
         header = {
             "state": request.state,
             "key_groups": request.key_groups,
@@ -176,22 +167,71 @@ class LocalCompactor:
             "max_parallelism": request.max_parallelism,
             "compacted_from": len(request.inputs),
         }
-        out = encode_data_file(header, blocks)
+        files = [(DataFileReader(d, i.url), d) for i, d in zip(request.inputs, datas, strict=True)]
+        builder = DataFileBuilder(header)
+        parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files)
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
         fs, path = self._fs(url)
-        _put(fs, path, out)
-        return CompactionResult(
-            request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], entries
-        )
+        size, crc = put_parts(fs, path, parts)  # uploads while the merge goes on
+        return CompactionResult(request.job_id, [CompactionOutput(url, size, crc)], builder.entries)
+
+    def _read_inputs(self, inputs: list[CompactionInput]) -> list[bytes]:
+        """Every input's bytes, fetched concurrently, each checked against the request."""
+        if len(inputs) == 1:
+            return [self._read_verified(inputs[0])]
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(inputs))) as pool:
+            return list(pool.map(self._read_verified, inputs))
+
+    def _read_verified(self, item: CompactionInput) -> bytes:
+        fs, path = self._fs(item.url)
+        data: bytes = fs.cat_file(path)
+        if len(data) != item.size or zlib.crc32(data) != item.crc32:
+            raise CorruptFileError(item.url, "does not match the size and checksum requested")
+        return data
 
 
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write whole or not at all: local files go through a temporary name and a rename."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    if "file" in protocols or "local" in protocols:
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        fs.pipe_file(temp, data)
-        fs.mv(temp, path)
-    else:
-        fs.pipe_file(path, data)
+def merge_chain(
+    builder: DataFileBuilder, key_groups: KeyGroupRange, files: list[tuple[DataFileReader, bytes]]
+) -> Iterator[bytes | memoryview]:
+    """The bytes of the new base of a chain (base first, then deltas in epoch order) over
+    ``key_groups``, part by part as ``builder`` lays them out.
+
+    Every file's bytes must have been checked against its manifest checksum. A key group no
+    delta touches keeps its base block as-is; the others are merged (later values win,
+    tombstones remove), as :func:`~statetier.backend.snapshot.serialize.merge_pairs` does.
+    """
+    bases = [i for i, (reader, _) in enumerate(files) if reader.kind == BASE]
+    chain = files[bases[-1] if bases else 0 :]  # a base in the middle restarts the chain
+    base = chain[0] if chain[0][0].kind == BASE else None
+    deltas = chain[1:] if base is not None else chain
+    touched = {kg for reader, _ in deltas for kg in reader.index}
+    yield builder.head
+    for key_group in key_groups:
+        if key_group in touched:
+            keys, values = _merge_key_group(key_group, base, deltas)
+            if keys:
+                yield builder.add_block(key_group, encode_block(keys, values), len(keys))
+        elif base is not None and (entry := base[0].index.get(key_group)) is not None:
+            block = memoryview(base[1])[entry.offset : entry.offset + entry.length]
+            yield builder.add_raw(key_group, block, entry.crc32, entry.entries)
+    yield builder.tail()
+
+
+def _merge_key_group(
+    key_group: int,
+    base: tuple[DataFileReader, bytes] | None,
+    deltas: list[tuple[DataFileReader, bytes]],
+) -> tuple[list[bytes], list[bytes]]:
+    """The sorted keys and values of ``key_group`` after applying ``deltas`` to ``base``."""
+    merged: dict[bytes, bytes | None] = {}
+    for reader, data in ([base] if base is not None else []) + deltas:
+        entry = reader.index.get(key_group)
+        if entry is None:
+            continue
+        keys, values = decode_block(memoryview(data), entry, reader.kind, reader.path)
+        merged.update(zip(keys, values, strict=True))
+        if None in values:  # tombstones: the update above put None there
+            for key in itertools.compress(keys, map(operator.is_, values, itertools.repeat(None))):
+                merged.pop(key, None)
+    ordered = sorted(merged)  # mostly in base order already: timsort runs through it
+    return ordered, list(map(merged.__getitem__, ordered))  # type: ignore[arg-type]
