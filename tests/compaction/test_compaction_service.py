@@ -345,3 +345,33 @@ def test_remote_compaction_overlapping_back_to_back_epochs_restores_exactly(
     assert restored.restored_epoch == 8
     assert dump(restored) == expected(11, 8)
     restored.close()
+
+
+def test_a_status_call_with_wait_answers_when_the_job_finishes(
+    procs: Processes, seaweed: SeaweedFS, prefix: str
+) -> None:
+    gateway, _ = procs.gateway([prefix], *FAST)
+    request = _slow_request(seaweed, prefix)
+    assert call_json("POST", f"{gateway}/v1/jobs", json.loads(request.to_json()))[0] == 202
+    url = f"{gateway}/v1/jobs/{request.job_id}"
+    started = time.monotonic()
+    status, body = call_json("GET", f"{url}?wait=0.4", timeout=5)
+    assert status == 200 and body["state"] == "queued"  # no worker: held for the whole wait
+    assert 0.35 < time.monotonic() - started < 3
+    assert call_json("GET", f"{url}?wait=soon")[0] == 400
+    total = sum(i.size for i in request.inputs)
+    procs.worker(gateway, [prefix], "--max-read-rate", str(total // 3))  # 3 s of reading
+    started = time.monotonic()
+    status, body = call_json("GET", f"{url}?wait=20", timeout=30)
+    answered = time.monotonic() - started
+    assert status == 200 and body["state"] == "succeeded" and body["result"]["outputs"]
+    assert 2.0 < answered < 20  # held while the worker read, answered when it finished
+    # a client asking every 5 s still gets the result as soon as the job is done: one that
+    # slept between quick polls (20 ms doubling to 5 s) would learn of it seconds late
+    client = RemoteCompactor([gateway], timeout=60, poll_interval=5, failure_strategy="fail")
+    again = dataclasses.replace(request, job_id=f"{request.job_id}-again")
+    started = time.monotonic()
+    assert client.compact(again).outputs
+    waited = time.monotonic() - started
+    job = _job(gateway, again.job_id)
+    assert waited - (job["finished_at"] - job["submitted_at"]) < 1.0

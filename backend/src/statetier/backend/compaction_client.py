@@ -2,9 +2,10 @@
 
 Checkpoints call ``compact(request)`` and get a result back, whoever did the merge. This one
 submits the request to a compaction gateway (``compaction.endpoints``, a comma-separated list;
-endpoints can be added and removed while running), polls the job every
-``compaction.poll-interval`` and returns the outputs of the succeeded job. Polling is what lets
-a waiting client notice quickly that a gateway died or forgot the job (it resubmits elsewhere)
+endpoints can be added and removed while running), asks for the job's status at least every
+``compaction.poll-interval`` (the gateway holds each call until the job finishes, up to that
+interval) and returns the outputs of the succeeded job. Asking again and again is what lets a
+waiting client notice quickly that a gateway died or forgot the job (it resubmits elsewhere)
 instead of waiting out the whole timeout.
 
 Failures, as in the ForSt design: a gateway that cannot be reached, a job that failed on the
@@ -180,9 +181,13 @@ class RemoteCompactor:
         self.fallbacks += 1
         return self.fallback.compact(request)
 
-    def _call(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    def _call(
+        self, method: str, url: str, body: Any = None, timeout: float | None = None
+    ) -> tuple[int, Any]:
         try:
-            return call_json(method, url, body, token=self.token, timeout=self.http_timeout)
+            return call_json(
+                method, url, body, token=self.token, timeout=timeout or self.http_timeout
+            )
         except (OSError, TimeoutError) as exc:
             raise ServiceError(f"unreachable: {exc}") from exc
 
@@ -208,22 +213,34 @@ class RemoteCompactor:
                 with contextlib.suppress(ServiceError):  # free the worker: nobody waits
                     self._call("DELETE", url)
                 raise ServiceError(f"no result within {self.timeout:g}s (last state {state})")
-            # quick first polls (small jobs finish in tens of ms), then every poll_interval
-            pause = min(self.poll_interval, 0.02 * (2**polls))
-            polls += 1
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             try:
-                status, answer = self._call("GET", url)
+                status, answer = self._poll(url, deadline, polls)
             except ServiceError:
                 unreachable += 1
                 if unreachable >= 3:
                     raise
                 continue
+            finally:
+                polls += 1
             if status == 404:
                 raise ServiceError("the gateway no longer knows the job (restarted?)")
             if status != 200:
                 raise ServiceError(f"status answered {status}: {_message(answer)}")
             unreachable, body = 0, answer
+
+    def _poll(self, url: str, deadline: float, polls: int) -> tuple[int, Any]:
+        """One status call. The gateway holds it until the job finishes (at most
+        ``poll_interval``), so the result arrives at once and waiting costs a call per
+        interval; a gateway that answers at once instead (an older one) is asked again on the
+        old schedule: quick first polls (small jobs finish in tens of ms), then every
+        ``poll_interval``."""
+        wait = max(0.0, min(self.poll_interval, deadline - time.monotonic()))
+        asked = time.monotonic()
+        try:
+            return self._call("GET", f"{url}?wait={wait:.3f}", timeout=self.http_timeout + wait)
+        finally:
+            pause = min(wait, 0.02 * (2**polls))
+            time.sleep(max(0.0, pause - (time.monotonic() - asked)))
 
     @staticmethod
     def _result(request: CompactionRequest, body: Any) -> CompactionResult:

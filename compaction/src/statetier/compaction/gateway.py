@@ -4,7 +4,8 @@ Clients (the backend's remote compactor)::
 
     POST   /v1/jobs                 CompactionRequest JSON -> 202 {"job_id", "state"}
     GET    /v1/jobs                 list (?state=queued|running|...)
-    GET    /v1/jobs/{id}            status: state, progress, attempt, result when succeeded
+    GET    /v1/jobs/{id}?wait=S     status: state, progress, attempt, result when succeeded;
+                                    with wait, answers once the job has finished (or after S)
     DELETE /v1/jobs/{id}            abort
     GET    /v1/stats                queue depth, running, workers (what the autoscaler reads)
 
@@ -85,6 +86,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.scheduler = Scheduler(settings.scheduler, on_event=self._on_event)
         self._wakeups: dict[str, asyncio.Event] = {}
+        self._finished = asyncio.Event()  # set (and replaced) whenever a job finishes
         self._expiry: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ app
@@ -155,6 +157,8 @@ class Gateway:
                 m.input_bytes.inc(job.bytes_total)
                 m.output_bytes.inc(sum(o.size for o in job.result.outputs))
             log.info("job %s %s (%s)", job.job_id, event, job.error or "ok")
+            self._finished.set()
+            self._finished = asyncio.Event()
 
     def _schedule(self) -> None:
         for worker_id, _job in self.scheduler.schedule():
@@ -225,10 +229,25 @@ class Gateway:
         return self.scheduler.jobs.get(request.match_info["job_id"])
 
     async def status(self, request: web.Request) -> web.Response:
+        """A job's status; ``?wait=S`` holds the answer until the job finishes or S seconds
+        pass, so a waiting client learns of the result at once, with one call instead of many
+        polls."""
         job = self._job(request)
         if job is None:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
+        try:
+            wait = min(float(request.query.get("wait", "0")), self.settings.max_poll_wait)
+        except ValueError:
+            return _error(400, "invalid", "wait must be a number of seconds")
+        await self._until_finished(job, wait)
         return web.json_response(job.view())
+
+    async def _until_finished(self, job: Job, wait: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while not job.state.terminal and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished.wait(), left)
 
     async def abort(self, request: web.Request) -> web.Response:
         job = self._job(request)
