@@ -1,6 +1,6 @@
 """The merge itself: key groups no delta touches are copied as-is, the others merged, and the
 new base is byte for byte what decoding, merging and re-encoding every key group gives; a merge
-that fails half-way leaves nothing under the output name (the upload streams while merging).
+that fails half-way leaves nothing under the output name.
 
 Everything runs against SeaweedFS; the first test goes through a real gateway and worker and
 restores the compacted checkpoint at another parallelism.
@@ -146,13 +146,13 @@ def _chain(seed: int, key_groups: range, middle_base: bool) -> list[tuple[str, b
     """A base and deltas with every case: key groups only in the base, only in deltas,
     emptied by tombstones, tombstones of absent keys, keys removed and written again."""
     rnd = random.Random(seed)
-    keyspace = [(kg, f"k{kg:03d}-{i:05d}".encode()) for kg in key_groups for i in range(500)]
+    keyspace = [(kg, f"k{kg:03d}-{i:05d}".encode()) for kg in key_groups for i in range(300)]
     files = []
     for index in range(5):
         kind = BASE if index == 0 or (middle_base and index == 3) else DELTA
         blocks: dict[int, Pairs] = {kg: [] for kg in key_groups}
         for kg, key in keyspace:
-            value = rnd.randbytes(rnd.randrange(1, 800))
+            value = rnd.randbytes(rnd.randrange(1, 400))
             if kind == BASE:
                 if index > 0 or kg % 5 != 4:  # key groups the first base lacks
                     blocks[kg].append((key, value))
@@ -189,7 +189,6 @@ def test_the_new_base_is_what_decode_merge_encode_gives(
     result = LocalCompactor(**seaweed.options).compact(request)
     (output,) = result.outputs
     data = _read(output.url, seaweed.options)
-    assert len(data) > 5 << 20  # more than one part of the streamed upload
     assert data == _reference(request, [d for _, d in files], DataFileReader(data, "").header)
     assert (output.size, output.crc32) == (len(data), zlib.crc32(data))
     out = DataFileReader(data, output.url)
@@ -234,7 +233,7 @@ def test_a_merge_failing_half_way_leaves_nothing(seaweed: SeaweedFS, prefix: str
     files = _chain(4, range(0, 40), False)
     kind, last = files[-1]
     reader = DataFileReader(last, "last")
-    entry = reader.index[max(reader.index)]  # the last key group: most of the output is out
+    entry = reader.index[max(reader.index)]  # the last key group: the rest is merged already
     broken = last[: entry.offset] + b"\xc1" + last[entry.offset + 1 :]  # never-used msgpack byte
     files[-1] = (kind, broken)  # the file's checksum is the broken file's: only decoding fails
     request = CompactionRequest(

@@ -27,7 +27,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import fsspec
@@ -38,7 +37,6 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 from statetier.backend.snapshot.format import CorruptFileError
-from statetier.backend.snapshot.upload import can_stream, discard
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 
 __all__ = ["JobDroppedError", "Worker"]
@@ -57,9 +55,7 @@ class _JobFiles:
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
     def __init__(self, output_url: str, cancelled: threading.Event, max_read_rate: float) -> None:
-        output_fs = fsspec.core.url_to_fs(output_url)[0]
-        self.protocol = output_fs.protocol
-        self.streams_uploads = can_stream(output_fs)  # upload while merging, as on its own
+        self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
         self.bytes_read = 0
@@ -104,35 +100,9 @@ class _JobFiles:
         fs, path = fsspec.core.url_to_fs(url)
         fs.pipe_file(path, data)
 
-    def open(self, url: str, mode: str, **kwargs: Any) -> _CheckedUpload:
-        """A streamed upload (the output); every write checks the job is still ours."""
-        self._check()
-        fs, path = fsspec.core.url_to_fs(url)
-        return _CheckedUpload(fs.open(path, mode, **kwargs), self._check)
-
     def mv(self, source: str, target: str) -> None:
         fs, path = fsspec.core.url_to_fs(source)
         fs.mv(path, fsspec.core.url_to_fs(target)[1])
-
-
-class _CheckedUpload:
-    """An output file being uploaded: a dropped job's write raises, and the upload is then
-    discarded (by :func:`statetier.backend.snapshot.upload.put_parts`), so nothing appears."""
-
-    def __init__(self, file: Any, check: Callable[[], None]) -> None:
-        self._file = file
-        self._check = check
-
-    def write(self, data: bytes | memoryview) -> int:
-        self._check()
-        return int(self._file.write(data))
-
-    def close(self) -> None:
-        self._check()
-        self._file.close()
-
-    def discard(self) -> None:
-        discard(self._file)
 
 
 @dataclasses.dataclass

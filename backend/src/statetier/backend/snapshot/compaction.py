@@ -34,7 +34,6 @@ from statetier.backend.snapshot.format import (
     DataFileReader,
 )
 from statetier.backend.snapshot.manifest import Chain, FileEntry
-from statetier.backend.snapshot.upload import put_parts
 
 __all__ = [
     "CompactionError",
@@ -172,8 +171,11 @@ class LocalCompactor:
         parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files)
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
         fs, path = self._fs(url)
-        size, crc = put_parts(fs, path, parts)  # uploads while the merge goes on
-        return CompactionResult(request.job_id, [CompactionOutput(url, size, crc)], builder.entries)
+        out = b"".join(parts)
+        _put(fs, path, out)
+        return CompactionResult(
+            request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], builder.entries
+        )
 
     def _read_inputs(self, inputs: list[CompactionInput]) -> list[bytes]:
         """Every input's bytes, fetched concurrently, each checked against the request."""
@@ -235,3 +237,15 @@ def _merge_key_group(
                 merged.pop(key, None)
     ordered = sorted(merged)  # mostly in base order already: timsort runs through it
     return ordered, list(map(merged.__getitem__, ordered))  # type: ignore[arg-type]
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write whole or not at all: local files go through a temporary name and a rename."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if "file" in protocols or "local" in protocols:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        fs.pipe_file(temp, data)
+        fs.mv(temp, path)
+    else:
+        fs.pipe_file(path, data)
