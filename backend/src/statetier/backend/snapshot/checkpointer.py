@@ -108,7 +108,7 @@ class Checkpointer:
     ) -> concurrent.futures.Future[Manifest]:
         """Start uploading ``prepared`` and commit ``epoch`` once every file is up."""
         uploads = [
-            self._uploads.submit(self.store.write, f.entry.path, f.data)
+            self._uploads.submit(self.store.put, f.entry.path, f.data)
             for p in prepared
             for f in p.uploads
         ]
@@ -155,7 +155,7 @@ class Checkpointer:
         missing = self.store.missing([f.entry for f in files.values()])
         for entry in missing:
             log.warning("uploaded file %s is not listed; uploading it again", entry.path)
-            self.store.write(entry.path, files[entry.path].data)
+            self.store.put(entry.path, files[entry.path].data)
         still = self.store.missing([files[e.path].entry for e in missing])
         if still:
             raise CheckpointError(f"uploaded files are missing from storage: {still[0].path}")

@@ -3,9 +3,11 @@
 For each state, the manifest's chains partition the key groups; a backend reads, from every
 chain whose range overlaps its own, the blocks of its key groups: the base, then each delta in
 epoch order (later values win, tombstones remove). Files are fetched concurrently and each is
-checked against the size and crc32 its manifest records (a mismatch is diagnosed down to the
-block), so a damaged checkpoint fails the restore with the file and block named. Blocks are kept
-undecoded until their key group is first read (see lazy): the restore costs the download.
+checked as it arrives: every byte once, part by part (header, index, footer, every block), so a
+damaged checkpoint fails the restore with the file and block named; the whole-file crc32 the
+manifest records is consulted when a part fails, or when the format has no part checksums.
+Blocks are kept undecoded until their key group is first read (see lazy): the restore costs the
+download and one checksum pass.
 Operator state is redistributed over the new parallelism (even split or union).
 """
 
@@ -21,7 +23,13 @@ from statetier.backend.keyed_backend import (
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend, Redistribution, even_split
 from statetier.backend.snapshot.commit import SnapshotError
-from statetier.backend.snapshot.format import DataFileReader, decode_operator_file
+from statetier.backend.snapshot.format import (
+    Block,
+    CorruptFileError,
+    DataFileReader,
+    checks_every_part,
+    decode_operator_file,
+)
 from statetier.backend.snapshot.lazy import LazyEntries
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
@@ -35,11 +43,12 @@ def read_key_groups(
 ) -> dict[str, RestoredState]:
     """State name -> its entries in ``key_groups``, from base + deltas.
 
-    The files are downloaded and checked now; the entries are :class:`LazyEntries`, decoded per
-    key group on first read (see lazy).
+    The files are downloaded and checked now, each as it arrives; the entries are
+    :class:`LazyEntries`, decoded per key group on first read (see lazy).
     """
     lazy = {name: LazyEntries() for name in manifest.states}
-    wanted: list[tuple[str, bool, KeyGroupRange, list[FileEntry]]] = []
+    plan: list[tuple[str, KeyGroupRange, list[FileEntry]]] = []
+    wanted: dict[str, tuple[KeyGroupRange, bool]] = {}
     for chain in manifest.chains():
         if chain.state not in lazy:
             raise SnapshotError(
@@ -48,20 +57,51 @@ def read_key_groups(
         chain_range = KeyGroupRange.parse(chain.key_groups)
         overlap = chain_range.intersection(key_groups)
         if len(overlap):
+            plan.append((chain.state, overlap, chain.files))
             # a view into a file keeps all of it in memory: copy when only a little is ours
-            copy = 2 * len(overlap) < len(chain_range)
-            wanted.append((chain.state, copy, overlap, chain.files))
-    entries = [f for *_, files in wanted for f in files]
-    datas = iter(store.read_many(entries, concurrency))
-    for state, copy, overlap, files in wanted:
-        readers = [DataFileReader(next(datas), store.full_path(f.path)) for f in files]
+            wanted.update(
+                {f.path: (overlap, 2 * len(overlap) < len(chain_range)) for f in chain.files}
+            )
+
+    def blocks_of(entry: FileEntry, data: bytes) -> dict[int, Block]:
+        overlap, copy = wanted[entry.path]
+        return _blocks(_checked_reader(store, entry, data), overlap, copy)
+
+    files = [f for *_, chain_files in plan for f in chain_files]
+    # each file checked once, part by part (not also as a whole: a second pass for nothing)
+    per_file = iter(store.read_each(files, blocks_of, concurrency, checksum=False))
+    for state, overlap, chain_files in plan:
+        chain_blocks = [next(per_file) for _ in chain_files]  # base first
         for key_group in overlap:
-            blocks = [b for b in (r.block(key_group) for r in readers) if b is not None]
-            if copy:
-                blocks = [dataclasses.replace(b, data=bytes(b.data)) for b in blocks]
+            blocks = [found[key_group] for found in chain_blocks if key_group in found]
             if blocks:
                 lazy[state].add(key_group, blocks)
     return {name: RestoredState(meta, lazy[name]) for name, meta in manifest.states.items()}
+
+
+def _checked_reader(store: SnapshotStore, entry: FileEntry, data: bytes) -> DataFileReader:
+    """A reader of ``data`` with every byte checked once: part by part (header, index, footer,
+    every block) where the format allows, else against the manifest's whole-file checksum."""
+    if not checks_every_part(data):
+        store.check(entry, data)  # version 1, or damaged where the version is
+    try:
+        reader = DataFileReader(data, store.full_path(entry.path))
+        reader.check_every_block()
+        reader.check_is(entry.state, entry.key_groups, entry.kind)
+    except CorruptFileError:
+        store.check(entry, data)  # damage the manifest's checksum sees: reported as such
+        raise  # the file is what the manifest says, but fails its own checks
+    return reader
+
+
+def _blocks(reader: DataFileReader, overlap: KeyGroupRange, copy: bool) -> dict[int, Block]:
+    """The blocks of ``overlap`` in one (checked) file."""
+    found = {}
+    for key_group in overlap:
+        block = reader.block(key_group)
+        if block is not None:
+            found[key_group] = dataclasses.replace(block, data=bytes(block.data)) if copy else block
+    return found
 
 
 def restore_keyed_state(

@@ -16,6 +16,7 @@ errors (see retry).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -27,8 +28,8 @@ import time
 import urllib.parse
 import uuid
 import zlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -50,6 +51,11 @@ _EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
 LEASE_NAME = "writer.json"
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _data(_: FileEntry, data: bytes) -> bytes:
+    return data
 
 
 class NoSnapshotError(FileNotFoundError):
@@ -118,9 +124,13 @@ class SnapshotStore:
 
     def write(self, name: str, data: bytes) -> FileEntry:
         """Write one immutable file and return its manifest entry."""
+        self.put(name, data)
+        return FileEntry(path=name, size=len(data), crc32=zlib.crc32(data))
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write one immutable file whose entry the caller has (no second checksum pass)."""
         path = self.full_path(name)
         call_with_retry(lambda: self._put(path, data), f"writing {self.url(name)}", self.retry)
-        return FileEntry(path=name, size=len(data), crc32=zlib.crc32(data))
 
     def _put(self, path: str, data: bytes) -> None:
         if not self._local:
@@ -133,8 +143,9 @@ class SnapshotStore:
             f.write(data)
         os.replace(temp, path)
 
-    def read(self, entry: FileEntry) -> bytes:
-        """Read a file a manifest names, checking its size and checksum."""
+    def read(self, entry: FileEntry, *, checksum: bool = True) -> bytes:
+        """Read a file a manifest names, checking its size and (unless the caller checks every
+        part of it on its own) its checksum."""
         path = self.full_path(entry.path)
 
         def get() -> bytes:
@@ -145,9 +156,15 @@ class SnapshotStore:
             return data
 
         data = call_with_retry(get, f"reading {self.url(entry.path)}", self.retry)
+        return self.check(entry, data, checksum=checksum)
+
+    def check(self, entry: FileEntry, data: bytes, *, checksum: bool = True) -> bytes:
+        """``data`` as read for ``entry``: it must have the size, and with ``checksum`` the
+        crc32, the manifest records (a damaged file is diagnosed down to its damaged part)."""
+        path = self.full_path(entry.path)
         if len(data) != entry.size:
             raise CorruptFileError(path, f"has {len(data)} bytes, the manifest says {entry.size}")
-        if zlib.crc32(data) != entry.crc32:
+        if checksum and zlib.crc32(data) != entry.crc32:
             where = diagnose(data, path) or "a byte outside every checksummed part"
             raise CorruptFileError(
                 path, f"fails the checksum the manifest records for it; damaged: {where}"
@@ -170,10 +187,60 @@ class SnapshotStore:
 
     def read_many(self, entries: Sequence[FileEntry], concurrency: int = 8) -> list[bytes]:
         """Read several files concurrently (restore is bound by round trips, not bytes)."""
+        return self.read_each(entries, _data, concurrency)
+
+    def read_each(
+        self,
+        entries: Sequence[FileEntry],
+        then: Callable[[FileEntry, bytes], T],
+        concurrency: int = 8,
+        *,
+        checksum: bool = True,
+    ) -> list[T]:
+        """Read several files concurrently and apply ``then`` to each one as soon as it is read
+        and checked, while the others are still coming (``then`` may run on several threads).
+        Without ``checksum`` only sizes are checked: ``then`` checks the rest."""
         if len(entries) <= 1 or concurrency <= 1:
-            return [self.read(e) for e in entries]
+            return [then(e, self.read(e, checksum=checksum)) for e in entries]
+        if getattr(self.fs, "async_impl", False):
+            return self._read_each_async(entries, then, concurrency, checksum)
         with concurrent.futures.ThreadPoolExecutor(min(concurrency, len(entries))) as pool:
-            return list(pool.map(self.read, entries))
+            return list(pool.map(lambda e: then(e, self.read(e, checksum=checksum)), entries))
+
+    def _read_each_async(
+        self,
+        entries: Sequence[FileEntry],
+        then: Callable[[FileEntry, bytes], T],
+        concurrency: int,
+        checksum: bool,
+    ) -> list[T]:
+        """The downloads run on the filesystem's event loop (s3fs), as a raw bulk get does, with
+        no thread per file, and this thread checks each file as it arrives. A file that fails
+        there is read again on its own, with retries."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def get(path: str) -> bytes:
+            async with gate:
+                data: bytes = await self.fs._cat_file(path)
+                return data
+
+        pending = {
+            asyncio.run_coroutine_threadsafe(get(self.full_path(e.path)), self.fs.loop): i
+            for i, e in enumerate(entries)
+        }
+        results: dict[int, T] = {}
+        try:
+            for future in concurrent.futures.as_completed(pending):
+                entry = entries[pending[future]]
+                if future.exception() is None:
+                    data = self.check(entry, future.result(), checksum=checksum)
+                else:
+                    data = self.read(entry, checksum=checksum)
+                results[pending[future]] = then(entry, data)
+        finally:
+            for future in pending:
+                future.cancel()
+        return [results[i] for i in range(len(entries))]
 
     def missing(self, entries: Sequence[FileEntry]) -> list[FileEntry]:
         """Those of ``entries`` not present with their size: one listing per directory, the

@@ -68,8 +68,9 @@ def verify_store(
                 decode_operator_file(data, path)
             else:
                 reader = DataFileReader(data, path)
+                reader.check_every_block()  # and that no byte lies outside the blocks
                 entries += reader.verify()
-                _check_header(reader, entry, path)
+                reader.check_is(entry.state, entry.key_groups, entry.kind)
             total_bytes += len(data)
         except CorruptFileError as exc:
             problems.append(str(exc))
@@ -78,15 +79,3 @@ def verify_store(
         if progress:
             progress(entry.size)
     return VerifyReport(epochs, len(files), total_bytes, entries, problems)
-
-
-def _check_header(reader: DataFileReader, entry: FileEntry, path: str) -> None:
-    """The file must be what the manifest says it is (not another state's or range's)."""
-    header = reader.header
-    for field, expected in (("state", entry.state), ("key_groups", entry.key_groups)):
-        if header.get(field) != expected:
-            raise CorruptFileError(
-                path, f"header says {field} {header.get(field)!r}, the manifest says {expected!r}"
-            )
-    if reader.kind != entry.kind:
-        raise CorruptFileError(path, f"is a {reader.kind} file, the manifest says {entry.kind}")
