@@ -2,11 +2,16 @@
 
 Setup: SeaweedFS on loopback (a real S3 server), a gateway and one worker as subprocesses, and a
 chain of one base and several delta files (msgpack key/value blocks as checkpoints write them,
-with updates and tombstones) under one key-group range.
+with updates and tombstones) under one key-group range. By default every delta touches every
+key group, so every block is decoded, merged and encoded again (the costly case);
+``--hot-key-groups`` confines the deltas to a few key groups, whose blocks alone are merged
+while the others are copied as they are.
 
 1. Throughput: input bytes + output bytes over the wall time of a remote compaction (submit to
    result, as the client sees it), against the same bytes read with ``cat_file`` and written
-   with ``pipe_file`` by this process on the same store. Target (issue 7): ratio >= 0.5.
+   with ``pipe_file`` by this process on the same store (the payload made before the clock
+   starts). Target (issue 7): ratio >= 0.5; the command exits 1 when it is missed.
+   ``local_ratio_to_raw`` is the same merge in this process (LocalCompactor), for comparison.
 2. CPU moved: the CPU time this process (the "pipeline") spends on one compaction done locally
    with LocalCompactor, against the CPU it spends waiting for the same compaction done
    remotely; the difference is the share moved off. The worker's own CPU (from /proc) shows
@@ -42,8 +47,11 @@ TARGET_RATIO = 0.5
 KEY_GROUPS = range(0, 16)
 
 
-def _chain(keys: int, deltas: int, value_size: int, seed: int = 5) -> list[tuple[str, bytes]]:
-    """(kind, bytes) of a base and ``deltas`` deltas over ``keys`` keys."""
+def _chain(
+    keys: int, deltas: int, value_size: int, hot: int = len(KEY_GROUPS), seed: int = 5
+) -> list[tuple[str, bytes]]:
+    """(kind, bytes) of a base and ``deltas`` deltas over ``keys`` keys; the deltas touch keys
+    of the first ``hot`` key groups only (all of them by default)."""
     rnd = random.Random(seed)
     files = []
     for index in range(deltas + 1):
@@ -51,7 +59,7 @@ def _chain(keys: int, deltas: int, value_size: int, seed: int = 5) -> list[tuple
         share = 1.0 if index == 0 else 0.3
         blocks: dict[int, list[tuple[bytes, bytes | None]]] = {g: [] for g in KEY_GROUPS}
         for k in range(keys):
-            if kind == DELTA and rnd.random() > share:
+            if kind == DELTA and (k % len(KEY_GROUPS) >= hot or rnd.random() > share):
                 continue
             value = None if kind == DELTA and rnd.random() < 0.05 else rnd.randbytes(value_size)
             blocks[k % len(KEY_GROUPS)].append((f"key-{k:08d}".encode(), value))
@@ -65,7 +73,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(keys: int, deltas: int, value_size: int, repeats: int) -> dict[str, Any]:
+def run(
+    keys: int, deltas: int, value_size: int, repeats: int, hot: int = len(KEY_GROUPS)
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "s3").mkdir()
@@ -73,16 +83,16 @@ def run(keys: int, deltas: int, value_size: int, repeats: int) -> dict[str, Any]
             prefix = f"s3://{BUCKET}/bench-{uuid.uuid4().hex[:8]}"
             fs = fsspec.filesystem("s3", **s3.options, skip_instance_cache=True)
             inputs = []
-            for i, (kind, data) in enumerate(_chain(keys, deltas, value_size)):
+            for i, (kind, data) in enumerate(_chain(keys, deltas, value_size, hot)):
                 url = f"{prefix}/data/in/{i}.{kind}.kgd"
                 fs.pipe_file(url[5:], data)
                 inputs.append(CompactionInput(url, len(data), zlib.crc32(data), kind, i + 1))
             in_bytes = sum(i.size for i in inputs)
             gateway, _ = procs.gateway([prefix])
             worker = procs.worker(gateway, [prefix])
-            client = RemoteCompactor(
-                [gateway], timeout=600, poll_interval=0.02, failure_strategy="fail"
-            )
+            # the default poll interval: the gateway answers a waiting status call as soon as
+            # the job is done, so a long interval costs no latency, only fewer calls
+            client = RemoteCompactor([gateway], timeout=600, failure_strategy="fail")
             local = LocalCompactor(**s3.options)
 
             def request(tag: str) -> CompactionRequest:
@@ -131,6 +141,7 @@ def run(keys: int, deltas: int, value_size: int, repeats: int) -> dict[str, Any]
         "local_mb_per_s": round(moved / med(local_s) / 1e6, 1),
         "raw_mb_per_s": round(raw_mbps, 1),
         "ratio_to_raw": round(remote_mbps / raw_mbps, 2),
+        "local_ratio_to_raw": round(med(raw_s) / med(local_s), 2),
         "target_ratio": TARGET_RATIO,
         "pipeline_cpu_local_s": round(local_cpu_s, 3),
         "pipeline_cpu_remote_s": round(remote_cpu_s, 3),
@@ -144,16 +155,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--deltas", type=int, default=4)
     parser.add_argument("--value-size", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--hot-key-groups",
+        type=int,
+        default=len(KEY_GROUPS),
+        help=f"key groups the deltas touch, of {len(KEY_GROUPS)} (fewer: more blocks copied)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    figures = run(args.keys, args.deltas, args.value_size, args.repeats)
+    figures = run(args.keys, args.deltas, args.value_size, args.repeats, args.hot_key_groups)
+    meets = figures["ratio_to_raw"] >= TARGET_RATIO
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps({**figures, "meets_target": meets}))
     else:
         width = max(len(k) for k in figures)
         for key, value in figures.items():
             print(f"{key:<{width}}  {value}")
-        verdict = "meets" if figures["ratio_to_raw"] >= TARGET_RATIO else "misses"
+        verdict = "meets" if meets else "MISSES"
         print(f"one worker at {figures['ratio_to_raw']:.2f}x raw read+write {verdict} the target")
-    return 0
+    return 0 if meets else 1  # make bench names the benchmarks that missed

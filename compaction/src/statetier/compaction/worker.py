@@ -59,11 +59,16 @@ class _JobFiles:
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
         self.bytes_read = 0
+        self._count = threading.Lock()  # the merge fetches its inputs concurrently
         self._started = time.monotonic()
 
     @staticmethod
     def _strip_protocol(url: str) -> str:
         return url  # keep whole URLs: each call resolves its own filesystem
+
+    def _add(self, count: int) -> None:
+        with self._count:
+            self.bytes_read += count
 
     def _check(self) -> None:
         if self.cancelled.is_set():
@@ -81,13 +86,13 @@ class _JobFiles:
         fs, path = fsspec.core.url_to_fs(url)
         if self.max_read_rate <= 0:
             data: bytes = fs.cat_file(path)
-            self.bytes_read += len(data)
+            self._add(len(data))
             return data
         parts = []
         with fs.open(path, "rb") as f:
             while chunk := f.read(min(_CHUNK, max(1 << 16, int(self.max_read_rate / 10)))):
                 parts.append(chunk)
-                self.bytes_read += len(chunk)
+                self._add(len(chunk))
                 self._throttle()
         return b"".join(parts)
 

@@ -3,7 +3,13 @@
 Deltas keep checkpoints cheap, but a restore reads every file of a chain; when deltas pile up
 (``compaction.delta-trigger`` files, or more delta bytes than ``compaction.size-ratio`` times the
 base) the chain is merged into one base with the same merge rule restore uses, so what a restore
-returns never changes. Tombstones disappear in the merge.
+returns never changes. Tombstones disappear in the merge. Most of a compaction is moving bytes,
+so key groups that no delta touches keep their base block as-is (no decoding, no re-encoding;
+see :mod:`statetier.backend.snapshot.blocks`) and only the touched ones are merged.
+
+Expired TTL entries are kept, even for states that drop them from full snapshots: neither the
+request nor the files say whether a state asks for that (the cleanup setting is not recorded)
+or what time it is for the pipeline.
 
 The :class:`Compactor` interface takes a JSON-serializable :class:`CompactionRequest` (input
 files with their sizes and checksums, key-group range, output prefix, format version) and
