@@ -58,6 +58,8 @@ def test_lookups_decode_only_their_key_group(location: Location) -> None:
     store, totals = checkpointed(location)
     _, entries = lazy_total(store)
     assert entries.undecoded == len(entries) > 1  # nothing decoded by the restore itself
+    assert all(kg in entries for kg in list(entries)) and MAX_P not in entries
+    assert entries.undecoded == len(entries)  # asking whether a key group is there decodes none
     assert lookup(entries, "k0") == totals["k0"]
     assert entries.undecoded == len(entries) - 1
     for key in [f"k{i}" for i in range(80)]:

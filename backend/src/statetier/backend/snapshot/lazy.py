@@ -118,6 +118,9 @@ class LazyEntries(Mapping[int, Pairs]):
             group.blocks = []
         return pairs
 
+    def __contains__(self, key_group: object) -> bool:
+        return key_group in self._groups  # without decoding it
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._groups)
 
@@ -138,7 +141,7 @@ class LazyEntries(Mapping[int, Pairs]):
     def lookup(self, key_group: int, key: bytes) -> bytes | None:
         """The value bytes of ``key`` (serialized) in ``key_group``, None when absent; decodes
         only that key group. Pairs are sorted by key bytes, so this is a binary search."""
-        if key_group not in self._groups:
+        if key_group not in self:
             return None
         pairs = self[key_group]
         keys = pairs.keys() if isinstance(pairs, FlatPairs) else [k for k, _ in pairs]
