@@ -14,7 +14,12 @@ from statetier.backend import KeyedStateBackend, KeyGroupRange, ValueStateDescri
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.serializers import DEFAULT_SERIALIZER
-from statetier.backend.snapshot import SnapshotStore, SubtaskWriter, restore_keyed_state
+from statetier.backend.snapshot import (
+    SnapshotStore,
+    SubtaskWriter,
+    read_key_groups,
+    restore_keyed_state,
+)
 from statetier.backend.snapshot.format import DataFileReader
 from statetier.backend.snapshot.lazy import FlatPairs, LazyEntries, bulk_allocation
 from statetier.backend.state.codec import StateCodec
@@ -141,3 +146,19 @@ def test_bulk_allocation_restores_the_collector_across_threads() -> None:
         assert not gc.isenabled()  # paused by someone else before: left paused
     finally:
         gc.enable()
+
+
+def test_states_named_to_decode_are_decoded_as_their_files_arrive(location: Location) -> None:
+    """What a restore into registered states asks for: those states' bases decoded during the
+    download, the same pairs a lazy read gives, the other states left as blocks."""
+    store, _ = checkpointed(location)
+    bases_only = store.manifest(1)
+    every = KeyGroupRange.of(MAX_P)
+    eager = read_key_groups(store, bases_only, every, decode={"total"})
+    lazy = read_key_groups(store, bases_only, every)
+    total, residues = eager["total"].entries, eager["residues"].entries
+    assert isinstance(total, LazyEntries) and isinstance(residues, LazyEntries)
+    assert total.undecoded == 0 and residues.undecoded == len(residues) > 0
+    assert {kg: list(p) for kg, p in total.items()} == {
+        kg: list(p) for kg, p in lazy["total"].entries.items()
+    }

@@ -7,12 +7,16 @@ against the same server:
 
 - upload: a full checkpoint from serialized bytes to committed manifest (background uploads,
   lease, conditional manifest) vs. raw ``s3fs.pipe`` of the same files in one bulk call;
-- restore: reading every range back from base + deltas, checksums and blocks checked, vs. raw
-  ``s3fs.cat`` of the same files in one bulk call;
+- restore: reading every range back from base + deltas, every byte checked, vs. raw
+  ``s3fs.cat`` of the same files in one bulk call. The restore is lazy (key groups stay
+  undecoded blocks until first read), so beside it "restore+decode" restores again decoding
+  everything, each file as it arrives (what a restore into registered states does); both
+  restores are then checked to answer lookups of sampled keys with the right values;
 - incremental: a checkpoint after changing 1% of the keys vs. a full one (bytes and time).
 
-Targets (issue "Checkpoints through fsspec"): throughput ratios at least 0.7; the incremental
-checkpoint at most 5% of a full one. Medians of ``--repeats`` runs are reported.
+Targets (issue "Checkpoints through fsspec"): throughput ratios at least 0.7 (restore+decode is
+information, not a target); the incremental checkpoint at most 5% of a full one. Medians of
+``--repeats`` runs are reported, and each repeat's ratios; which side goes first alternates.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -108,31 +112,38 @@ def restore_ranges(
     store: SnapshotStore, manifest: Manifest, ranges: list[KeyGroupRange]
 ) -> tuple[float, float, list[LazyEntries]]:
     """Restore ``ranges`` side by side, as their tasks would: seconds to restore (files down and
-    checked, key groups held as blocks), then seconds to decode every key group; and the
-    restored payload state of each range."""
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(ranges)) as pool:
-        n = len(ranges)
-        restored = list(pool.map(read_key_groups, [store] * n, [manifest] * n, ranges, [8] * n))
+    checked, key groups held as blocks); seconds to restore again decoding everything (each
+    file as it arrives, as a restore into registered states does); and the restored payload
+    state of each range (decoded)."""
+    n = len(ranges)
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(read_key_groups, [store] * n, [manifest] * n, ranges, [8] * n))
         restore_s = time.perf_counter() - t0
-        states = [s.entries for by_name in restored for s in by_name.values()]
-        t1 = time.perf_counter()
-        list(pool.map(decode_all, states))
-    decode_s = time.perf_counter() - t1
-    for entries in states:
-        assert isinstance(entries, LazyEntries) and entries.undecoded == 0
-    return restore_s, decode_s, [lazy_entries(by_name) for by_name in restored]
+        t0 = time.perf_counter()
+        restored = list(pool.map(read_and_decode, [store] * n, [manifest] * n, ranges))
+        restore_decode_s = time.perf_counter() - t0
+    for by_name in restored:
+        for state in by_name.values():
+            assert isinstance(state.entries, LazyEntries) and state.entries.undecoded == 0
+    return restore_s, restore_decode_s, [lazy_entries(by_name) for by_name in restored]
+
+
+def read_and_decode(
+    store: SnapshotStore, manifest: Manifest, key_groups: KeyGroupRange
+) -> dict[str, RestoredState]:
+    """Restore and decode every state (what is left undecoded, delta chains, decoded after)."""
+    restored = read_key_groups(store, manifest, key_groups, decode=manifest.states)
+    for state in restored.values():
+        assert isinstance(state.entries, LazyEntries)
+        state.entries.decode_all()
+    return restored
 
 
 def lazy_entries(restored: dict[str, RestoredState]) -> LazyEntries:
     payload = restored["payload"].entries
     assert isinstance(payload, LazyEntries)
     return payload
-
-
-def decode_all(entries: Mapping[int, Sequence[tuple[bytes, bytes]]]) -> None:
-    if isinstance(entries, LazyEntries):
-        entries.decode_all()
 
 
 def check_lookups(payloads: list[LazyEntries], keys: int, value_bytes: int, seed: int) -> None:
@@ -206,11 +217,11 @@ def measure_restore(
 
     if not ours_first:
         raw_get()
-    restore_s, decode_s, payloads = restore_ranges(store, manifest, ranges)
+    restore_s, restore_decode_s, payloads = restore_ranges(store, manifest, ranges)
     if ours_first:
         raw_get()
     results["restore_s"].append(restore_s)
-    results["restore_decode_s"].append(restore_s + decode_s)
+    results["restore_decode_s"].append(restore_decode_s)
     return payloads
 
 

@@ -103,12 +103,18 @@ class LazyEntries(Mapping[int, Pairs]):
     empty list. Decoded pairs are kept and the blocks dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: Mapping[int, list[Block]] | None = None) -> None:
         self._groups: dict[int, _Group] = {}
+        for key_group, chain in (blocks or {}).items():
+            self.add(key_group, chain)
 
     def add(self, key_group: int, blocks: list[Block]) -> None:
         """The chain of ``key_group``: its blocks, base first."""
         self._groups[key_group] = _Group(blocks)
+
+    def take(self, other: LazyEntries) -> None:
+        """Take over the key groups of ``other`` (decoded or not)."""
+        self._groups.update(other._groups)
 
     def __getitem__(self, key_group: int) -> Pairs:
         group = self._groups[key_group]

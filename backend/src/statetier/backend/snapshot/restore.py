@@ -14,6 +14,7 @@ Operator state is redistributed over the new parallelism (even split or union).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from statetier.backend.keyed_backend import (
     KeyedStateBackend,
@@ -37,20 +38,59 @@ from statetier.backend.state.table import StateTable
 
 __all__ = ["read_key_groups", "restore_keyed_state", "restore_operator_state"]
 
+_FilePlan = tuple[KeyGroupRange, bool, bool]  # the overlap, copy the blocks, decode them now
+
 
 def read_key_groups(
-    store: SnapshotStore, manifest: Manifest, key_groups: KeyGroupRange, concurrency: int = 8
+    store: SnapshotStore,
+    manifest: Manifest,
+    key_groups: KeyGroupRange,
+    concurrency: int = 8,
+    *,
+    decode: Collection[str] = (),
 ) -> dict[str, RestoredState]:
     """State name -> its entries in ``key_groups``, from base + deltas.
 
     The files are downloaded and checked now, each as it arrives; the entries are
-    :class:`LazyEntries`, decoded per key group on first read (see lazy).
+    :class:`LazyEntries`, decoded per key group on first read (see lazy). The bases of the
+    states named in ``decode`` (states about to be filled anyway) are decoded now instead, each
+    file as it arrives while the others are still downloading.
     """
     lazy = {name: LazyEntries() for name in manifest.states}
+    plan, wanted = _plan(manifest, key_groups, decode)
+
+    def blocks_of(entry: FileEntry, data: bytes) -> tuple[dict[int, Block], LazyEntries]:
+        overlap, copy, eager = wanted[entry.path]
+        blocks = _blocks(_checked_reader(store, entry, data), overlap, copy and not eager)
+        if not eager:
+            return blocks, LazyEntries()
+        decoded = LazyEntries({kg: [block] for kg, block in blocks.items()})
+        decoded.decode_all()
+        return {}, decoded
+
+    files = [f for *_, chain_files in plan for f in chain_files]
+    # each file checked once, part by part (not also as a whole: a second pass for nothing)
+    per_file = iter(store.read_each(files, blocks_of, concurrency, checksum=False))
+    for state, overlap, chain_files in plan:
+        chain_blocks = [next(per_file) for _ in chain_files]  # base first
+        for _, decoded in chain_blocks:
+            lazy[state].take(decoded)
+        for key_group in overlap:
+            blocks = [found[key_group] for found, _ in chain_blocks if key_group in found]
+            if blocks:
+                lazy[state].add(key_group, blocks)
+    return {name: RestoredState(meta, lazy[name]) for name, meta in manifest.states.items()}
+
+
+def _plan(
+    manifest: Manifest, key_groups: KeyGroupRange, decode: Collection[str]
+) -> tuple[list[tuple[str, KeyGroupRange, list[FileEntry]]], dict[str, _FilePlan]]:
+    """The chains overlapping ``key_groups`` (state, overlap, files), and per file what to take
+    from it: the overlap, whether to copy its blocks, whether to decode them at once."""
     plan: list[tuple[str, KeyGroupRange, list[FileEntry]]] = []
-    wanted: dict[str, tuple[KeyGroupRange, bool]] = {}
+    wanted: dict[str, _FilePlan] = {}
     for chain in manifest.chains():
-        if chain.state not in lazy:
+        if chain.state not in manifest.states:
             raise SnapshotError(
                 f"the manifest names files of state {chain.state!r} it does not list"
             )
@@ -59,24 +99,10 @@ def read_key_groups(
         if len(overlap):
             plan.append((chain.state, overlap, chain.files))
             # a view into a file keeps all of it in memory: copy when only a little is ours
-            wanted.update(
-                {f.path: (overlap, 2 * len(overlap) < len(chain_range)) for f in chain.files}
-            )
-
-    def blocks_of(entry: FileEntry, data: bytes) -> dict[int, Block]:
-        overlap, copy = wanted[entry.path]
-        return _blocks(_checked_reader(store, entry, data), overlap, copy)
-
-    files = [f for *_, chain_files in plan for f in chain_files]
-    # each file checked once, part by part (not also as a whole: a second pass for nothing)
-    per_file = iter(store.read_each(files, blocks_of, concurrency, checksum=False))
-    for state, overlap, chain_files in plan:
-        chain_blocks = [next(per_file) for _ in chain_files]  # base first
-        for key_group in overlap:
-            blocks = [found[key_group] for found in chain_blocks if key_group in found]
-            if blocks:
-                lazy[state].add(key_group, blocks)
-    return {name: RestoredState(meta, lazy[name]) for name, meta in manifest.states.items()}
+            copy = 2 * len(overlap) < len(chain_range)
+            eager = chain.state in decode and len(chain.files) == 1  # a base alone
+            wanted.update({f.path: (overlap, copy, eager) for f in chain.files})
+    return plan, wanted
 
 
 def _checked_reader(store: SnapshotStore, entry: FileEntry, data: bytes) -> DataFileReader:
@@ -123,7 +149,7 @@ def restore_keyed_state(
             f"snapshot keys were written with serializer {manifest.key_serializer!r}, the "
             f"backend uses {backend.key_serializer.id!r}"
         )
-    restored = read_key_groups(store, manifest, backend.key_groups)
+    restored = read_key_groups(store, manifest, backend.key_groups, decode=set(backend.tables))
     for name, state in restored.items():
         table = backend.tables.get(name)
         if table is None:
