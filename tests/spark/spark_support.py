@@ -8,10 +8,11 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.spark import KeyGroupFunction, current_task
+from statetier.backend.spark import Combiner, KeyGroupFunction, current_task
 
 COUNT = ValueStateDescriptor[int]("count")
 
@@ -57,6 +58,57 @@ class VectorWordCount(KeyGroupFunction):
 
 class FailingWordCount(VectorWordCount):
     fail_at = (2, 1)
+
+
+class CombinedWordCount(KeyGroupFunction):
+    """A combiner (partial counts per map task) and one vectorized pass per range.
+
+    Records that the combiner merged: each word reaches it once per epoch (``seen_twice`` would
+    catch partial counts that were not merged).
+    """
+
+    combiner = Combiner({"n": ("word", "count"), "longest": ("word", "max")})
+    fail_at: tuple[int, int] | None = None
+
+    def open(self, context: RuntimeContext) -> None:
+        self.count = context.get_state(COUNT)
+
+    def process_range(self, records: Any, context: RuntimeContext) -> Any:
+        words = records["word"].to_pylist()
+        assert records.column_names == ["word", "__statetier_kg", "n", "longest"]
+        assert len(set(words)) == len(words), "partial counts reached the function unmerged"
+        assert records["longest"].to_pylist() == words  # max over a key's own values
+        set_key = context.keyed_state.set_current_key
+        totals = []
+        for word, n in zip(words, records["n"].to_pylist(), strict=True):
+            set_key(word)
+            total = (self.count.value() or 0) + n
+            self.count.update(total)
+            totals.append(total)
+        task = current_task()
+        if self.fail_at == (task.epoch, task.partition_id) and task.attempt_number == 0:
+            raise RuntimeError("injected failure in the middle of a batch")
+        return pa.table({"count": pa.array(totals, pa.int64()), "word": records["word"]})
+
+    def process_key_group(self, key_group: int, records: Any, context: RuntimeContext) -> Any:
+        raise AssertionError("process_range is overridden: the host must not split key groups")
+
+
+class FailingCombinedWordCount(CombinedWordCount):
+    fail_at = (2, 1)
+
+
+class SnapshotFailsOnce(VectorWordCount):
+    """Fails its first snapshot of epoch 2 (after its task has returned its outputs)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def snapshot_state(self, context: Any) -> None:
+        if context.checkpoint_id == 2 and not os.path.exists(self.marker):
+            with open(self.marker, "w"):
+                pass
+            raise RuntimeError("injected snapshot failure")
 
 
 def zipf_words(n: int, vocabulary: int, seed: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -17,12 +18,15 @@ import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.keygroups import assign_to_key_group, spark_key_group_expr
-from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot import CorruptFileError, SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 
 from tests.spark.conftest import REPO, spark_env
 from tests.spark.spark_support import (
+    CombinedWordCount,
+    FailingCombinedWordCount,
     FailingWordCount,
+    SnapshotFailsOnce,
     VectorWordCount,
     WordCount,
     expected_counts,
@@ -75,7 +79,7 @@ def test_spark_sql_key_group_equals_python(spark: SparkSession) -> None:
             assert row.kg == assign_to_key_group(key((row.s, row.n)), 128)
 
 
-@pytest.mark.parametrize("function", [WordCount, VectorWordCount])
+@pytest.mark.parametrize("function", [WordCount, VectorWordCount, CombinedWordCount])
 def test_word_count_is_exact_and_stays_warm(
     spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, function: Any
 ) -> None:
@@ -94,6 +98,30 @@ def test_word_count_is_exact_and_stays_warm(
     assert after["committed"] - before["committed"] == 3
     assert after["warm"] - before["warm"] == 8
     assert after["restored"] == before["restored"]
+    if function is CombinedWordCount:  # pre-aggregated before the exchange: fewer rows moved
+        rows = [r.rows for r in pipeline.reports]
+        assert all(n < len(b) for n, b in zip(rows, batches, strict=True))
+    assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
+
+
+def test_a_failed_snapshot_leaves_the_epoch_uncommitted(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The host snapshots after the task returned; its failure must still stop the commit."""
+    uri = f"file://{tmp_path}/ckpt"
+    factory = functools.partial(SnapshotFailsOnce, str(tmp_path / "failed-once"))
+    pipeline = make(pipelines, factory, uri, 4)
+    batches = [zipf_words(2000, 300, seed) for seed in range(3)]
+    pipeline.run(words_df(spark, batches[0]))
+    with pytest.raises(CorruptFileError, match="failed to snapshot"):
+        pipeline.run(words_df(spark, batches[1]))
+    assert SnapshotStore(uri).epochs() == [1]
+    outputs: dict[str, int] = {}
+    for batch in batches[1:]:  # epoch 2 again, then 3
+        pipeline.run(words_df(spark, batch), collecting(outputs))
+    assert pipeline.reports[-2].restored == 4  # the failed epoch's warm state was not trusted
+    expected = expected_counts(batches)
+    assert outputs == {w: expected[w] for w in {*batches[1], *batches[2]}}
 
 
 def driver_metrics() -> dict[str, float]:
@@ -107,10 +135,11 @@ def driver_metrics() -> dict[str, float]:
     }
 
 
+@pytest.mark.parametrize("function", [FailingWordCount, FailingCombinedWordCount])
 def test_failed_task_is_retried_and_counts_stay_exact(
-    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, function: Any
 ) -> None:
-    pipeline = make(pipelines, FailingWordCount, f"file://{tmp_path}/ckpt", 4)
+    pipeline = make(pipelines, function, f"file://{tmp_path}/ckpt", 4)
     batches = [zipf_words(2000, 300, seed) for seed in range(3)]
     outputs: dict[str, int] = {}
     for batch in batches:

@@ -8,12 +8,20 @@ for the function classes, start without loading pyspark.
 from typing import TYPE_CHECKING, Any
 
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.spark.functions import KeyGroupFunction, SparkTask, current_task
+from statetier.backend.spark.functions import (
+    KEY_GROUP_COLUMN,
+    Combiner,
+    KeyGroupFunction,
+    SparkTask,
+    current_task,
+)
 
 if TYPE_CHECKING:
     from statetier.backend.spark.pipeline import EpochReport, StatefulPipeline
 
 __all__ = [
+    "KEY_GROUP_COLUMN",
+    "Combiner",
     "EpochReport",
     "KeyGroupFunction",
     "KeyedProcessFunction",

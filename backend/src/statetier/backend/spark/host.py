@@ -10,8 +10,11 @@ parallelism, range). A task for epoch N names the committed base (epoch N-1 and 
 task attempt whose files that epoch committed for the range); the host uses its warm instance only
 when it is at exactly that version, otherwise it restores the range from tier 2 at the base. That
 makes task retries, speculative attempts, driver re-runs and rescales correct: anything not
-proven current is restored. After processing, the host writes the range's snapshot files under a
-per-attempt owner and a result file the driver collects; the driver commits the epoch.
+proven current is restored. After processing, the host returns the outputs and ends the task,
+then (still holding the range) writes the range's snapshot files under a per-attempt owner and a
+result file the driver waits for, or an error file if that failed; the driver commits the epoch
+once every range has its result. Writing the snapshot after the task returned lets it overlap the
+next tasks instead of holding a Spark core.
 
 The host exits after ``spark.host-idle-timeout`` without tasks, when the executor process it
 watches is gone, or on a ``shutdown`` request.
@@ -38,18 +41,31 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
-from statetier.backend.spark.functions import KeyGroupFunction, SparkTask, set_current_task
+from statetier.backend.spark.functions import (
+    KEY_GROUP_COLUMN,
+    ROWS_COLUMN,
+    KeyGroupFunction,
+    SparkTask,
+    processes_ranges,
+    set_current_task,
+)
 from statetier.backend.spark.protocol import BATCH, ERROR, RESULT, read_batch, write_batch
-from statetier.backend.spark.results import RangeResult, result_name, snapshot_to_dict
+from statetier.backend.spark.results import (
+    RangeResult,
+    error_name,
+    result_name,
+    snapshot_to_dict,
+)
 
 __all__ = ["KG_COLUMN", "StateHost", "main"]
 
 log = logging.getLogger("statetier.spark.host")
-KG_COLUMN = "__statetier_kg"
+KG_COLUMN = KEY_GROUP_COLUMN
 
 
 @dataclasses.dataclass
@@ -70,6 +86,7 @@ class StateHost:
         self.ranges: dict[tuple[str, int, int], HostedRange] = {}
         self.functions: dict[str, Callable[[], Any]] = {}
         self.stores: dict[str, SnapshotStore] = {}
+        self.pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
         self.lock = threading.Lock()
         self.active = 0
         self.last_activity = time.monotonic()
@@ -165,13 +182,17 @@ class StateHost:
                 break
             batches.append(read_batch(data))
         try:
-            outputs, result = self.run_task(header, function_bytes, batches)
+            outputs, finish = self.start_task(header, function_bytes, batches)
         except Exception:
             conn.send_bytes(ERROR + traceback.format_exc().encode())
             return
-        for batch in outputs:
-            conn.send_bytes(BATCH + write_batch(batch))
-        conn.send_bytes(RESULT + json.dumps(result).encode())
+        try:
+            for batch in outputs:
+                conn.send_bytes(BATCH + write_batch(batch))
+            # The task is done; the snapshot follows while Spark runs the next tasks.
+            conn.send_bytes(RESULT + json.dumps({"deferred": True}).encode())
+        finally:
+            finish()
 
     def _factory(self, function_bytes: bytes) -> Callable[[], Any]:
         digest = hashlib.sha256(function_bytes).hexdigest()
@@ -181,6 +202,16 @@ class StateHost:
                 factory = self.functions[digest] = pickle.loads(function_bytes)
         return factory
 
+    def _upload_pool(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+        """The host's upload threads (``checkpoint.upload-concurrency``), kept between tasks."""
+        with self.lock:
+            pool = self.pools.get(workers)
+            if pool is None:
+                pool = self.pools[workers] = concurrent.futures.ThreadPoolExecutor(
+                    workers, thread_name_prefix="statetier-upload"
+                )
+        return pool
+
     def _store(self, uri: str, options: dict[str, Any]) -> SnapshotStore:
         key = json.dumps([uri, options], sort_keys=True)
         with self.lock:
@@ -189,20 +220,71 @@ class StateHost:
                 store = self.stores[key] = SnapshotStore(uri, **options)
         return store
 
-    def run_task(  # noqa: PLR0915 (one task's steps, in order)
+    def run_task(
         self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
     ) -> tuple[list[pa.RecordBatch], dict[str, Any]]:
+        """Process a task's records and write its snapshot and result; returns both."""
+        outputs, finish = self.start_task(header, function_bytes, batches)
+        result = finish()
+        if result is None:
+            raise RuntimeError(f"the snapshot of range {header['index']} failed (see host log)")
+        return outputs, result
+
+    def start_task(
+        self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
+    ) -> tuple[list[pa.RecordBatch], Callable[[], dict[str, Any] | None]]:
+        """Process a task's records: its outputs, and ``finish`` that snapshots the range.
+
+        The range stays locked until ``finish`` ran (it must be called exactly once): its state
+        is the epoch's until the snapshot copied it. ``finish`` writes the data files, then the
+        result the driver waits for, or an error file the driver reports; it returns the result
+        (None after an error).
+        """
         started = time.perf_counter()
-        epoch: int = header["epoch"]
-        base: int = header["base_epoch"]
         index: int = header["index"]
-        parallelism: int = header["parallelism"]
-        max_parallelism: int = header["max_parallelism"]
-        token: str = header["token"]
-        key = (header["pipeline"], parallelism, index)
         factory = self._factory(function_bytes)
         store = self._store(header["checkpoint_uri"], header["storage_options"])
         config = load_config(header["config"])
+        hosted, state, restore_s = self._acquire(header, factory, store, config)
+        try:
+            hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
+            set_current_task(
+                SparkTask(
+                    header["epoch"], index, header["attempt_number"], header["task_attempt_id"]
+                )
+            )
+            try:
+                records = count_records(batches)
+                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
+                outputs = self._process(hosted.instance, header, batches, out_schema)
+            finally:
+                set_current_task(None)
+        except BaseException:
+            hosted.lock.release()
+            raise
+        timing = {"started": started, "restore_s": restore_s, "records": records}
+        timing["rows"] = sum(b.num_rows for b in batches)
+        timing["process_s"] = time.perf_counter() - started - restore_s
+        done = threading.Event()
+
+        def finish() -> dict[str, Any] | None:
+            if done.is_set():
+                raise RuntimeError("finish() of a task ran twice")
+            done.set()
+            try:
+                return self._finish(hosted, header, store, config, state, timing)
+            finally:
+                hosted.lock.release()
+
+        return outputs, finish
+
+    def _acquire(
+        self, header: dict[str, Any], factory: Callable[[], Any], store: SnapshotStore, config: Any
+    ) -> tuple[HostedRange, str, float]:
+        """The range's instance, locked: warm when at the task's base, else restored or fresh."""
+        base: int = header["base_epoch"]
+        parallelism: int = header["parallelism"]
+        key = (header["pipeline"], parallelism, header["index"])
         with self.lock:
             hosted = self.ranges.get(key)
             if hosted is None:
@@ -210,48 +292,47 @@ class StateHost:
                 for other in [k for k in self.ranges if k[0] == key[0] and k[1] != parallelism]:
                     with contextlib.suppress(Exception):
                         self.ranges.pop(other).instance.close()
-        state = "fresh"
         if hosted is not None:
             hosted.lock.acquire()
             if hosted.epoch == base and hosted.token == header["base_token"] and base > 0:
-                state = "warm"
-            elif hosted.epoch == base == 0 and header["base_token"] is None:
-                state = "fresh"
-            else:
-                hosted.lock.release()
-                with contextlib.suppress(Exception):
-                    hosted.instance.close()
-                hosted = None
-        restore_s = 0.0
-        if hosted is None:
-            t0 = time.perf_counter()
-            instance = OperatorInstance(
-                cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
-                index,
-                parallelism,
-                max_parallelism,
-                store=store,
-                restore_epoch=base if base > 0 else None,
-                config=config,
-            )
-            restore_s = time.perf_counter() - t0
-            state = "restored" if base > 0 else "fresh"
-            hosted = HostedRange(instance)
-            hosted.lock.acquire()
-            with self.lock:
-                self.ranges[key] = hosted
+                return hosted, "warm", 0.0
+            if hosted.epoch == base == 0 and header["base_token"] is None:
+                return hosted, "fresh", 0.0
+            hosted.lock.release()
+            with contextlib.suppress(Exception):
+                hosted.instance.close()
+        t0 = time.perf_counter()
+        instance = OperatorInstance(
+            cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
+            header["index"],
+            parallelism,
+            header["max_parallelism"],
+            store=store,
+            restore_epoch=base if base > 0 else None,
+            config=config,
+        )
+        restore_s = time.perf_counter() - t0
+        hosted = HostedRange(instance)
+        hosted.lock.acquire()
+        with self.lock:
+            self.ranges[key] = hosted
+        return hosted, "restored" if base > 0 else "fresh", restore_s
+
+    def _finish(
+        self,
+        hosted: HostedRange,
+        header: dict[str, Any],
+        store: SnapshotStore,
+        config: Any,
+        state: str,
+        timing: dict[str, float],
+    ) -> dict[str, Any] | None:
+        """Snapshot the range and write its result (or an error file the driver reports)."""
+        epoch, index, token = header["epoch"], header["index"], header["token"]
+        parallelism = header["parallelism"]
+        name = result_name(epoch, header["owner"], index, parallelism)
+        instance = hosted.instance
         try:
-            hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
-            instance = hosted.instance
-            set_current_task(
-                SparkTask(epoch, index, header["attempt_number"], header["task_attempt_id"])
-            )
-            try:
-                records = sum(b.num_rows for b in batches)
-                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
-                outputs = self._process(instance, header, batches, out_schema)
-            finally:
-                set_current_task(None)
             t1 = time.perf_counter()
             snapshot = self._snapshot(instance, store, epoch, token, config)
             snapshot_s = time.perf_counter() - t1
@@ -262,28 +343,33 @@ class StateHost:
                 epoch=epoch,
                 token=token,
                 state=state,
-                records=records,
+                records=int(timing["records"]),
                 spilled_key_groups=spilled,
                 key_groups=len(instance.keyed.key_groups),
-                restore_s=restore_s,
+                restore_s=timing["restore_s"],
                 snapshot_s=snapshot_s,
-                total_s=time.perf_counter() - started,
+                total_s=time.perf_counter() - timing["started"],
                 upload_bytes=snapshot.pop("upload_bytes"),
                 snapshot=snapshot,
                 host_pid=os.getpid(),
                 host_socket=self.socket_path,
+                process_s=timing["process_s"],
+                rows=int(timing["rows"]),
             )
             payload = json.dumps(dataclasses.asdict(result)).encode()
-            store.write(result_name(epoch, header["owner"], index, parallelism), payload)
-            hosted.epoch, hosted.token = epoch, token
-        finally:
-            hosted.lock.release()
+            store.write(name, payload)
+        except Exception:
+            log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
+            with contextlib.suppress(Exception):
+                store.write(error_name(name), traceback.format_exc().encode())
+            return None
+        hosted.epoch, hosted.token = epoch, token
         with self.lock:
             self.tasks += 1
             self.warm += state == "warm"
             self.restored += state == "restored"
             self.last_activity = time.monotonic()
-        return outputs, dataclasses.asdict(result)
+        return dataclasses.asdict(result)
 
     def _process(
         self,
@@ -334,6 +420,12 @@ class StateHost:
         if not batches:
             return []
         table = pa.Table.from_batches(batches)
+        if function.combiner is not None:
+            final = [*function.combiner.final(), (ROWS_COLUMN, "sum")]
+            table = merge_partials(table, final).drop_columns([ROWS_COLUMN])
+        context = instance.context
+        if processes_ranges(function):
+            return as_batches(function.process_range(table, context), out_schema)
         kg = table.column(KG_COLUMN).to_numpy()
         order = np.argsort(kg, kind="stable")
         sorted_kg = kg[order]
@@ -341,21 +433,11 @@ class StateHost:
         starts = [0, *(np.flatnonzero(np.diff(sorted_kg)) + 1).tolist()]
         ends = [*starts[1:], len(sorted_kg)]
         out: list[pa.RecordBatch] = []
-        context = instance.context
         for start, end in zip(starts, ends, strict=True):
             result = function.process_key_group(
                 int(sorted_kg[start]), table.slice(start, end - start), context
             )
-            if result is None:
-                continue
-            if isinstance(result, pa.Table):
-                out.extend(result.cast(out_schema).to_batches())
-            elif isinstance(result, pa.RecordBatch):
-                out.append(result.cast(out_schema))
-            else:
-                rows = list(result)
-                if rows:
-                    out.append(to_batch(rows, out_schema))
+            out.extend(as_batches(result, out_schema))
         return out
 
     def _snapshot(
@@ -368,9 +450,8 @@ class StateHost:
         prepared = instance.writer.prepare(store, epoch, owner, full=full)
         try:
             if len(prepared.uploads) > 1:
-                workers = min(config.checkpoint_upload_concurrency, len(prepared.uploads))
-                with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                    list(pool.map(lambda f: store.write(f.entry.path, f.data), prepared.uploads))
+                pool = self._upload_pool(config.checkpoint_upload_concurrency)
+                list(pool.map(lambda f: store.write(f.entry.path, f.data), prepared.uploads))
             else:
                 for f in prepared.uploads:
                     store.write(f.entry.path, f.data)
@@ -380,6 +461,38 @@ class StateHost:
         snapshot = snapshot_to_dict(prepared.snapshot)
         snapshot["upload_bytes"] = prepared.upload_bytes
         return snapshot
+
+
+def count_records(batches: list[pa.RecordBatch]) -> int:
+    """Input records behind ``batches``: their rows, or what a combiner says they stand for."""
+    return sum(
+        int(pc.sum(b.column(ROWS_COLUMN)).as_py() or 0)
+        if ROWS_COLUMN in b.schema.names
+        else b.num_rows
+        for b in batches
+    )
+
+
+def merge_partials(table: pa.Table, final: list[tuple[str, str]]) -> pa.Table:
+    """One row per key: the combiner's partial aggregates (one per map task) merged."""
+    groups = [n for n in table.column_names if n not in {name for name, _ in final}]
+    merged = table.group_by(groups, use_threads=False).aggregate(final)
+    names = [*groups, *(name for name, _ in final)]
+    columns = [merged[n] for n in groups] + [merged[f"{name}_{how}"] for name, how in final]
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def as_batches(result: Any, schema: pa.Schema) -> list[pa.RecordBatch]:
+    """A function's return value (table, batch, rows or None) as batches of ``schema``."""
+    if result is None:
+        return []
+    if isinstance(result, pa.Table):
+        batches: list[pa.RecordBatch] = result.select(schema.names).cast(schema).to_batches()
+        return batches
+    if isinstance(result, pa.RecordBatch):
+        return [result.select(schema.names).cast(schema)]
+    rows = list(result)
+    return [to_batch(rows, schema)] if rows else []
 
 
 def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:

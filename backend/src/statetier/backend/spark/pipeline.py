@@ -7,17 +7,22 @@ the micro-batch id + 1. Each epoch:
 1. adds the key-group column (``pmod(xxhash64(keys), P)``, the backend's own hash) and
    repartitions with ``repartitionById`` so that partition i holds exactly range i
    (``kg * p div P``), a fixed mapping;
+   A function with a :class:`~statetier.backend.spark.functions.Combiner` is pre-aggregated
+   per key in a map-side ``mapInArrow`` before that exchange (local-global aggregation);
 2. runs ``mapInArrow``: each task streams its range to the executor's state host, which keeps
    the range warm between epochs and restores it from tier 2 only when it is not at the
    committed base (see host);
 3. hands the output DataFrame to the sink (which runs the job);
-4. after the sink returned, reads every range's result and commits the epoch's manifest; an epoch
-   that is already committed (a re-run after a driver restart) adopts the committed manifest
-   instead of writing another.
+4. after the sink returned, waits for every range's result (the hosts write their snapshots
+   after the tasks returned, overlapping Spark's next tasks) and commits the epoch's manifest;
+   an epoch that is already committed (a re-run after a driver restart) adopts the committed
+   manifest instead of writing another. A range whose host failed to snapshot (an error file)
+   or wrote nothing within :data:`RESULT_TIMEOUT_S` fails the epoch uncommitted.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import time
@@ -29,7 +34,15 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegralType,
+    LongType,
+    StructField,
+    StructType,
+)
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config
 from statetier.backend.keygroups import (
@@ -44,14 +57,22 @@ from statetier.backend.snapshot import (
     collect_garbage,
     commit_snapshot,
 )
-from statetier.backend.spark.host import KG_COLUMN
-from statetier.backend.spark.results import RangeResult, result_name, snapshot_from_dict
-from statetier.backend.spark.task import partition_function, request
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
+from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
+from statetier.backend.spark.results import (
+    RangeResult,
+    error_name,
+    result_name,
+    snapshot_from_dict,
+)
+from statetier.backend.spark.task import combine_function, partition_function, request
 from statetier.backend.spill.metrics import serve_metrics
 
 __all__ = ["EpochReport", "StatefulPipeline"]
 
 Sink = Callable[[DataFrame, int], None]
+
+RESULT_TIMEOUT_S = 600.0  # how long the driver waits for a range's snapshot after the job
 
 
 @dataclasses.dataclass
@@ -60,7 +81,7 @@ class EpochReport:
 
     epoch: int
     adopted: bool  # already committed before: the committed manifest was kept
-    records: int
+    records: int  # input records of the epoch
     seconds: float
     ranges: int
     warm: int
@@ -70,6 +91,8 @@ class EpochReport:
     upload_bytes: int
     host_seconds: float = 0.0  # time the state hosts spent on the ranges (summed)
     snapshot_seconds: float = 0.0  # of which writing the ranges' snapshots
+    rows: int = 0  # rows the state hosts received (fewer than records with a combiner)
+    process_seconds: float = 0.0  # of host_seconds: running the function
 
 
 class StatefulPipeline:
@@ -96,6 +119,8 @@ class StatefulPipeline:
         name: str | None = None,
     ) -> None:
         self.function_bytes = bytes(cloudpickle.dumps(function))  # type: ignore[no-untyped-call]
+        combiner = getattr(function, "combiner", None)
+        self.combiner: Combiner | None = combiner if isinstance(combiner, Combiner) else None
         self.key_columns = [key] if isinstance(key, str) else list(key)
         self.output_schema = output_schema
         self.parallelism = parallelism
@@ -108,6 +133,8 @@ class StatefulPipeline:
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
         self._tokens_epoch = -1
         self.reports: list[EpochReport] = []
+        self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
+        self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hosts: dict[str, int] = {}  # socket -> pid of the state hosts that served us
 
     # ------------------------------------------------------------------ setup
@@ -205,9 +232,25 @@ class StatefulPipeline:
             "schema": arrow_schema.serialize().to_pybytes().hex(),
         }
         keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
+        if self.combiner is not None:
+            keyed = self._combine(keyed, self.combiner)
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
         ranged = keyed.repartitionById(p, owner_col)
         return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+
+    def _combine(self, keyed: DataFrame, combiner: Combiner) -> DataFrame:
+        """The map side of the combiner: one row per key and chunk of each input partition."""
+        fields = {f.name: f for f in keyed.schema.fields}
+        groups = [*self.key_columns, KG_COLUMN]
+        out = [fields[name] for name in groups]
+        for name, (column, how) in combiner.aggregates.items():
+            if column not in fields:
+                raise ValueError(f"combiner column {name!r}: no input column {column!r}")
+            out.append(StructField(name, _aggregate_type(fields[column].dataType, how)))
+        out.append(StructField(ROWS_COLUMN, LongType()))
+        schema = StructType(out)
+        schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
+        return keyed.mapInArrow(combine_function(groups, combiner.partial(), schema_bytes), schema)
 
     def run_epoch(self, df: DataFrame, epoch: int, sink: Sink | None = None) -> EpochReport:
         """Process ``df`` as ``epoch``: run the sink on the output, then commit."""
@@ -239,7 +282,7 @@ class StatefulPipeline:
             self._tokens = {str(r.index): r.token for r in results}
             self._tokens_epoch = epoch
             assert self.config is not None
-            collect_garbage(store, self.config.checkpoint_retained)
+            self._collect_garbage(store, self.config.checkpoint_retained)
         report = EpochReport(
             epoch=epoch,
             adopted=adopted,
@@ -253,6 +296,8 @@ class StatefulPipeline:
             upload_bytes=sum(r.upload_bytes for r in results),
             host_seconds=sum(r.total_s for r in results),
             snapshot_seconds=sum(r.snapshot_s for r in results),
+            rows=sum(r.rows for r in results),
+            process_seconds=sum(r.process_s for r in results),
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -262,16 +307,53 @@ class StatefulPipeline:
         backend_metrics.cold_restore(report.restored)
         return report
 
+    def _collect_garbage(self, store: SnapshotStore, retained: int) -> None:
+        """Retention in the background, one run at a time, overlapping the next epoch.
+
+        Safe beside the next epoch's writes: retention only deletes files of epochs older than
+        the oldest retained one, never files a newer (still uncommitted) epoch is writing.
+        """
+        if self._gc is not None:
+            self._gc.result()  # its failure (a storage error) surfaces here, as it did inline
+        if self._gc_pool is None:
+            self._gc_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="statetier-retention"
+            )
+        self._gc = self._gc_pool.submit(collect_garbage, store, retained)
+
+    def drain(self) -> None:
+        """Wait for background retention (tests and tools that list the files)."""
+        if self._gc is not None:
+            gc, self._gc = self._gc, None
+            gc.result()
+
     def _result(self, epoch: int, index: int) -> RangeResult:
+        """Range ``index``'s result, once its host has written it (after the job returned)."""
         assert self._lease is not None
         name = result_name(epoch, self._lease.owner, index, self.parallelism)
-        try:
-            data = self.store.fs.cat_file(self.store.full_path(name))
-        except FileNotFoundError:
-            raise CorruptFileError(
-                name, f"range {index} of epoch {epoch} reported no result; not committing"
-            ) from None
-        return RangeResult(**json.loads(data))
+        fs, path = self.store.fs, self.store.full_path(name)
+        deadline = time.monotonic() + RESULT_TIMEOUT_S
+        pause = 0.002
+        while True:
+            try:
+                return RangeResult(**json.loads(fs.cat_file(path)))
+            except FileNotFoundError:
+                pass
+            try:
+                error = fs.cat_file(self.store.full_path(error_name(name)))
+            except FileNotFoundError:
+                error = None
+            if error is not None or time.monotonic() > deadline:
+                why = (
+                    f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
+                    if error is not None
+                    else f"no result within {RESULT_TIMEOUT_S:.0f}s (state host gone?)"
+                )
+                raise CorruptFileError(
+                    name, f"range {index} of epoch {epoch}: {why}; not committing"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     # ------------------------------------------------------------------ hosts
 
@@ -283,6 +365,7 @@ class StatefulPipeline:
 
     def stop_hosts(self, timeout: float = 10.0) -> None:
         """Stop the state hosts that served this pipeline (local mode: they run here)."""
+        self.drain()
         for path in list(self.hosts):
             request(path, "shutdown")
         deadline = time.monotonic() + timeout
@@ -290,6 +373,19 @@ class StatefulPipeline:
             while time.monotonic() < deadline and _alive(pid):
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _aggregate_type(input_type: DataType, how: str) -> DataType:
+    """The Spark type of a combiner column (what Arrow's aggregate produces, as Spark sees it)."""
+    if how == "count":
+        return LongType()
+    if how == "sum":
+        if isinstance(input_type, IntegralType):
+            return LongType()
+        if isinstance(input_type, (FloatType, DoubleType)):
+            return DoubleType()
+        raise TypeError(f"a combiner cannot sum {input_type.simpleString()} values")
+    return input_type
 
 
 def _alive(pid: int) -> bool:

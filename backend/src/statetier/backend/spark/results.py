@@ -3,8 +3,10 @@
 The state host writes it as JSON to a deterministic name in the checkpoint location, after the
 range's data files: ``data/epoch-N/<driver owner>/results/<index>-of-<parallelism>.json``. A retried
 or speculative attempt overwrites it with an equally valid result (its own data files, which are
-never overwritten: they are named by the attempt's token). The driver reads one per range after
-the job succeeded; retention deletes them with the epoch's other files.
+never overwritten: they are named by the attempt's token). The host writes it after the task has
+returned its outputs (the snapshot overlaps Spark's next tasks), so the driver waits for one per
+range after the job succeeded; a host that failed to snapshot writes an error file beside it
+instead. Retention deletes them with the epoch's other files.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from typing import Any
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
 
-__all__ = ["RangeResult", "result_name", "snapshot_from_dict", "snapshot_to_dict"]
+__all__ = [
+    "RangeResult",
+    "error_name",
+    "result_name",
+    "snapshot_from_dict",
+    "snapshot_to_dict",
+]
 
 
 @dataclasses.dataclass
@@ -35,6 +43,13 @@ class RangeResult:
     snapshot: dict[str, Any]
     host_pid: int
     host_socket: str
+    process_s: float = 0.0  # of total_s: handing the records to the function
+    rows: int = 0  # rows received (a combiner's rows stand for several records)
+
+
+def error_name(result: str) -> str:
+    """Where a host that failed to snapshot a range says why (beside the result's name)."""
+    return result.removesuffix(".json") + ".error.txt"
 
 
 def result_name(epoch: int, owner: str, index: int, parallelism: int) -> str:

@@ -1,9 +1,11 @@
 """The Spark side of a task: find (or start) the executor's state host and stream to it.
 
 This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition, that is
-one key-group range. The state host is started detached by the first task of the application on
-the executor (under a file lock, so concurrent tasks start one host), and found again by every
-later task through its socket path.
+one key-group range. A function with a :class:`~statetier.backend.spark.functions.Combiner` also
+gets a map-side ``mapInArrow`` before the exchange (:func:`combine_function`), which
+pre-aggregates each input partition per key. The state host is started detached by the first
+task of the application on the executor (under a file lock, so concurrent tasks start one host),
+and found again by every later task through its socket path.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from statetier.backend.spark.protocol import (
     write_batch,
 )
 
-__all__ = ["connect_host", "partition_function"]
+__all__ = ["combine_function", "connect_host", "partition_function"]
 
 START_TIMEOUT_S = 60.0
+COMBINE_ROWS = 1 << 20  # input rows pre-aggregated at a time (bounds a map task's memory)
 
 
 def _executor_pid() -> int:
@@ -155,3 +158,47 @@ def partition_function(
                     raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
     return run
+
+
+def combine_function(
+    group_columns: list[str], partial: list[tuple[str, str]], schema_bytes: bytes
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The map-side ``mapInArrow`` of a combiner: per chunk of input, one row per group.
+
+    ``group_columns`` are the key columns and the key-group column, ``partial`` the Arrow
+    aggregates, ``schema_bytes`` the serialized output schema (groups, the aggregates, then the
+    number of input rows behind each row, so that the host still counts records). Each
+    chunk of up to :data:`COMBINE_ROWS` rows is aggregated on its own, so memory stays bounded;
+    the host merges whatever partial rows a key has.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        chunk: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            chunk.append(batch)
+            rows += batch.num_rows
+            if rows >= COMBINE_ROWS:
+                yield from _combine(chunk, group_columns, partial, schema)
+                chunk, rows = [], 0
+        if rows:
+            yield from _combine(chunk, group_columns, partial, schema)
+
+    return run
+
+
+def _combine(
+    chunk: list[pa.RecordBatch],
+    group_columns: list[str],
+    partial: list[tuple[str, str]],
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    table = pa.Table.from_batches(chunk)
+    aggregates: list[tuple[Any, str]] = [*partial, ([], "count_all")]  # + the input rows
+    grouped = table.group_by(group_columns, use_threads=False).aggregate(aggregates)
+    columns = [grouped[name] for name in group_columns]
+    columns += [grouped[f"{column}_{how}"] for column, how in partial]
+    columns.append(grouped["count_all"])
+    out = pa.Table.from_arrays(columns, names=schema.names).cast(schema)
+    yield from out.to_batches()
