@@ -166,3 +166,40 @@ def test_a_byte_outside_every_block_is_found_even_when_the_manifest_agrees(
     assert "are in no block of the index" in str(err.value)
     report = verify_store(store, [2])
     assert any("are in no block of the index" in p for p in report.problems), report.problems
+
+
+def test_another_epochs_file_under_a_files_name_is_refused(location: Location) -> None:
+    """A file that checks out part by part but is another epoch's (a stale copy, a mixed-up
+    upload) is refused by restore and verify, even when the manifest's size and checksum were
+    made to agree with it: its header's epoch is compared with the manifest's."""
+    live = LocalRunner(
+        Accumulate,
+        1,
+        max_parallelism=MAX_P,
+        checkpoint_uri=location.uri,
+        storage_options=location.options,
+    )
+    for epoch in (1, 2, 3):
+        live.process(records(epoch, n=50, keys=60))
+        live.checkpoint()
+    live.close()
+    store: SnapshotStore = location.store()
+    manifest = store.manifest(3)
+    newest = {(f.state, f.kind): f for f in manifest.keyed_files if f.epoch == 3}
+    older = next(f for f in manifest.keyed_files if f.epoch == 2 and (f.state, f.kind) in newest)
+    entry = newest[(older.state, older.kind)]
+    stale = store.read(older)
+    store.fs.pipe_file(store.full_path(entry.path), stale)
+    forged = dataclasses.replace(entry, size=len(stale), crc32=zlib.crc32(stale))
+    store.fs.rm_file(store.full_path(store.manifest_name(3)))
+    store.commit(
+        dataclasses.replace(
+            manifest, keyed_files=[forged if f == entry else f for f in manifest.keyed_files]
+        )
+    )
+    with pytest.raises(CorruptFileError) as err:
+        restore_keyed_state(store, KeyedStateBackend(KeyGroupRange.of(MAX_P), MAX_P))
+    assert err.value.path == store.full_path(entry.path)
+    assert "header says epoch 2, the manifest says 3" in str(err.value)
+    report = verify_store(store, [3])
+    assert any("epoch 2" in p for p in report.problems), report.problems

@@ -246,9 +246,16 @@ class DataFileReader:
             raise self._fail(f"bytes {expected}..{self._index_offset} are in no block of the index")
         self._blocks_checked = True
 
-    def check_is(self, state: str | None, key_groups: str | None, kind: str) -> None:
-        """The file must be what its manifest entry says (not another state's or range's)."""
-        for field, expected in (("state", state), ("key_groups", key_groups)):
+    def check_is(
+        self, state: str | None, key_groups: str | None, kind: str, epoch: int = 0
+    ) -> None:
+        """The file must be what its manifest entry says (not another state's, range's or
+        epoch's: a file that checks out part by part is still the wrong one if it is another
+        epoch's). ``epoch`` 0 is an entry that records none (format version 1)."""
+        expected_fields: list[tuple[str, Any]] = [("state", state), ("key_groups", key_groups)]
+        if epoch and "epoch" in self.header:
+            expected_fields.append(("epoch", epoch))
+        for field, expected in expected_fields:
             if self.header.get(field) != expected:
                 raise self._fail(
                     f"header says {field} {self.header.get(field)!r}, the manifest says "

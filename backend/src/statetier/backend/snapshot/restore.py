@@ -108,12 +108,12 @@ def _plan(
 def _checked_reader(store: SnapshotStore, entry: FileEntry, data: bytes) -> DataFileReader:
     """A reader of ``data`` with every byte checked once: part by part (header, index, footer,
     every block) where the format allows, else against the manifest's whole-file checksum."""
-    if not checks_every_part(data):
-        store.check(entry, data)  # version 1, or damaged where the version is
+    if len(data) != entry.size or not checks_every_part(data):
+        store.check(entry, data)  # version 1, damaged where the version is, or another size
     try:
         reader = DataFileReader(data, store.full_path(entry.path))
         reader.check_every_block()
-        reader.check_is(entry.state, entry.key_groups, entry.kind)
+        reader.check_is(entry.state, entry.key_groups, entry.kind, entry.epoch)
     except CorruptFileError:
         store.check(entry, data)  # damage the manifest's checksum sees: reported as such
         raise  # the file is what the manifest says, but fails its own checks

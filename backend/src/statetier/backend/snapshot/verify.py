@@ -70,7 +70,7 @@ def verify_store(
                 reader = DataFileReader(data, path)
                 reader.check_every_block()  # and that no byte lies outside the blocks
                 entries += reader.verify()
-                reader.check_is(entry.state, entry.key_groups, entry.kind)
+                reader.check_is(entry.state, entry.key_groups, entry.kind, entry.epoch)
             total_bytes += len(data)
         except CorruptFileError as exc:
             problems.append(str(exc))
