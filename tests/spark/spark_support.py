@@ -98,6 +98,12 @@ class FailingCombinedWordCount(CombinedWordCount):
     fail_at = (2, 1)
 
 
+class MapSideCombinedWordCount(CombinedWordCount):
+    """The same combiner applied in Arrow before the exchange; the host merges the partials."""
+
+    combiner = Combiner({"n": ("word", "count"), "longest": ("word", "max")}, map_side=True)
+
+
 class SnapshotFailsOnce(VectorWordCount):
     """Fails its first snapshot of epoch 2 (after its task has returned its outputs)."""
 

@@ -26,6 +26,7 @@ from tests.spark.spark_support import (
     CombinedWordCount,
     FailingCombinedWordCount,
     FailingWordCount,
+    MapSideCombinedWordCount,
     SnapshotFailsOnce,
     VectorWordCount,
     WordCount,
@@ -79,7 +80,9 @@ def test_spark_sql_key_group_equals_python(spark: SparkSession) -> None:
             assert row.kg == assign_to_key_group(key((row.s, row.n)), 128)
 
 
-@pytest.mark.parametrize("function", [WordCount, VectorWordCount, CombinedWordCount])
+@pytest.mark.parametrize(
+    "function", [WordCount, VectorWordCount, CombinedWordCount, MapSideCombinedWordCount]
+)
 def test_word_count_is_exact_and_stays_warm(
     spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, function: Any
 ) -> None:
@@ -98,10 +101,20 @@ def test_word_count_is_exact_and_stays_warm(
     assert after["committed"] - before["committed"] == 3
     assert after["warm"] - before["warm"] == 8
     assert after["restored"] == before["restored"]
-    if function is CombinedWordCount:  # pre-aggregated before the exchange: fewer rows moved
+    if function in (CombinedWordCount, MapSideCombinedWordCount):  # one row per key moved
         rows = [r.rows for r in pipeline.reports]
         assert all(n < len(b) for n, b in zip(rows, batches, strict=True))
     assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
+
+
+def test_the_sql_combiner_needs_no_second_exchange(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    pipeline = make(pipelines, CombinedWordCount, f"file://{tmp_path}/ckpt", 4)
+    out = pipeline.transform(words_df(spark, zipf_words(100, 30, 0)), 1)
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange") == 1 and "shufflepartitionidpassthrough" in plan
+    assert "Aggregate" in plan  # aggregated in the JVM after the range exchange
 
 
 def test_a_failed_snapshot_leaves_the_epoch_uncommitted(

@@ -6,9 +6,8 @@ every pipeline reads them as a Structured Streaming source, one file per micro-b
 running count per word:
 
 - ``statetier``: ``foreachBatch`` running a :class:`StatefulPipeline` of the word count a user
-  would write (``spark_functions.ArrowWordCount``: a ``Combiner`` that pre-aggregates each input
-  partition per word before the exchange, as Spark's count does, and one Arrow pass per range;
-  state warm in the executor's state host, one checkpoint per batch on local disk);
+  would write (``spark_functions.ArrowWordCount``: one Arrow pass per range; state warm in the
+  executor's state host, one checkpoint per batch on local disk);
 - ``statetier_s3`` (with ``--s3``): the same, checkpointing to SeaweedFS started on 127.0.0.1;
 - ``spark_rocksdb_count``: ``groupBy("word").count()``, RocksDB state store, update mode;
 - ``apply_in_pandas_with_state`` and ``transform_with_state_in_pandas`` (ValueState);

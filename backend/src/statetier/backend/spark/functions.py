@@ -54,9 +54,16 @@ class Combiner:
     over all of the key's records of the epoch. ``Combiner({"n": ("word", "count")})`` turns a
     word stream into ``(word, n)``. Only declare it when the function needs nothing else from
     the records: the records themselves never reach it.
+
+    By default the aggregation is Spark SQL right after the key-group exchange (grouped by range
+    and key, so it needs no second exchange): the JVM aggregates, and the Python side only sees
+    the aggregated rows. ``map_side=True`` pre-aggregates in Arrow before the exchange instead
+    (a map-side ``mapInArrow``; the host merges the partial rows), which moves less data through
+    the shuffle when there are many input partitions but adds a Python pass over every record.
     """
 
     aggregates: Mapping[str, tuple[str, str]]
+    map_side: bool = False
 
     def __post_init__(self) -> None:
         if not self.aggregates:

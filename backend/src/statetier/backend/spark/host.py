@@ -389,7 +389,8 @@ class StateHost:
                 )
         function = instance.function
         if isinstance(function, KeyGroupFunction):
-            return self._process_key_groups(instance, function, batches, out_schema)
+            merged = bool(header.get("merged"))
+            return self._process_key_groups(instance, function, batches, out_schema, merged)
         rows: list[Any] = []
         for batch in batches:
             names = [n for n in batch.schema.names if n != KG_COLUMN]
@@ -415,14 +416,17 @@ class StateHost:
         function: KeyGroupFunction,
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
+        merged: bool,
     ) -> list[pa.RecordBatch]:
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return []
         table = pa.Table.from_batches(batches)
-        if function.combiner is not None:
+        if function.combiner is not None and not merged:
             final = [*function.combiner.final(), (ROWS_COLUMN, "sum")]
-            table = merge_partials(table, final).drop_columns([ROWS_COLUMN])
+            table = merge_partials(table, final)
+        if ROWS_COLUMN in table.column_names:
+            table = table.drop_columns([ROWS_COLUMN])
         context = instance.context
         if processes_ranges(function):
             return as_batches(function.process_range(table, context), out_schema)

@@ -72,6 +72,7 @@ __all__ = ["EpochReport", "StatefulPipeline"]
 
 Sink = Callable[[DataFrame, int], None]
 
+OWNER_COLUMN = "__statetier_range"  # the range (partition) of a row, for the combiner
 RESULT_TIMEOUT_S = 600.0  # how long the driver waits for a range's snapshot after the job
 
 
@@ -232,11 +233,36 @@ class StatefulPipeline:
             "schema": arrow_schema.serialize().to_pybytes().hex(),
         }
         keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
-        if self.combiner is not None:
-            keyed = self._combine(keyed, self.combiner)
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
-        ranged = keyed.repartitionById(p, owner_col)
+        combiner = self.combiner
+        if combiner is not None and combiner.map_side:
+            keyed = self._combine(keyed, combiner)
+        if combiner is not None and not combiner.map_side:
+            spec["merged"] = True
+            ranged = self._aggregate_ranges(keyed, owner_col, combiner)
+        else:
+            ranged = keyed.repartitionById(p, owner_col)
         return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+
+    def _aggregate_ranges(self, keyed: DataFrame, owner: Any, combiner: Combiner) -> DataFrame:
+        """The combiner as a Spark SQL aggregation right after the exchange, in the JVM.
+
+        Grouping by the owner column (plus the keys) lets the aggregate use the range
+        partitioning as it is: no second exchange; the state hosts get one row per key.
+        """
+        fields = {f.name: f for f in keyed.schema.fields}
+        aggregates = []
+        for name, (column, how) in combiner.aggregates.items():
+            if column not in fields:
+                raise ValueError(f"combiner column {name!r}: no input column {column!r}")
+            _aggregate_type(fields[column].dataType, how)  # refuses what Arrow would not sum
+            aggregates.append(getattr(sf, how)(sf.col(f"`{column}`")).alias(name))
+        aggregates.append(sf.count(sf.lit(1)).alias(ROWS_COLUMN))
+        ranged = keyed.withColumn(OWNER_COLUMN, owner).repartitionById(
+            self.parallelism, sf.col(OWNER_COLUMN)
+        )
+        groups = [sf.col(f"`{c}`") for c in (OWNER_COLUMN, *self.key_columns, KG_COLUMN)]
+        return ranged.groupBy(*groups).agg(*aggregates).drop(OWNER_COLUMN)
 
     def _combine(self, keyed: DataFrame, combiner: Combiner) -> DataFrame:
         """The map side of the combiner: one row per key and chunk of each input partition."""
