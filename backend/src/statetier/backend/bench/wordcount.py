@@ -41,7 +41,9 @@ from statetier.backend.config import load_config
 from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.runtime import OperatorInstance
+from statetier.backend.spill import SpillManager
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.state import ListState
 from statetier.backend.workloads import zipf_words
@@ -158,8 +160,10 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     heap, spilled, spilled_kgs = _state_bytes(instance)
     usage = read_rss()  # what the monitor calls usage when nothing was spilled
-    counts = _counts(instance)
     expected = _expected(words)
+    # before _counts: its reads are records to the spill manager too
+    shares = {} if instance.spill is None else _disk_shares(instance.spill, expected)
+    counts = _counts(instance)
     result: dict[str, Any] = {
         "records_per_s": round(len(words) / seconds),
         "seconds": round(seconds, 3),
@@ -174,9 +178,31 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         decisions = list(instance.spill.decisions)
         result["moves"] = len(decisions)
         result["move_seconds"] = round(sum(d.seconds for d in decisions), 3)
+        result.update(shares)
     instance.close()
     shutil.rmtree(spill_dir, ignore_errors=True)
     return result
+
+
+def _disk_shares(spill: SpillManager, counts: collections.Counter[str]) -> dict[str, float]:
+    """How much of the traffic the spilled key groups took, next to the least it could be.
+
+    ``records_on_disk_share``: records whose key group was on disk when they came (counted by
+    the manager while the run went on). ``spilled_kgs_record_share``: share of all the input's
+    records in the key groups spilled at the end; ``coldest_kgs_record_share``: the same for as
+    many key groups chosen in hindsight as the least used, the floor for any policy.
+    """
+    by_group = collections.Counter[int]()
+    for word, n in counts.items():
+        by_group[assign_to_key_group(word, MAX_PARALLELISM)] += n
+    total = sum(by_group.values()) or 1
+    spilled = spill.spilled_key_groups()
+    coldest = sorted(by_group[kg] for kg in range(MAX_PARALLELISM))[: len(spilled)]
+    return {
+        "records_on_disk_share": round(spill.records_on_disk / max(spill.records_counted, 1), 3),
+        "spilled_kgs_record_share": round(sum(by_group[kg] for kg in spilled) / total, 3),
+        "coldest_kgs_record_share": round(sum(coldest) / total, 3),
+    }
 
 
 def _rocksdict(args: argparse.Namespace) -> dict[str, Any]:
@@ -321,6 +347,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "spilled_bytes": spilled["spilled_bytes"],
         "gc_pause_max_ms": spilled["gc"]["max_ms"],
         "gc_pause_p99_ms": spilled["gc"]["p99_ms"],
+        "records_on_disk_share": spilled.get("records_on_disk_share"),
+        "spilled_kgs_record_share": spilled.get("spilled_kgs_record_share"),
+        "coldest_kgs_record_share": spilled.get("coldest_kgs_record_share"),
         "spilled_vs_heap": round(spilled["records_per_s"] / heap["records_per_s"], 3),
         "spilled_vs_rocksdict": round(spilled["records_per_s"] / rocks["records_per_s"], 3),
     }
@@ -383,6 +412,12 @@ def _print(result: dict[str, Any]) -> None:
         ],
         rows,
     )
+    if result.get("records_on_disk_share") is not None:
+        print(
+            f"  records served from disk {result['records_on_disk_share']:.1%}; the spilled key "
+            f"groups hold {result['spilled_kgs_record_share']:.1%} of the input's records (as "
+            f"many coldest key groups in hindsight: {result['coldest_kgs_record_share']:.1%})"
+        )
     print(
         f"  spilled/heap = {result['spilled_vs_heap']:.2f} (target >= {TARGET_VS_HEAP}), "
         f"spilled/rocksdict = {result['spilled_vs_rocksdict']:.2f} "

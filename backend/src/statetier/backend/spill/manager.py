@@ -31,11 +31,12 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+import msgpack
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import StatetierConfig
 from statetier.backend.descriptors import StateKind
 from statetier.backend.keyed_backend import KeyedStateBackend
-from statetier.backend.serializers import SerializationError
+from statetier.backend.serializers import MsgpackSerializer, SerializationError
 from statetier.backend.spill import metrics
 from statetier.backend.spill.accounting import KeyGroupAccounting
 from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
@@ -74,7 +75,8 @@ def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callabl
     """Encode/decode of a table's stored values, without a per-call dispatch where possible.
 
     For value-like states without TTL the stored value *is* the user value, and StateCodec
-    encodes it with the descriptor's serializer: use that directly on the per-record path.
+    encodes it with the descriptor's serializer: use that directly on the per-record path (for
+    the default serializer, its packer itself; see :func:`_msgpack_functions`).
     """
     descriptor = table.descriptor
     if descriptor.ttl is None and descriptor.kind in (
@@ -82,8 +84,41 @@ def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callabl
         StateKind.REDUCING,
         StateKind.AGGREGATING,
     ):
-        return descriptor.serializer.dumps, descriptor.serializer.loads
+        serializer = descriptor.serializer
+        if type(serializer) is MsgpackSerializer:
+            return _msgpack_functions(serializer)
+        return serializer.dumps, serializer.loads
     return table.codec.encode, table.codec.decode
+
+
+def _msgpack_functions(
+    serializer: MsgpackSerializer,
+) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """The default serializer's bytes, without its per-call wrapper (a property and a
+    thread-local lookup per write: a fifth of a spilled read-modify-write of a counter).
+
+    ``encode`` is a packer with the serializer's own settings, so it writes the same bytes; it
+    raises what the serializer turns into SerializationError, which the spilled map does itself.
+    One packer per table of a backend is safe: a backend's state is used by one thread at a time
+    (its key context is shared by every handle). ``decode`` falls back to the serializer only to
+    raise its error.
+    """
+    encode: Callable[[Any], bytes] = msgpack.Packer(
+        default=serializer._pack_ext,  # the serializer's own ext types (tuple, set)
+        strict_types=True,
+        use_bin_type=True,
+    ).pack
+    unpackb = msgpack.unpackb
+    ext_hook = serializer._unpack_ext
+    loads = serializer.loads
+
+    def decode(data: bytes) -> Any:
+        try:
+            return unpackb(data, ext_hook=ext_hook, strict_map_key=False)
+        except Exception:  # the serializer raises its own error
+            return loads(data)
+
+    return encode, decode
 
 
 def _mib(value: float) -> str:
@@ -113,6 +148,13 @@ class SpillManager:
         self._sampled: dict[int, tuple[int, float]] = {}  # slot -> (entries, bytes per entry)
         self._reported = {"heap": 0, "spilled": 0, "disk": 0, "kg_heap": 0, "kg_disk": 0}
         self._failure_logged: set[str] = set()
+        # records counted so far, and those whose key group was on disk when they came
+        self.records_counted = 0
+        self.records_on_disk = 0
+        self._tallied = [0] * len(backend.key_groups)  # hits already in the two figures
+        self._codecs: dict[
+            str, tuple[StateTable, Callable[[Any], bytes], Callable[[bytes], Any]]
+        ] = {}
         self.closed = False
         backend.count_hits(self.accounting.hits, self._poll)
         self._update_metrics()
@@ -139,6 +181,15 @@ class SpillManager:
         backend_metrics.watch_spill_dirs(dirs)
         return cls(backend, storage, monitor, size_weight=config.spill_size_weight)
 
+    def _codec(self, table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+        """A table's value encode/decode, made once per table: every spilled map of the table
+        shares them (a packer holds a buffer of its own)."""
+        known = self._codecs.get(table.name)
+        if known is None or known[0] is not table:
+            known = (table, *_codec_functions(table))
+            self._codecs[table.name] = known
+        return known[1], known[2]
+
     # ------------------------------------------------------------------ per record
 
     def _poll(self) -> None:
@@ -163,6 +214,21 @@ class SpillManager:
             raise KeyError(f"key group {key_group} is outside {self.backend.key_groups}")
         return key_group - self._first
 
+    def _tally(self) -> None:
+        """Credit the records counted since the last tally to the tier of their key group.
+
+        Done before every move and fold, so each record is credited to the tier its key group
+        was in when the record came: the share of records served from disk.
+        """
+        hits, tallied, spilled = self.accounting.hits, self._tallied, self.spilled
+        for slot in range(self.accounting.slots):
+            new = hits[slot] - tallied[slot]
+            if new:
+                self.records_counted += new
+                if slot in spilled:
+                    self.records_on_disk += new
+                tallied[slot] = hits[slot]
+
     def spill_key_group(self, key_group: int, reason: str = "forced") -> bool:
         """Move ``key_group`` (all its states) to disk; False if no space (it stays on heap)."""
         if self.closed:
@@ -170,6 +236,7 @@ class SpillManager:
         slot = self._slot(key_group)
         if slot in self.spilled:
             return True
+        self._tally()
         started = time.perf_counter()
         backend = self.backend
         key_dumps, key_loads = backend.key_serializer.dumps, backend.key_serializer.loads
@@ -177,7 +244,7 @@ class SpillManager:
         maps: dict[str, SpilledMap] = {}
         try:
             for name, table in backend.tables.items():
-                encode, decode = _codec_functions(table)
+                encode, decode = self._codec(table)
                 maps[name] = SpilledMap(
                     self.storage,
                     key_dumps,
@@ -209,9 +276,10 @@ class SpillManager:
     def load_key_group(self, key_group: int, reason: str = "forced") -> bool:
         """Move ``key_group`` back to heap; False if it was not spilled."""
         slot = self._slot(key_group)
-        maps = self.spilled.pop(slot, None)
-        if maps is None:
+        if slot not in self.spilled:
             return False
+        self._tally()
+        maps = self.spilled.pop(slot)
         started = time.perf_counter()
         for name, spilled in maps.items():
             self.backend.tables[name].maps[slot] = dict(spilled.iter_items())
@@ -253,7 +321,7 @@ class SpillManager:
             for name, table in self.backend.tables.items():
                 if name in maps:
                     continue
-                encode, decode = _codec_functions(table)
+                encode, decode = self._codec(table)
                 serializer = self.backend.key_serializer
                 try:
                     spilled = SpilledMap(
@@ -283,7 +351,9 @@ class SpillManager:
         sample: sampling every key group at every check would cost more than the check.
         """
         acc = self.accounting
+        self._tally()
         acc.fold(time.monotonic())
+        self._tallied = [0] * acc.slots
         backend = self.backend
         tables = list(backend.tables.values())
         sampled = self._sampled

@@ -25,8 +25,12 @@ in it is overwritten (writes append) and it is neither freed nor moved, so the v
 exactly the version it was taken at while writes go on. Unpinning frees a log replaced meanwhile.
 
 A read-modify-write of one key (``value()`` then ``update()``, what every handle does) probes
-once: the read leaves a one-entry memo of where the key is (or would go), which the write uses if
-nothing moved since. The memo holds a location, never a value: the key group stays on disk only.
+once: the read leaves a one-entry memo of where the key is (or would go) and where its value
+bytes are, so a write of the same encoded length is one slice assignment, without a second probe
+or slot read. The memo is valid while ``_gen`` is unchanged: whatever can move a record or a slot
+(a delete, a rebuild, compaction moving the regions) bumps it, an append that repoints the slot
+moves the memo along, and nothing is overwritten in place while a view pins the log. The memo
+holds a location, never a value: the key group stays on disk only.
 """
 
 from __future__ import annotations
@@ -57,13 +61,25 @@ MIN_LOG = 1024
 _EMPTY, _TOMBSTONE, _FOUND = 0, 1, 2
 
 _Missing: Any = object()
-_NO_MEMO = (_Missing, -1, 0, 0, b"", 0)
+# (key, gen, slot, status, key bytes, hash, value start in the log's mmap, value length)
+_Memo = tuple[Any, int, int, int, bytes, int, int, int]
+_NO_MEMO: _Memo = (_Missing, -1, 0, 0, b"", 0, 0, -1)
 
 Encode = Callable[[Any], bytes]
 Decode = Callable[[bytes], Any]
 
 
 _OTHER = b"\xff"  # never starts UTF-8: tags keys that are not str
+
+# What an encoder raises for a value it cannot write (SerializationError is a TypeError): a
+# serializer's own packer may be passed as ``encode`` as it is, without a wrapper per call.
+_UNWRITABLE = (TypeError, ValueError, OverflowError)
+
+
+def _unwritable(value: Any, exc: Exception) -> SerializationError:
+    if isinstance(exc, SerializationError):
+        return exc
+    return SerializationError(f"cannot write a {type(value).__name__} value: {exc}")
 
 
 def _key_bytes(key: Any, dumps: Encode) -> bytes:
@@ -98,11 +114,13 @@ class SpilledMap(MutableMapping[Any, Any]):
 
     The same semantics as the dict it replaces; values come back as fresh objects (handles write
     back every change, so nothing is lost by that). ``encode``/``decode`` turn a stored value
-    into bytes and back (a :class:`~statetier.backend.state.codec.StateCodec`'s methods);
-    ``key_dumps``/``key_loads`` do the same for keys. ``fallback`` is called when the storage
-    runs out of space during a write, or the value cannot be serialized: it must move the key
-    group back to heap and return this state's heap mapping there, which then takes the write,
-    so a full disk loses nothing and the heap's semantics hold.
+    into bytes and back (a :class:`~statetier.backend.state.codec.StateCodec`'s methods, or a
+    serializer's); ``encode`` raises TypeError (SerializationError is one), ValueError or
+    OverflowError for a value it cannot write. ``key_dumps``/``key_loads`` do the same for keys.
+    ``fallback`` is called when the storage runs out of space during a write, or the value
+    cannot be serialized: it must move the key group back to heap and return this state's heap
+    mapping there, which then takes the write, so a full disk loses nothing and the heap's
+    semantics hold.
     """
 
     def __init__(
@@ -131,13 +149,17 @@ class SpilledMap(MutableMapping[Any, Any]):
         self.live_bytes = 0  # exact serialized bytes of the live keys and values
         self._tail = 0
         self._gen = 0  # bumped whenever a memoized slot may have become stale
-        self._memo: tuple[Any, int, int, int, bytes, int] = _NO_MEMO
+        self._memo: _Memo = _NO_MEMO
         self._at: tuple[mmap.mmap, int, int, mmap.mmap, int]
         records = []
         kbytes = self._key_bytes
         for key, value in items:
             kb = kbytes(key)
-            records.append((_hash(kb), kb, encode(value)))
+            try:
+                vb = encode(value)
+            except _UNWRITABLE as exc:
+                raise _unwritable(value, exc) from exc
+            records.append((_hash(kb), kb, vb))
         self._build(records, 0)
 
     def _key_bytes(self, key: Any) -> bytes:
@@ -191,6 +213,7 @@ class SpilledMap(MutableMapping[Any, Any]):
         index, data = self._index, self._data
         assert index is not None and data is not None
         self._at = (index.mm, index.offset, self._mask, data.mm, data.offset - 1)
+        self._gen += 1  # a memoized value position is in the old place
 
     def _live_records(self) -> list[tuple[int, bytes, bytes]]:
         """``(hash, key bytes, value bytes)`` of every live record, straight from the log."""
@@ -253,31 +276,33 @@ class SpilledMap(MutableMapping[Any, Any]):
             i = (i + 1) & mask
 
     def get(self, key: Any, default: Any = None) -> Any:
-        # _find inlined: this is the per-record read of every spilled key
+        # The per-record read of every spilled key, so as few steps as it takes: almost always
+        # the first slot probed holds the key (the index is at most 60% full, usually a third).
         kb = key.encode() if type(key) is str else _OTHER + self._kdumps(key)
         h = _hash(kb)
         mm, base, mask, dm, dbase = self._at
-        klen = len(kb)
         i = h & mask
-        tomb = -1
-        while True:
-            sh, loc, sk, vlen = _slot_at(mm, base + i * SLOT_SIZE)
-            if not loc:
-                if tomb >= 0:
-                    self._memo = (key, self._gen, tomb, _TOMBSTONE, kb, h)
-                else:
-                    self._memo = (key, self._gen, i, _EMPTY, kb, h)
-                return default
-            if loc == _TOMB:
-                if tomb < 0:
-                    tomb = i
-            elif sh == h and sk == klen:
-                start = dbase + loc
-                if dm[start : start + klen] == kb:
-                    self._memo = (key, self._gen, i, _FOUND, kb, h)
-                    start += klen
-                    return self._decode(dm[start : start + vlen])
-            i = (i + 1) & mask
+        sh, loc, klen, vlen = _slot_at(mm, base + i * SLOT_SIZE)
+        if sh == h and klen == len(kb) and 0 < loc != _TOMB:
+            start = dbase + loc
+            if dm[start : start + klen] == kb:
+                start += klen
+                self._memo = (key, self._gen, i, _FOUND, kb, h, start, vlen)
+                decode = self._decode  # an attribute, not a method: LOAD_METHOD would not cache
+                return decode(dm[start : start + vlen])
+        return self._get_probing(key, kb, h, default)
+
+    def _get_probing(self, key: Any, kb: bytes, h: int, default: Any) -> Any:
+        """``get`` when the first slot is not the key's: probe on, memoize where it is or goes."""
+        i, status = self._find(kb, h)
+        if status != _FOUND:
+            self._memo = (key, self._gen, i, status, kb, h, 0, -1)
+            return default
+        mm, base, _, dm, dbase = self._at
+        _, loc, klen, vlen = _slot_at(mm, base + i * SLOT_SIZE)
+        start = dbase + loc + klen
+        self._memo = (key, self._gen, i, _FOUND, kb, h, start, vlen)
+        return self._decode(dm[start : start + vlen])
 
     def __getitem__(self, key: Any) -> Any:
         value = self.get(key, _Missing)
@@ -292,27 +317,33 @@ class SpilledMap(MutableMapping[Any, Any]):
     def __setitem__(self, key: Any, value: Any) -> None:
         try:
             vb = self._encode(value)
-            memo = self._memo
-            if memo[0] is key and memo[1] == self._gen and memo[3] == _FOUND:
-                # the write after a read of the same key: overwrite in place if it fits
-                mm, base, _, dm, dbase = self._at
-                _, loc, klen, vlen = _slot_at(mm, base + memo[2] * SLOT_SIZE)
-                if vlen == len(vb) and not self._data.pins:  # type: ignore[union-attr]
-                    start = dbase + loc + klen
-                    dm[start : start + vlen] = vb
-                    return
+        except _UNWRITABLE as exc:
+            self._write_on_heap(key, value, _unwritable(value, exc))
+            return
+        memo = self._memo
+        if memo[0] is key and memo[1] == self._gen and memo[7] == len(vb):
+            data = self._data
+            if data is not None and not data.pins:
+                # the write after a read of the same key, same length: overwrite in place
+                start = memo[6]
+                data.mm[start : start + memo[7]] = vb
+                return
+        try:
             self._put(key, vb)
-        except (SpaceUnavailableError, SerializationError) as exc:
-            # No space, or a value the serializer cannot write (the heap takes any object):
-            # the key group goes back to heap and the write happens there, as it would have.
-            if self.fallback is None:
-                raise
-            self.fallback(exc)[key] = value
+        except SpaceUnavailableError as exc:
+            self._write_on_heap(key, value, exc)
+
+    def _write_on_heap(self, key: Any, value: Any, exc: Exception) -> None:
+        """No space, or a value the serializer cannot write (the heap takes any object): the
+        key group goes back to heap and the write happens there, as it would have."""
+        if self.fallback is None:
+            raise exc
+        self.fallback(exc)[key] = value
 
     def _put(self, key: Any, vb: bytes) -> None:
         memo = self._memo
         if memo[0] is key and memo[1] == self._gen:
-            _, _, i, status, kb, h = memo
+            _, _, i, status, kb, h, _, _ = memo
         else:
             kb = key.encode() if type(key) is str else _OTHER + self._kdumps(key)
             h = _hash(kb)
@@ -350,6 +381,8 @@ class SpilledMap(MutableMapping[Any, Any]):
         data.mm[o : o + record_len] = kb + vb
         self._tail = position + record_len
         _pack_slot(index.mm, index.offset + i * SLOT_SIZE, h, position + 1, len(kb), vlen)
+        # the slot moved to the new record: the next write of this key goes there
+        self._memo = (key, self._gen, i, _FOUND, kb, h, o + len(kb), vlen)
 
     def _remove(self, key: Any) -> Any:
         """Delete ``key``; returns its value, or _Missing."""
