@@ -133,7 +133,11 @@ class KeyedStateBackend:
             hook()
 
     def _set_current_key_counting(self, key: Any) -> None:
-        """``set_current_key`` that also counts the record for its key group (spill tier)."""
+        """``set_current_key`` that also counts the record for its key group (spill tier).
+
+        It runs for every record while spilling is on, so it is the plain path plus one list
+        increment and one test; states with per-record hooks get the variant below.
+        """
         slot = self._touched.get(key)
         ctx = self.context
         ctx.index = slot = self._slot_of(key) if slot is None else slot
@@ -143,7 +147,11 @@ class KeyedStateBackend:
         hits[slot] = n
         if not n & 63:
             self._on_poll()
-        for hook in ctx.record_hooks:
+
+    def _set_current_key_counting_and_run_hooks(self, key: Any) -> None:
+        """Counting ``set_current_key`` once a state needs per-record work."""
+        KeyedStateBackend._set_current_key_counting(self, key)
+        for hook in self.context.record_hooks:
             hook()
 
     def add_record_hook(self, hook: Callable[[], None]) -> None:
@@ -172,7 +180,9 @@ class KeyedStateBackend:
 
     def _select_record_path(self) -> None:
         """The per-record path: the plain one unless counting or hooks need more."""
-        if self._counting:
+        if self._counting and self.context.record_hooks:
+            self.set_current_key = self._set_current_key_counting_and_run_hooks  # type: ignore[method-assign]
+        elif self._counting:
             self.set_current_key = self._set_current_key_counting  # type: ignore[method-assign]
         elif self.context.record_hooks:
             self.set_current_key = self._set_current_key_and_run_hooks  # type: ignore[method-assign]
