@@ -40,12 +40,12 @@ from statetier.backend.spill import metrics
 
 __all__ = ["GcPauseTracker", "MemoryMonitor", "MonitorSettings", "Verdict", "resolve_budget"]
 
-_V1_UNLIMITED = 1 << 60
+_V1_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
 # Spill when the predicted pause passes GC_EARLY of the threshold (the heap grows between two
 # checks, so waiting for 100% lets the next pause pass it), down to GC_TARGET of it; loads stay
 # under GC_TARGET too.
 GC_EARLY = 0.8
-GC_TARGET = 0.5  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
+GC_TARGET = 0.5
 
 
 def resolve_budget(configured: int, cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
@@ -272,12 +272,18 @@ class MemoryMonitor:
         else:
             amount = int(s.spill_ratio * heap_state)
         if average > threshold:
-            why = f"average gen-2 GC pause {average * 1000:.0f}ms over {len(recent)} collections"
-        else:
-            why = f"predicted gen-2 GC pause {predicted * 1000:.0f}ms at {_mib(heap_state)} heap"
+            why = (
+                f"average gen-2 GC pause {average * 1000:.0f}ms over {len(recent)} collections"
+                f" > threshold {threshold * 1000:.0f}ms"
+            )
+        else:  # acting before the pause happens: the trigger is a share of the threshold
+            why = (
+                f"predicted gen-2 GC pause {predicted * 1000:.0f}ms at {_mib(heap_state)} heap"
+                f" > {GC_EARLY:.0%} of threshold {threshold * 1000:.0f}ms"
+            )
         return Verdict(
             "spill",
-            f"{why} > threshold {threshold * 1000:.0f}ms",
+            why,
             min(amount, heap_state),
             used,
             rss,
