@@ -137,6 +137,22 @@ def test_a_failed_snapshot_leaves_the_epoch_uncommitted(
     assert outputs == {w: expected[w] for w in {*batches[1], *batches[2]}}
 
 
+def test_missing_results_fail_the_epoch_after_the_result_timeout(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """A host that dies after its task returned writes no result: the driver gives up after
+    ``host.result-timeout``, names it, and commits nothing (here the epoch's job never ran, so
+    no range's result appears, as the driver sees a host gone before its snapshot)."""
+    uri = f"file://{tmp_path}/ckpt"
+    pipeline = make(pipelines, WordCount, uri, 2, **{"host.result-timeout": "1s"})
+    pipeline.run(words_df(spark, zipf_words(500, 50, 1)))
+    started = time.monotonic()
+    with pytest.raises(CorruptFileError, match=r"no result within host.result-timeout=1s"):
+        pipeline.commit(2)
+    assert time.monotonic() - started < 5
+    assert SnapshotStore(uri).epochs() == [1]
+
+
 def driver_metrics() -> dict[str, float]:
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -385,6 +385,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         at_least(1),
     ),
     Setting(
+        "host.result-timeout",
+        "duration",
+        parse_duration,
+        600.0,
+        "Spark: how long the driver waits, after an epoch's job finished, for every range's "
+        "snapshot (a state host writes it after its task returned); past it the epoch fails "
+        "uncommitted and is re-run on restart. Bound it by the longest snapshot upload.",
+        at_least(1),
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,

@@ -17,7 +17,7 @@ the micro-batch id + 1. Each epoch:
    after the tasks returned, overlapping Spark's next tasks) and commits the epoch's manifest;
    an epoch that is already committed (a re-run after a driver restart) adopts the committed
    manifest instead of writing another. A range whose host failed to snapshot (an error file)
-   or wrote nothing within :data:`RESULT_TIMEOUT_S` fails the epoch uncommitted.
+   or wrote nothing within ``host.result-timeout`` fails the epoch uncommitted.
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ __all__ = ["EpochReport", "StatefulPipeline"]
 Sink = Callable[[DataFrame, int], None]
 
 OWNER_COLUMN = "__statetier_range"  # the range (partition) of a row, for the combiner
-RESULT_TIMEOUT_S = 600.0  # how long the driver waits for a range's snapshot after the job
 
 
 @dataclasses.dataclass
@@ -358,7 +357,9 @@ class StatefulPipeline:
         assert self._lease is not None
         name = result_name(epoch, self._lease.owner, index, self.parallelism)
         fs, path = self.store.fs, self.store.full_path(name)
-        deadline = time.monotonic() + RESULT_TIMEOUT_S
+        assert self.config is not None
+        timeout = self.config.host_result_timeout
+        deadline = time.monotonic() + timeout
         pause = 0.002
         while True:
             try:
@@ -373,7 +374,7 @@ class StatefulPipeline:
                 why = (
                     f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
                     if error is not None
-                    else f"no result within {RESULT_TIMEOUT_S:.0f}s (state host gone?)"
+                    else f"no result within host.result-timeout={timeout:.0f}s (state host gone?)"
                 )
                 raise CorruptFileError(
                     name, f"range {index} of epoch {epoch}: {why}; not committing"
