@@ -17,6 +17,7 @@ from statetier.backend.snapshot import (
     restore_operator_state,
 )
 from statetier.backend.snapshot.format import _FOOTER, END_MAGIC, DataFileReader
+from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.verify import verify_store
 
 from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, records
@@ -143,6 +144,21 @@ def with_a_stray_byte(data: bytes) -> bytes:
     return body + index + _FOOTER.pack(len(body), len(index), zlib.crc32(index), END_MAGIC)
 
 
+def replace_vouched_for(
+    store: SnapshotStore, manifest: Manifest, entry: FileEntry, data: bytes
+) -> None:
+    """Put ``data`` under ``entry``'s name and recommit ``manifest`` with the size and checksum
+    of ``data``: damage that the manifest's whole-file checksum cannot see."""
+    store.fs.pipe_file(store.full_path(entry.path), data)
+    forged = dataclasses.replace(entry, size=len(data), crc32=zlib.crc32(data))
+    store.fs.rm_file(store.full_path(store.manifest_name(manifest.epoch)))
+    store.commit(
+        dataclasses.replace(
+            manifest, keyed_files=[forged if f == entry else f for f in manifest.keyed_files]
+        )
+    )
+
+
 def test_a_byte_outside_every_block_is_found_even_when_the_manifest_agrees(
     location: Location,
 ) -> None:
@@ -152,14 +168,7 @@ def test_a_byte_outside_every_block_is_found_even_when_the_manifest_agrees(
     manifest = store.manifest(2)
     entry = max(manifest.keyed_files, key=lambda f: f.size)
     damaged = with_a_stray_byte(store.read(entry))
-    store.fs.pipe_file(store.full_path(entry.path), damaged)
-    forged = dataclasses.replace(entry, size=len(damaged), crc32=zlib.crc32(damaged))
-    store.fs.rm_file(store.full_path(store.manifest_name(2)))
-    store.commit(
-        dataclasses.replace(
-            manifest, keyed_files=[forged if f == entry else f for f in manifest.keyed_files]
-        )
-    )
+    replace_vouched_for(store, manifest, entry, damaged)
     with pytest.raises(CorruptFileError) as err:
         restore_all(store)
     assert err.value.path == store.full_path(entry.path)
@@ -189,14 +198,7 @@ def test_another_epochs_file_under_a_files_name_is_refused(location: Location) -
     older = next(f for f in manifest.keyed_files if f.epoch == 2 and (f.state, f.kind) in newest)
     entry = newest[(older.state, older.kind)]
     stale = store.read(older)
-    store.fs.pipe_file(store.full_path(entry.path), stale)
-    forged = dataclasses.replace(entry, size=len(stale), crc32=zlib.crc32(stale))
-    store.fs.rm_file(store.full_path(store.manifest_name(3)))
-    store.commit(
-        dataclasses.replace(
-            manifest, keyed_files=[forged if f == entry else f for f in manifest.keyed_files]
-        )
-    )
+    replace_vouched_for(store, manifest, entry, stale)
     with pytest.raises(CorruptFileError) as err:
         restore_keyed_state(store, KeyedStateBackend(KeyGroupRange.of(MAX_P), MAX_P))
     assert err.value.path == store.full_path(entry.path)
