@@ -155,7 +155,12 @@ def test_workers_follow_the_gateway_queue(
         time.sleep(0.2)
     box.wait("back to 1", lambda: _replicas(box, "auto") == 1, timeout=WINDOW + 3 * PERIOD)
     assert time.monotonic() - emptied >= WINDOW - 1.0
-    assert box.get(f"{CS}/auto")["status"]["workers"]["desired"] == 1
+    # the status follows the Deployment in the same reconciliation, written just after it
+    box.wait(
+        "status at 1",
+        lambda: box.get(f"{CS}/auto")["status"]["workers"]["desired"] == 1,
+        timeout=2 * PERIOD,
+    )
     for name in metrics.AUTOSCALER_DOCUMENTED:
         assert name in _scrape(box)
 
