@@ -54,7 +54,14 @@ from statetier.backend.spark.functions import (
     processes_ranges,
     set_current_task,
 )
-from statetier.backend.spark.protocol import BATCH, ERROR, RESULT, read_batch, write_batch
+from statetier.backend.spark.protocol import (
+    BATCH,
+    ERROR,
+    RESULT,
+    process_alive,
+    read_batch,
+    write_batch,
+)
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
@@ -119,7 +126,7 @@ class StateHost:
     def _watchdog(self, listener: Listener) -> None:
         while not self.stopping.wait(0.5):
             idle = time.monotonic() - self.last_activity
-            orphaned = self.watch_pid is not None and not _alive(self.watch_pid)
+            orphaned = self.watch_pid is not None and not process_alive(self.watch_pid)
             gone = not os.path.exists(self.socket_path)
             if orphaned or gone or (self.active == 0 and idle > self.idle_timeout):
                 log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
@@ -506,16 +513,6 @@ def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True))
     arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -59,6 +59,7 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
+from statetier.backend.spark.protocol import process_alive
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
@@ -397,7 +398,7 @@ class StatefulPipeline:
             request(path, "shutdown")
         deadline = time.monotonic() + timeout
         for pid in self.hosts.values():
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and process_alive(pid):
                 time.sleep(0.05)
         self.hosts.clear()
 
@@ -413,19 +414,3 @@ def _aggregate_type(input_type: DataType, how: str) -> DataType:
             return DoubleType()
         raise TypeError(f"a combiner cannot sum {input_type.simpleString()} values")
     return input_type
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

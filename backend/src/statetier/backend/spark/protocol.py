@@ -20,6 +20,7 @@ __all__ = [
     "BATCH",
     "ERROR",
     "RESULT",
+    "process_alive",
     "read_batch",
     "socket_path",
     "write_batch",
@@ -57,3 +58,19 @@ def socket_path(app_id: str, local_dirs: str | None = None) -> str:
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
         path = os.path.join(tempfile.gettempdir(), f"statetier-host-{digest}.sock")
     return path
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not): the host watches its executor's JVM
+    with it, the driver its hosts when it stops them."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
