@@ -96,12 +96,17 @@ def _print_summary(
         ("restored at", f"parallelism {args.restore_parallelism}: counts exact = {exact}"),
         ("top words", ", ".join(f"{w}={n}" for w, n in top)),
     ]
-    width = max(len(name) for name, _ in rows)
-    print("statetier demo: keyed word count through the backend")
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+    print_summary("statetier demo: keyed word count through the backend", rows)
     if not exact:
         print("  ERROR: restored counts differ from the input")
+
+
+def print_summary(title: str, rows: Sequence[tuple[str, str]]) -> None:
+    """A demo's summary: the title, then one aligned ``name  value`` line per row."""
+    width = max(len(name) for name, _ in rows)
+    print(title)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from statetier.backend.demo import print_summary
 from statetier.backend.workloads import batches, zipf_words
 
 
@@ -167,10 +168,7 @@ def summary(
         ("counts exact", str(exact)),
         ("top words", ", ".join(f"{w}={n}" for w, n in top)),
     ]
-    width = max(len(name) for name, _ in rows)
-    print("statetier demo: streaming word count on Spark with tiered state")
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
+    print_summary("statetier demo: streaming word count on Spark with tiered state", rows)
     if not exact:
         print("  ERROR: checkpointed counts differ from the input")
 
