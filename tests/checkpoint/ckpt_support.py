@@ -52,6 +52,17 @@ class Location:
     def store(self, **kwargs: Any) -> SnapshotStore:
         return SnapshotStore(self.uri, **self.options, **kwargs)
 
+    def runner(self, parallelism: int, **kwargs: Any) -> LocalRunner:
+        """An :class:`Accumulate` runner at max parallelism MAX_P checkpointing here."""
+        return LocalRunner(
+            Accumulate,
+            parallelism,
+            max_parallelism=MAX_P,
+            checkpoint_uri=self.uri,
+            storage_options=self.options,
+            **kwargs,
+        )
+
     @property
     def target_protocol(self) -> str:
         return "s3" if self.kind == "s3" else "file"

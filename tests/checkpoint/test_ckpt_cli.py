@@ -8,20 +8,14 @@ from pathlib import Path
 import pytest
 from statetier.backend.cli import main
 from statetier.backend.config import load_config
-from statetier.backend.local_runner import LocalRunner
 
-from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, records
+from tests.checkpoint.ckpt_support import Location, records
 
 
 @pytest.fixture
 def checkpointed(location: Location) -> Location:
-    runner = LocalRunner(
-        Accumulate,
-        2,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-        config=load_config({"checkpoint.retained": 10, "compaction.delta-trigger": 100}),
+    runner = location.runner(
+        2, config=load_config({"checkpoint.retained": 10, "compaction.delta-trigger": 100})
     )
     for epoch in range(1, 5):
         runner.process(records(epoch, n=600 if epoch == 1 else 40))

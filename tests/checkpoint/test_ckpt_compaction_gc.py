@@ -21,20 +21,13 @@ from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.store import epoch_of
 from statetier.backend.snapshot.verify import verify_store
 
-from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
+from tests.checkpoint.ckpt_support import MAX_P, Location, dump_keyed, records
 
 
 def make(
     location: Location, parallelism: int = 2, config: dict[str, object] | None = None
 ) -> LocalRunner:
-    return LocalRunner(
-        Accumulate,
-        parallelism,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-        config=load_config(config or {}),
-    )
+    return location.runner(parallelism, config=load_config(config or {}))
 
 
 def restored(location: Location, parallelism: int = 3) -> dict[str, Any]:

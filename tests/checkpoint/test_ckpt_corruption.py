@@ -9,7 +9,6 @@ import zlib
 import msgpack
 import pytest
 from statetier.backend import KeyedStateBackend, KeyGroupRange, OperatorStateBackend
-from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import (
     CorruptFileError,
     SnapshotStore,
@@ -20,19 +19,13 @@ from statetier.backend.snapshot.format import _FOOTER, END_MAGIC, DataFileReader
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.verify import verify_store
 
-from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, records
+from tests.checkpoint.ckpt_support import MAX_P, Location, records
 
 PARTS = ("block of key group", "header", "index", "footer", "magic", "format version")
 
 
 def committed(location: Location) -> SnapshotStore:
-    live = LocalRunner(
-        Accumulate,
-        2,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-    )
+    live = location.runner(2)
     live.process(records(1, n=200, keys=60))
     live.checkpoint()
     live.process(records(2, n=50, keys=60))
@@ -181,13 +174,7 @@ def test_another_epochs_file_under_a_files_name_is_refused(location: Location) -
     """A file that checks out part by part but is another epoch's (a stale copy, a mixed-up
     upload) is refused by restore and verify, even when the manifest's size and checksum were
     made to agree with it: its header's epoch is compared with the manifest's."""
-    live = LocalRunner(
-        Accumulate,
-        1,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-    )
+    live = location.runner(1)
     for epoch in (1, 2, 3):
         live.process(records(epoch, n=50, keys=60))
         live.checkpoint()

@@ -16,17 +16,11 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.snapshot.verify import verify_store
 
-from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
+from tests.checkpoint.ckpt_support import Location, dump_keyed, records
 
 
 def make(location: Location, parallelism: int = 2) -> LocalRunner:
-    return LocalRunner(
-        Accumulate,
-        parallelism,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-    )
+    return location.runner(parallelism)
 
 
 def test_a_new_writer_fences_the_old_one(location: Location) -> None:

@@ -14,7 +14,6 @@ from statetier.backend.snapshot.format import DELTA, DataFileReader
 
 from tests.checkpoint.ckpt_support import (
     MAX_P,
-    Accumulate,
     Location,
     dump_keyed,
     dump_operator,
@@ -25,14 +24,7 @@ from tests.checkpoint.ckpt_support import (
 
 def runner(location: Location, parallelism: int = 4, **config: Any) -> LocalRunner:
     cfg = load_config({"compaction.delta-trigger": 100, "compaction.size-ratio": 100.0, **config})
-    return LocalRunner(
-        Accumulate,
-        parallelism,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-        config=cfg,
-    )
+    return location.runner(parallelism, config=cfg)
 
 
 @pytest.mark.parametrize("incremental", [True, False])

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from statetier.backend import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
 from statetier.backend.keygroups import assign_to_key_group
-from statetier.backend.local_runner import LocalRunner
 from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.snapshot import (
     SnapshotStore,
@@ -24,17 +23,14 @@ from statetier.backend.snapshot.format import DataFileReader
 from statetier.backend.snapshot.lazy import FlatPairs, LazyEntries, bulk_allocation
 from statetier.backend.state.codec import StateCodec
 
-from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
+from tests.checkpoint.ckpt_support import MAX_P, Location, dump_keyed, records
 
 TOTAL = ValueStateDescriptor[int]("total")
 
 
 def checkpointed(location: Location) -> tuple[SnapshotStore, dict[Any, Any]]:
     """Two epochs (bases, then deltas that also remove keys); the live "total" values."""
-    live = LocalRunner(
-        Accumulate, 2, max_parallelism=MAX_P, checkpoint_uri=location.uri,
-        storage_options=location.options,
-    )  # fmt: skip
+    live = location.runner(2)
     live.process(records(1, n=300, keys=80))
     live.checkpoint()
     live.process([*records(2, n=100, keys=80), ("k3", 0), ("k5", 0)])  # 0 removes the key
