@@ -22,7 +22,6 @@ from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.config import load_config
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.snapshot.blocks import DataFileBuilder
 from statetier.backend.snapshot.compaction import (
     CompactionInput,
     CompactionRequest,
@@ -33,6 +32,7 @@ from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
     CorruptFileError,
+    DataFileBuilder,
     DataFileReader,
     encode_data_file,
 )

@@ -5,7 +5,8 @@ Deltas keep checkpoints cheap, but a restore reads every file of a chain; when d
 base) the chain is merged into one base with the same merge rule restore uses, so what a restore
 returns never changes. Tombstones disappear in the merge. Most of a compaction is moving bytes,
 so key groups that no delta touches keep their base block as-is (no decoding, no re-encoding;
-see :mod:`statetier.backend.snapshot.blocks`) and only the touched ones are merged.
+see :class:`~statetier.backend.snapshot.format.DataFileBuilder`) and only the touched ones are
+merged.
 
 Expired TTL entries are kept, even for states that drop them from full snapshots: neither the
 request nor the files say whether a state asks for that (the cleanup setting is not recorded)
@@ -32,11 +33,12 @@ from typing import Any, Protocol
 
 import fsspec
 from statetier.backend.keygroups import KeyGroupRange
-from statetier.backend.snapshot.blocks import DataFileBuilder, decode_block, encode_block
+from statetier.backend.snapshot.blocks import decode_block
 from statetier.backend.snapshot.format import (
     BASE,
     FORMAT_VERSION,
     CorruptFileError,
+    DataFileBuilder,
     DataFileReader,
 )
 from statetier.backend.snapshot.manifest import Chain, FileEntry
@@ -218,7 +220,7 @@ def merge_chain(
         if key_group in touched:
             keys, values = _merge_key_group(key_group, base, deltas)
             if keys:
-                yield builder.add_block(key_group, encode_block(keys, values), len(keys))
+                yield builder.add_block(key_group, builder.encode_block(keys, values), len(keys))
         elif base is not None and (entry := base[0].index.get(key_group)) is not None:
             block = memoryview(base[1])[entry.offset : entry.offset + entry.length]
             yield builder.add_raw(key_group, block, entry.crc32, entry.entries)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -38,6 +38,7 @@ __all__ = [
     "Block",
     "FORMAT_VERSION",
     "CorruptFileError",
+    "DataFileBuilder",
     "DataFileReader",
     "IndexEntry",
     "decode_operator_file",
@@ -80,31 +81,70 @@ def encode_data_file(
 
     A value of None is a tombstone; only delta files (``header["kind"] == "delta"``) hold them.
     """
-    pack = msgpack.Packer(use_bin_type=True).pack
-    header_bytes = pack({**header, "format_version": FORMAT_VERSION})
-    parts = [
-        _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
-        _HEADER_CRC.pack(zlib.crc32(header_bytes)),
-        header_bytes,
-    ]
-    offset = _PREAMBLE.size + _HEADER_CRC.size + len(header_bytes)
-    index = []
+    builder = DataFileBuilder(header)
+    parts: list[bytes | memoryview] = [builder.head]
     for key_group, pairs in key_groups:
         if not pairs:
             continue
         pairs.sort(key=lambda kv: kv[0])
-        flat: list[bytes | None] = []
-        for key, value in pairs:
-            flat.append(key)
-            flat.append(value)
-        block = pack(flat)
-        index.append([key_group, offset, len(block), zlib.crc32(block), len(pairs)])
-        parts.append(block)
-        offset += len(block)
-    index_bytes = pack(index)
-    parts.append(index_bytes)
-    parts.append(_FOOTER.pack(offset, len(index_bytes), zlib.crc32(index_bytes), END_MAGIC))
+        keys = [key for key, _ in pairs]
+        values = [value for _, value in pairs]
+        parts.append(builder.add_block(key_group, builder.encode_block(keys, values), len(keys)))
+    parts.append(builder.tail())
     return b"".join(parts)
+
+
+class DataFileBuilder:
+    """A data file put together block by block, each part handed on as soon as it is known: the
+    one place that lays out header, blocks, index and footer (:func:`encode_data_file` and
+    compaction both write through it, so their bytes cannot drift apart).
+
+    Write :attr:`head`, then what each ``add_*`` returns (in key-group order; empty key groups
+    are simply not added), then :meth:`tail`. One builder per file and thread: it owns a msgpack
+    Packer, which keeps a buffer between calls.
+    """
+
+    def __init__(self, header: dict[str, object]) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        header_bytes: bytes = self._pack({**header, "format_version": FORMAT_VERSION})
+        self.head = b"".join(
+            (
+                _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
+                _HEADER_CRC.pack(zlib.crc32(header_bytes)),
+                header_bytes,
+            )
+        )
+        self._offset = len(self.head)
+        self._index: list[list[int]] = []
+        self.entries = 0
+
+    def encode_block(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+        """A block of ``keys`` (sorted) and their ``values`` (None: a tombstone)."""
+        flat: list[bytes | None] = [b""] * (2 * len(keys))
+        flat[0::2] = keys
+        flat[1::2] = values
+        block: bytes = self._pack(flat)
+        return block
+
+    def add_raw(
+        self, key_group: int, block: bytes | memoryview, crc32: int, entries: int
+    ) -> bytes | memoryview:
+        """A block as stored in another file (its CRC-32 and entry count from that index)."""
+        self._index.append([key_group, self._offset, len(block), crc32, entries])
+        self._offset += len(block)
+        self.entries += entries
+        return block
+
+    def add_block(self, key_group: int, block: bytes, entries: int) -> bytes:
+        """A freshly encoded block (see :meth:`encode_block`)."""
+        self.add_raw(key_group, block, zlib.crc32(block), entries)
+        return block
+
+    def tail(self) -> bytes:
+        """The key-group index and the footer: the file's last bytes."""
+        index_bytes: bytes = self._pack(self._index)
+        footer = _FOOTER.pack(self._offset, len(index_bytes), zlib.crc32(index_bytes), END_MAGIC)
+        return index_bytes + footer
 
 
 @dataclasses.dataclass(frozen=True)
