@@ -25,6 +25,7 @@ __all__ = [
     "RawBytesSerializer",
     "Serializer",
     "SerializationError",
+    "bulk_dumps",
     "register_serializer",
     "serializer_by_id",
 ]
@@ -101,6 +102,13 @@ class MsgpackSerializer:
             return frozenset(items)
         raise SerializationError(f"unknown msgpack extension type {code}")
 
+    def bulk_dumps(self) -> Callable[[Any], bytes]:
+        """This thread's packer, for a loop over many values: no per-call lookups, and errors
+        come out raw (``TypeError``, ``OverflowError``, ``ValueError``), so a caller that gets
+        one calls :meth:`dumps` on the value for the message that names the problem."""
+        pack: Callable[[Any], bytes] = self._packer.pack
+        return pack
+
     def dumps(self, value: Any) -> bytes:
         try:
             data: bytes = self._packer.pack(value)
@@ -117,6 +125,14 @@ class MsgpackSerializer:
             return msgpack.unpackb(data, ext_hook=self._unpack_ext, strict_map_key=False)
         except (ValueError, msgpack.UnpackException) as exc:
             raise SerializationError(f"malformed msgpack data: {exc}") from None
+
+
+def bulk_dumps(serializer: Serializer) -> Callable[[Any], bytes]:
+    """A ``dumps`` for writing many values in a row on one thread (checkpoints, spills): the
+    serializer's own fast path if it has one (see :meth:`MsgpackSerializer.bulk_dumps`), else
+    its ``dumps``."""
+    fast = getattr(serializer, "bulk_dumps", None)
+    return fast() if callable(fast) else serializer.dumps
 
 
 def _ordered(items: set[Any] | frozenset[Any]) -> list[Any]:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
+from statetier.backend.serializers import bulk_dumps
 from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
@@ -82,37 +83,54 @@ def encode_table(
     touched: dict[int, list[Any]] | None = None,
 ) -> bytes:
     """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys."""
-    descriptor = table.descriptor
-    key_dumps = backend.key_serializer.dumps
-    encode = table.codec.encode
-    ttl = descriptor.ttl
-    purge = ttl is not None and ttl.cleanup_full_snapshot
-    now = backend.clock.now_ms()
+    key_dumps = bulk_dumps(backend.key_serializer)
+    try:
+        blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.bulk_encoder())
+    except (TypeError, OverflowError, ValueError):
+        # the bulk encoders' errors are raw; the checked ones name the value that failed
+        key_dumps = backend.key_serializer.dumps
+        blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.encode)
     kind = BASE if touched is None else DELTA
+    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
+    return encode_data_file(header, blocks)
 
-    def kept(stored: Any) -> Any:
-        return purge_expired(descriptor.kind, stored, ttl, now) if purge and ttl else stored
 
+def _table_blocks(
+    backend: KeyedStateBackend,
+    table: StateTable,
+    touched: dict[int, list[Any]] | None,
+    key_dumps: Callable[[Any], bytes],
+    encode: Callable[[Any], bytes],
+) -> Blocks:
+    """Each key group's (key bytes, value bytes) pairs; a delta writes None for a cleared key."""
+    ttl = table.descriptor.ttl
+    if ttl is not None and ttl.cleanup_full_snapshot:
+        kind, now = table.descriptor.kind, backend.clock.now_ms()
+        plain = encode
+
+        def encode_live(stored: Any) -> bytes | None:
+            live = purge_expired(kind, stored, ttl, now)
+            return None if live is None else plain(live)
+
+        encode = cast(Callable[[Any], bytes], encode_live)
     blocks: Blocks = []
     if touched is None:
         for key_group in backend.key_groups:
             pairs: list[tuple[bytes, bytes | None]] = []
             for key, stored in table.map_for(key_group).items():
-                value = kept(stored)
+                value = encode(stored)
                 if value is not None:
-                    pairs.append((key_dumps(key), encode(value)))
+                    pairs.append((key_dumps(key), value))
             blocks.append((key_group, pairs))
-    else:
-        for key_group in sorted(touched):
-            kg_map = table.map_for(key_group)
-            pairs = []
-            for key in touched[key_group]:
-                stored = kg_map.get(key)
-                value = None if stored is None else kept(stored)
-                pairs.append((key_dumps(key), None if value is None else encode(value)))
-            blocks.append((key_group, pairs))
-    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
-    return encode_data_file(header, blocks)
+        return blocks
+    for key_group in sorted(touched):
+        get = table.map_for(key_group).get
+        pairs = []
+        for key in touched[key_group]:
+            stored = get(key)
+            pairs.append((key_dumps(key), None if stored is None else encode(stored)))
+        blocks.append((key_group, pairs))
+    return blocks
 
 
 def encode_restored_base(
