@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.keygroups import assign_to_key_group, spark_key_group_expr
-from statetier.backend.snapshot import CorruptFileError, SnapshotStore
+from statetier.backend.snapshot import CorruptFileError, FencedError, SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 
 from tests.spark.conftest import REPO, spark_env
@@ -273,6 +273,26 @@ def test_rerun_of_a_committed_epoch_adopts_it(
     assert second.reports[-1].restored == 4  # its own epoch-3 files were not the committed ones
     expected = expected_counts(batches)
     assert outputs == {w: expected[w] for w in {*batches[2], *batches[3]}}
+
+
+def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The driver plans the epoch after its own commit without listing the location; a
+    newer driver that took the lease meanwhile still fences it at commit."""
+    uri = f"file://{tmp_path}/ckpt"
+    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
+    old = make(pipelines, VectorWordCount, uri, 2)
+    for batch in batches[:2]:
+        old.run(words_df(spark, batch))
+    new = make(pipelines, VectorWordCount, uri, 2)
+    new.run(words_df(spark, batches[2]))
+    store = SnapshotStore(uri)
+    committed = store.fs.cat_file(store.full_path(store.manifest_name(3)))
+    with pytest.raises(FencedError, match="lost the lease"):
+        old.run_epoch(words_df(spark, batches[2]), 3)
+    assert store.epochs() == [1, 2, 3]
+    assert store.fs.cat_file(store.full_path(store.manifest_name(3))) == committed
 
 
 def test_streaming_query_stopped_and_restarted_from_its_checkpoint(

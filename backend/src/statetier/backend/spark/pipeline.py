@@ -133,6 +133,11 @@ class StatefulPipeline:
         self._lease: WriterLease | None = None
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
         self._tokens_epoch = -1
+        # what this driver knows of the location, so that a micro-batch costs no listing:
+        self._latest: int | None = None  # latest committed epoch (None: list to find out)
+        self._max_parallelism: int | None = None  # fixed by the first committed epoch
+        self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
+        self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
         self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
         self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -191,31 +196,19 @@ class StatefulPipeline:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran."""
         store = self._setup(df.sparkSession)
         assert self.config is not None
-        epochs = store.epochs()
-        latest = epochs[-1] if epochs else 0
+        if self._lease is None:
+            # before looking at the epochs: a writer fenced from here on cannot commit more
+            self._lease = store.acquire_writer()
+        latest, max_parallelism = self._location(store, epoch)
         if epoch > latest + 1:
             raise ValueError(
                 f"epoch {epoch} cannot run: the latest committed epoch at {store.uri} is {latest}"
             )
-        base = epoch - 1
-        if base > 0 and base not in epochs:
-            raise ValueError(f"epoch {epoch} needs epoch {base}, which is not retained")
-        if latest:
-            max_parallelism = store.manifest(latest).max_parallelism
-        else:
-            max_parallelism = self.config.state_max_parallelism or (
-                compute_default_max_parallelism(self.parallelism)
-            )
         check_parallelism(max_parallelism, self.parallelism)
-        if self._lease is None:
-            self._lease = store.acquire_writer()
+        self._committed_before[epoch] = epoch <= latest
+        base = epoch - 1
         p, mp = self.parallelism, max_parallelism
-        schema = self.output_schema
-        if not isinstance(schema, StructType):
-            parsed = StructType.fromDDL(schema)
-            assert isinstance(parsed, StructType)
-            schema = parsed
-        arrow_schema = to_arrow_schema(schema)
+        schema, arrow_schema = self._output_schemas()
         spec = {
             "app_id": df.sparkSession.sparkContext.applicationId,
             "idle_timeout": float(self.config.host_idle_timeout),
@@ -230,7 +223,7 @@ class StatefulPipeline:
             "storage_options": self.storage_options,
             "config": self._host_config(),
             "key_columns": self.key_columns,
-            "schema": arrow_schema.serialize().to_pybytes().hex(),
+            "schema": arrow_schema,
         }
         keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
@@ -243,6 +236,40 @@ class StatefulPipeline:
         else:
             ranged = keyed.repartitionById(p, owner_col)
         return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+
+    def _output_schemas(self) -> tuple[StructType, str]:
+        """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
+        costs a round trip to the JVM)."""
+        if self._schemas is None:
+            schema = self.output_schema
+            if not isinstance(schema, StructType):
+                parsed = StructType.fromDDL(schema)
+                assert isinstance(parsed, StructType)
+                schema = parsed
+            self._schemas = schema, to_arrow_schema(schema).serialize().to_pybytes().hex()
+        return self._schemas
+
+    def _location(self, store: SnapshotStore, epoch: int) -> tuple[int, int]:
+        """The latest committed epoch and the max parallelism, for planning ``epoch``.
+
+        The next epoch after one this driver committed needs no listing (under the writer
+        lease nobody else commits; one who took the lease fences this driver's commit); any
+        other epoch (the first, a re-run) lists the location and checks its base is retained.
+        """
+        assert self.config is not None
+        if self._latest is None or epoch != self._latest + 1:
+            epochs = store.epochs()
+            base = epoch - 1
+            if 0 < base <= (epochs[-1] if epochs else 0) and base not in epochs:
+                raise ValueError(f"epoch {epoch} needs epoch {base}, which is not retained")
+            self._latest = epochs[-1] if epochs else 0
+            if self._latest:
+                self._max_parallelism = store.manifest(self._latest).max_parallelism
+        if self._max_parallelism is None:
+            self._max_parallelism = self.config.state_max_parallelism or (
+                compute_default_max_parallelism(self.parallelism)
+            )
+        return self._latest, self._max_parallelism
 
     def _aggregate_ranges(self, keyed: DataFrame, owner: Any, combiner: Combiner) -> DataFrame:
         """The combiner as a Spark SQL aggregation right after the exchange, in the JVM.
@@ -295,7 +322,8 @@ class StatefulPipeline:
         results = [self._result(epoch, index) for index in range(self.parallelism)]
         for r in results:
             self.hosts[r.host_socket] = r.host_pid
-        adopted = epoch in store.epochs()
+        committed_before = self._committed_before.pop(epoch, None)
+        adopted = epoch in store.epochs() if committed_before is None else committed_before
         if adopted:
             self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
         else:
@@ -307,6 +335,7 @@ class StatefulPipeline:
                 raise
             self._tokens = {str(r.index): r.token for r in results}
             self._tokens_epoch = epoch
+            self._latest = max(self._latest or 0, epoch)
             assert self.config is not None
             self._collect_garbage(store, self.config.checkpoint_retained)
         report = EpochReport(
