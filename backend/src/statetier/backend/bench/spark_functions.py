@@ -38,6 +38,3 @@ class ArrowWordCount(KeyGroupFunction):
             update(total)
             totals.append(total)
         return pa.table({"word": words, "count": pa.array(totals, pa.int64())})
-
-    def process_key_group(self, key_group: int, records: Any, context: RuntimeContext) -> Any:
-        return self.process_range(records, context)

@@ -20,7 +20,6 @@ row per key and input partition instead of one per record.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import threading
 from collections.abc import Iterable, Mapping
@@ -118,7 +117,7 @@ def processes_ranges(function: KeyGroupFunction) -> bool:
     return type(function).process_range is not KeyGroupFunction.process_range
 
 
-class KeyGroupFunction(abc.ABC):
+class KeyGroupFunction:
     """Processes all records of one key group of an epoch at once.
 
     Register states in :meth:`open` (``context.get_state(descriptor)``); in
@@ -131,7 +130,7 @@ class KeyGroupFunction(abc.ABC):
 
     combiner: ClassVar[Combiner | None] = None
 
-    def open(self, context: RuntimeContext) -> None:  # noqa: B027 (optional hook)
+    def open(self, context: RuntimeContext) -> None:
         """Register states. Called once per instance, after a restore."""
 
     def process_range(self, records: Any, context: RuntimeContext) -> Iterable[Any] | Any | None:
@@ -144,8 +143,11 @@ class KeyGroupFunction(abc.ABC):
         """
         raise NotImplementedError
 
-    @abc.abstractmethod
     def process_key_group(
         self, key_group: int, records: Any, context: RuntimeContext
     ) -> Iterable[Any] | Any | None:
-        """Handle ``records`` (a ``pyarrow.Table``) of ``key_group``."""
+        """Handle ``records`` (a ``pyarrow.Table``) of ``key_group``; override it or
+        :meth:`process_range`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} overrides neither process_range nor process_key_group"
+        )
