@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -275,6 +276,33 @@ def test_rerun_of_a_committed_epoch_adopts_it(
     assert outputs == {w: expected[w] for w in {*batches[2], *batches[3]}}
 
 
+def test_a_write_stream_job_run_off_the_callback_thread_fails_clearly(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The epoch travels as a job property of the foreachBatch thread: a sink that runs the
+    job elsewhere must fail, naming why, and commit nothing."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part-0.csv").write_text("\n".join(zipf_words(500, 50, 0)) + "\n")
+    pipeline = make(pipelines, VectorWordCount, f"file://{tmp_path}/ckpt", 2)
+
+    def sink_on_another_thread(out: DataFrame, epoch: int) -> None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(out.collect).result()
+
+    words = spark.readStream.schema("word string").csv(str(source))
+    query = (
+        pipeline.write_stream(words, sink_on_another_thread)
+        .option("checkpointLocation", str(tmp_path / "spark-ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="this job carries no epoch"):
+        query.awaitTermination(120)
+    query.stop()
+    assert SnapshotStore(f"file://{tmp_path}/ckpt").epochs() == []
+
+
 def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
     spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
 ) -> None:
@@ -295,8 +323,20 @@ def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
     assert store.fs.cat_file(store.full_path(store.manifest_name(3))) == committed
 
 
+@pytest.mark.parametrize(
+    ("api", "function"),
+    [
+        ("foreach_batch", VectorWordCount),  # a plan per micro-batch
+        ("write_stream", VectorWordCount),  # planned once, the epoch sent with each job
+        ("write_stream", FailingWordCount),  # a task of epoch 2 fails once and is retried
+    ],
+)
 def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
-    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+    spark: SparkSession,
+    pipelines: list[StatefulPipeline],
+    tmp_path: Path,
+    api: str,
+    function: Any,
 ) -> None:
     source, uri = tmp_path / "in", f"file://{tmp_path}/ckpt"
     source.mkdir()
@@ -306,13 +346,16 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
     def run_query(files: range) -> StatefulPipeline:
         for i in files:
             (source / f"part-{i:03d}.csv").write_text("\n".join(batches[i]) + "\n")
-        pipeline = make(pipelines, VectorWordCount, uri, 4)
+        pipeline = make(pipelines, function, uri, 4)
+        stream = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+        words = stream.csv(str(source))
+        writer = (
+            words.writeStream.foreachBatch(pipeline.foreach_batch(collecting(outputs)))
+            if api == "foreach_batch"
+            else pipeline.write_stream(words, collecting(outputs))
+        )
         query = (
-            spark.readStream.schema("word string")
-            .option("maxFilesPerTrigger", 1)
-            .csv(str(source))
-            .writeStream.foreachBatch(pipeline.foreach_batch(collecting(outputs)))
-            .option("checkpointLocation", str(tmp_path / "spark-ckpt"))
+            writer.option("checkpointLocation", str(tmp_path / "spark-ckpt"))
             .trigger(availableNow=True)
             .start()
         )
@@ -322,6 +365,8 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
 
     first = run_query(range(3))
     assert [r.epoch for r in first.reports] == [1, 2, 3]
+    # range 1 of epoch 2 failed after updating its state (FailingWordCount): restored on retry
+    assert first.reports[1].restored == (function is FailingWordCount)
     second = run_query(range(3, 5))  # a restarted query: new driver objects, same checkpoints
     assert [r.epoch for r in second.reports] == [4, 5]
     assert second.reports[0].restored == 4 and second.reports[1].warm == 4

@@ -89,11 +89,9 @@ def run(args: argparse.Namespace) -> int:
         )
         stored = pipeline_epochs(uri, weed.options)
         started = time.perf_counter()
+        words = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
         query = (
-            spark.readStream.schema("word string")
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(source))
-            .writeStream.foreachBatch(pipeline.foreach_batch())
+            pipeline.write_stream(words.parquet(str(source)))
             .option("checkpointLocation", str(directory / "spark-checkpoint"))
             .trigger(availableNow=True)
             .start()

@@ -31,9 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark import cloudpickle
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import (
     DataType,
     DoubleType,
@@ -59,7 +60,7 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
-from statetier.backend.spark.protocol import process_alive
+from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
@@ -138,6 +139,8 @@ class StatefulPipeline:
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
         self._schemas: tuple[StructType, str] | None = None
+        self._routing: tuple[int, Column, Column] | None = None
+        self._app_id = ""
         self.reports: list[EpochReport] = []
         self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
         self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -150,6 +153,7 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
+            self._app_id = spark.sparkContext.applicationId
             serve_metrics(self.config.metrics_port)
         return self._store
 
@@ -192,41 +196,93 @@ class StatefulPipeline:
 
         return on_batch
 
+    def write_stream(self, df: DataFrame, sink: Sink | None = None) -> DataStreamWriter:
+        """A streaming query of the function over the streaming DataFrame ``df``: micro-batch
+        ``b`` is epoch ``b + 1``, run through ``sink`` (default: ``noop``), then committed.
+
+        Configure and start it like any ``DataStreamWriter`` (checkpoint location, trigger).
+        Unlike ``df.writeStream.foreachBatch(foreach_batch(sink))``, the query is planned once:
+        each micro-batch's epoch reaches the tasks as a job property instead of a new plan,
+        which saves Spark's planning of three DataFrame steps per micro-batch.
+        """
+        static = self._static_spec(df.sparkSession)
+        out = self._plan(df, static)
+        key = epoch_property(self.name)
+
+        def on_batch(batch: DataFrame, batch_id: int) -> None:
+            started = time.perf_counter()
+            epoch = batch_id + 1
+            spec = self._begin_epoch(batch.sparkSession, epoch)
+            if spec["max_parallelism"] != static["max_parallelism"]:
+                raise ValueError(
+                    f"the checkpoint at {self.store.uri} now has max parallelism "
+                    f"{spec['max_parallelism']}, the query was planned for "
+                    f"{static['max_parallelism']}: restart the query"
+                )
+            context = batch.sparkSession.sparkContext
+            context.setLocalProperty(key, json.dumps(spec))
+            try:
+                self._run_sink(batch, epoch, sink)
+            finally:
+                context.setLocalProperty(key, None)  # type: ignore[arg-type]
+            self.commit(epoch, started)
+
+        return out.writeStream.foreachBatch(on_batch)
+
     def transform(self, df: DataFrame, epoch: int) -> DataFrame:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran."""
-        store = self._setup(df.sparkSession)
-        assert self.config is not None
-        if self._lease is None:
-            # before looking at the epochs: a writer fenced from here on cannot commit more
-            self._lease = store.acquire_writer()
+        epoch_spec = self._begin_epoch(df.sparkSession, epoch)
+        return self._plan(df, {**self._static_spec(df.sparkSession), **epoch_spec})
+
+    def _begin_epoch(self, spark: SparkSession, epoch: int) -> dict[str, Any]:
+        """Check that ``epoch`` can run here; what its tasks need to know of it."""
+        store = self._setup(spark)
+        lease = self._take_lease(store)
         latest, max_parallelism = self._location(store, epoch)
         if epoch > latest + 1:
             raise ValueError(
                 f"epoch {epoch} cannot run: the latest committed epoch at {store.uri} is {latest}"
             )
-        check_parallelism(max_parallelism, self.parallelism)
         self._committed_before[epoch] = epoch <= latest
         base = epoch - 1
-        p, mp = self.parallelism, max_parallelism
-        schema, arrow_schema = self._output_schemas()
-        spec = {
-            "app_id": df.sparkSession.sparkContext.applicationId,
-            "idle_timeout": float(self.config.host_idle_timeout),
-            "pipeline": self.name,
+        return {
             "epoch": epoch,
             "base_epoch": base,
             "base_tokens": dict(self._tokens) if self._tokens_epoch == base else {},
-            "parallelism": p,
-            "max_parallelism": mp,
-            "owner": self._lease.owner,
+            "owner": lease.owner,
+            "max_parallelism": max_parallelism,
+        }
+
+    def _take_lease(self, store: SnapshotStore) -> WriterLease:
+        if self._lease is None:
+            # before looking at the epochs: a writer fenced from here on cannot commit more
+            self._lease = store.acquire_writer()
+        return self._lease
+
+    def _static_spec(self, spark: SparkSession) -> dict[str, Any]:
+        """What every task of this pipeline needs, whatever the epoch."""
+        store = self._setup(spark)
+        assert self.config is not None
+        self._take_lease(store)
+        max_parallelism = self._location(store, None)[1]
+        check_parallelism(max_parallelism, self.parallelism)
+        return {
+            "app_id": self._app_id,
+            "idle_timeout": float(self.config.host_idle_timeout),
+            "pipeline": self.name,
+            "parallelism": self.parallelism,
+            "max_parallelism": max_parallelism,
             "checkpoint_uri": store.uri,
             "storage_options": self.storage_options,
             "config": self._host_config(),
             "key_columns": self.key_columns,
-            "schema": arrow_schema,
+            "schema": self._output_schemas()[1],
         }
-        keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
-        owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
+
+    def _plan(self, df: DataFrame, spec: dict[str, Any]) -> DataFrame:
+        """Key groups, the exchange into ranges, and the tasks that stream them to the hosts."""
+        kg_col, owner_col = self._routing_columns(spec["max_parallelism"])
+        keyed = df.withColumn(KG_COLUMN, kg_col)
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
             keyed = self._combine(keyed, combiner)
@@ -234,8 +290,20 @@ class StatefulPipeline:
             spec["merged"] = True
             ranged = self._aggregate_ranges(keyed, owner_col, combiner)
         else:
-            ranged = keyed.repartitionById(p, owner_col)
+            ranged = keyed.repartitionById(self.parallelism, owner_col)
+        schema = self._output_schemas()[0]
         return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+
+    def _routing_columns(self, max_parallelism: int) -> tuple[Column, Column]:
+        """The key-group column and the range (partition) of a row: built once, since every
+        Column made in Python is a round trip to the JVM, and planning is on each batch's
+        critical path."""
+        if self._routing is None or self._routing[0] != max_parallelism:
+            p, mp = self.parallelism, max_parallelism
+            kg = sf.expr(spark_key_group_expr(self.key_columns, mp))
+            owner = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
+            self._routing = (mp, kg, owner)
+        return self._routing[1], self._routing[2]
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
@@ -249,17 +317,19 @@ class StatefulPipeline:
             self._schemas = schema, to_arrow_schema(schema).serialize().to_pybytes().hex()
         return self._schemas
 
-    def _location(self, store: SnapshotStore, epoch: int) -> tuple[int, int]:
+    def _location(self, store: SnapshotStore, epoch: int | None) -> tuple[int, int]:
         """The latest committed epoch and the max parallelism, for planning ``epoch``.
 
         The next epoch after one this driver committed needs no listing (under the writer
         lease nobody else commits; one who took the lease fences this driver's commit); any
         other epoch (the first, a re-run) lists the location and checks its base is retained.
+        ``epoch`` None: only the max parallelism is wanted (listed once).
         """
         assert self.config is not None
-        if self._latest is None or epoch != self._latest + 1:
+        stale = self._latest is None if epoch is None else epoch != (self._latest or 0) + 1
+        if self._latest is None or stale:
             epochs = store.epochs()
-            base = epoch - 1
+            base = (epoch or 1) - 1
             if 0 < base <= (epochs[-1] if epochs else 0) and base not in epochs:
                 raise ValueError(f"epoch {epoch} needs epoch {base}, which is not retained")
             self._latest = epochs[-1] if epochs else 0
@@ -308,12 +378,15 @@ class StatefulPipeline:
     def run_epoch(self, df: DataFrame, epoch: int, sink: Sink | None = None) -> EpochReport:
         """Process ``df`` as ``epoch``: run the sink on the output, then commit."""
         started = time.perf_counter()
-        out = self.transform(df, epoch)
+        self._run_sink(self.transform(df, epoch), epoch, sink)
+        return self.commit(epoch, started)
+
+    @staticmethod
+    def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
         if sink is not None:
             sink(out, epoch)
         else:
             out.write.format("noop").mode("overwrite").save()
-        return self.commit(epoch, started)
 
     def commit(self, epoch: int, started: float | None = None) -> EpochReport:
         """Commit ``epoch`` from its ranges' results (after the job that ran it succeeded)."""

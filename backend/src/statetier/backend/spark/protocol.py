@@ -20,6 +20,7 @@ __all__ = [
     "BATCH",
     "ERROR",
     "RESULT",
+    "epoch_property",
     "process_alive",
     "read_batch",
     "socket_path",
@@ -42,6 +43,12 @@ def read_batch(data: Any) -> pa.RecordBatch:
     reader = pa.ipc.open_stream(pa.py_buffer(data))
     batch: pa.RecordBatch = reader.read_next_batch()
     return batch
+
+
+def epoch_property(pipeline: str) -> str:
+    """The Spark job property through which a streaming query planned once (``write_stream``)
+    tells its tasks the micro-batch's epoch, base and writer (JSON)."""
+    return f"statetier.epoch.{pipeline}"
 
 
 def socket_path(app_id: str, local_dirs: str | None = None) -> str:

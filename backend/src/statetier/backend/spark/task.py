@@ -26,6 +26,7 @@ from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
     RESULT,
+    epoch_property,
     read_batch,
     socket_path,
     write_batch,
@@ -129,13 +130,15 @@ def partition_function(
         assert task is not None
         index = task.partitionId()
         header = dict(spec)
+        if "epoch" not in header:  # planned once: the epoch comes with the job
+            header.update(_epoch_of_job(task, spec["pipeline"]))
         header.update(
             op="task",
             index=index,
             attempt_number=task.attemptNumber(),
             task_attempt_id=task.taskAttemptId(),
-            token=f"{spec['owner']}-t{task.taskAttemptId()}",
-            base_token=spec["base_tokens"].get(str(index)),
+            token=f"{header['owner']}-t{task.taskAttemptId()}",
+            base_token=header["base_tokens"].get(str(index)),
         )
         header.pop("base_tokens")
         conn = connect_host(spec["app_id"], spec["idle_timeout"])
@@ -158,6 +161,18 @@ def partition_function(
                     raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
     return run
+
+
+def _epoch_of_job(task: Any, pipeline: str) -> dict[str, Any]:
+    """The epoch a ``write_stream`` query's driver set on this micro-batch's job."""
+    raw = task.getLocalProperty(epoch_property(pipeline))
+    if raw is None:
+        raise RuntimeError(
+            f"statetier pipeline {pipeline}: this job carries no epoch; write the output of a "
+            "stream planned by StatefulPipeline.write_stream through that query only"
+        )
+    epoch: dict[str, Any] = json.loads(raw)
+    return epoch
 
 
 def combine_function(
