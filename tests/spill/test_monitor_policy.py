@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import mmap
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,10 +46,15 @@ def test_budget_comes_from_config_then_cgroup_v2_then_v1_then_physical(tmp_path:
 
 def test_rss_is_read_from_the_process() -> None:
     before = read_rss()
-    block = bytearray(64 * MiB)
-    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    # fresh private anonymous pages (not heap an earlier test freed, not shared: RssShmem)
+    block = mmap.mmap(-1, 64 * MiB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for offset in range(0, len(block), 4096):
+        block[offset] = 1  # touch every page
+    deadline = time.monotonic() + 5
+    while read_rss() < before + 48 * MiB and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel folds its per-CPU RSS counts into /proc lazily
     assert read_rss() >= before + 48 * MiB
-    del block
+    block.close()
 
 
 # ----------------------------------------------------------------------------- monitor
