@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         for name in PIPELINES:
             if name in only:
                 runs[name] = _untracked(peers[name])
-        # Every pipeline first runs once, untimed, on a small input of its own: JIT, Spark's
+        # Every pipeline first runs once, untimed, on a micro-batch's worth of words: JIT, Spark's
         # Python workers, the exchange path, RocksDB's library and statetier's state host are
         # then warm for all (else whichever runs first pays for them alone). Timed runs start
         # from fresh state and checkpoints, in rounds that rotate the order (the JVM keeps

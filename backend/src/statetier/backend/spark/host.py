@@ -69,10 +69,21 @@ from statetier.backend.spark.results import (
     snapshot_to_dict,
 )
 
-__all__ = ["KG_COLUMN", "StateHost", "main"]
+__all__ = ["StateHost", "main"]
 
 log = logging.getLogger("statetier.spark.host")
-KG_COLUMN = KEY_GROUP_COLUMN
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRun:
+    """How a task's processing went, for its result."""
+
+    state: str  # warm, restored or fresh
+    started: float
+    restore_s: float
+    process_s: float
+    records: int  # input records (a combiner's rows stand for several)
+    rows: int  # rows received
 
 
 @dataclasses.dataclass
@@ -227,25 +238,14 @@ class StateHost:
                 store = self.stores[key] = SnapshotStore(uri, **options)
         return store
 
-    def run_task(
-        self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
-    ) -> tuple[list[pa.RecordBatch], dict[str, Any]]:
-        """Process a task's records and write its snapshot and result; returns both."""
-        outputs, finish = self.start_task(header, function_bytes, batches)
-        result = finish()
-        if result is None:
-            raise RuntimeError(f"the snapshot of range {header['index']} failed (see host log)")
-        return outputs, result
-
     def start_task(
         self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
-    ) -> tuple[list[pa.RecordBatch], Callable[[], dict[str, Any] | None]]:
+    ) -> tuple[list[pa.RecordBatch], Callable[[], None]]:
         """Process a task's records: its outputs, and ``finish`` that snapshots the range.
 
-        The range stays locked until ``finish`` ran (it must be called exactly once): its state
-        is the epoch's until the snapshot copied it. ``finish`` writes the data files, then the
-        result the driver waits for, or an error file the driver reports; it returns the result
-        (None after an error).
+        The range stays locked until ``finish`` ran (call it exactly once): its state is the
+        epoch's until the snapshot copied it. ``finish`` writes the data files, then the result
+        the driver waits for, or an error file the driver reports.
         """
         started = time.perf_counter()
         index: int = header["index"]
@@ -261,7 +261,6 @@ class StateHost:
                 )
             )
             try:
-                records = count_records(batches)
                 out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
                 outputs = self._process(hosted.instance, header, batches, out_schema)
             finally:
@@ -269,17 +268,18 @@ class StateHost:
         except BaseException:
             hosted.lock.release()
             raise
-        timing = {"started": started, "restore_s": restore_s, "records": records}
-        timing["rows"] = sum(b.num_rows for b in batches)
-        timing["process_s"] = time.perf_counter() - started - restore_s
-        done = threading.Event()
+        run = TaskRun(
+            state=state,
+            started=started,
+            restore_s=restore_s,
+            process_s=time.perf_counter() - started - restore_s,
+            records=count_records(batches),
+            rows=sum(b.num_rows for b in batches),
+        )
 
-        def finish() -> dict[str, Any] | None:
-            if done.is_set():
-                raise RuntimeError("finish() of a task ran twice")
-            done.set()
+        def finish() -> None:
             try:
-                return self._finish(hosted, header, store, config, state, timing)
+                self._finish(hosted, header, store, config, run)
             finally:
                 hosted.lock.release()
 
@@ -331,9 +331,8 @@ class StateHost:
         header: dict[str, Any],
         store: SnapshotStore,
         config: Any,
-        state: str,
-        timing: dict[str, float],
-    ) -> dict[str, Any] | None:
+        run: TaskRun,
+    ) -> None:
         """Snapshot the range and write its result (or an error file the driver reports)."""
         epoch, index, token = header["epoch"], header["index"], header["token"]
         parallelism = header["parallelism"]
@@ -349,19 +348,19 @@ class StateHost:
                 parallelism=parallelism,
                 epoch=epoch,
                 token=token,
-                state=state,
-                records=int(timing["records"]),
+                state=run.state,
+                records=run.records,
                 spilled_key_groups=spilled,
                 key_groups=len(instance.keyed.key_groups),
-                restore_s=timing["restore_s"],
+                restore_s=run.restore_s,
                 snapshot_s=snapshot_s,
-                total_s=time.perf_counter() - timing["started"],
+                total_s=time.perf_counter() - run.started,
                 upload_bytes=snapshot.pop("upload_bytes"),
                 snapshot=snapshot,
                 host_pid=os.getpid(),
                 host_socket=self.socket_path,
-                process_s=timing["process_s"],
-                rows=int(timing["rows"]),
+                process_s=run.process_s,
+                rows=run.rows,
             )
             payload = json.dumps(dataclasses.asdict(result)).encode()
             store.write(name, payload)
@@ -369,14 +368,13 @@ class StateHost:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
             with contextlib.suppress(Exception):
                 store.write(error_name(name), traceback.format_exc().encode())
-            return None
+            return
         hosted.epoch, hosted.token = epoch, token
         with self.lock:
             self.tasks += 1
-            self.warm += state == "warm"
-            self.restored += state == "restored"
+            self.warm += run.state == "warm"
+            self.restored += run.state == "restored"
             self.last_activity = time.monotonic()
-        return dataclasses.asdict(result)
 
     def _process(
         self,
@@ -388,7 +386,7 @@ class StateHost:
         key_columns: list[str] = header["key_columns"]
         key_range = instance.keyed.key_groups
         for batch in batches:
-            kg = batch.column(KG_COLUMN).to_numpy()
+            kg = batch.column(KEY_GROUP_COLUMN).to_numpy()
             if len(kg) and (kg.min() < key_range.start or kg.max() > key_range.end):
                 raise RuntimeError(
                     f"records of key groups outside {key_range} reached range {header['index']}: "
@@ -396,11 +394,10 @@ class StateHost:
                 )
         function = instance.function
         if isinstance(function, KeyGroupFunction):
-            merged = bool(header.get("merged"))
-            return self._process_key_groups(instance, function, batches, out_schema, merged)
+            return self._process_key_groups(instance, function, batches, out_schema)
         rows: list[Any] = []
         for batch in batches:
-            names = [n for n in batch.schema.names if n != KG_COLUMN]
+            names = [n for n in batch.schema.names if n != KEY_GROUP_COLUMN]
             value_columns = [n for n in names if n not in key_columns]
             keys: Iterable[Any]
             if len(key_columns) == 1:
@@ -423,13 +420,13 @@ class StateHost:
         function: KeyGroupFunction,
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
-        merged: bool,
     ) -> list[pa.RecordBatch]:
         batches = [b for b in batches if b.num_rows]
         if not batches:
             return []
         table = pa.Table.from_batches(batches)
-        if function.combiner is not None and not merged:
+        if function.combiner is not None and function.combiner.map_side:
+            # partial rows of each map task; the Spark SQL combiner already merged its own
             final = [*function.combiner.final(), (ROWS_COLUMN, "sum")]
             table = merge_partials(table, final)
         if ROWS_COLUMN in table.column_names:
@@ -437,10 +434,10 @@ class StateHost:
         context = instance.context
         if processes_ranges(function):
             return as_batches(function.process_range(table, context), out_schema)
-        kg = table.column(KG_COLUMN).to_numpy()
+        kg = table.column(KEY_GROUP_COLUMN).to_numpy()
         order = np.argsort(kg, kind="stable")
         sorted_kg = kg[order]
-        table = table.drop_columns([KG_COLUMN]).take(pa.array(order))
+        table = table.drop_columns([KEY_GROUP_COLUMN]).take(pa.array(order))
         starts = [0, *(np.flatnonzero(np.diff(sorted_kg)) + 1).tolist()]
         ends = [*starts[1:], len(sorted_kg)]
         out: list[pa.RecordBatch] = []

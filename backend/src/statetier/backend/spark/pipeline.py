@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark import cloudpickle
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -139,8 +139,6 @@ class StatefulPipeline:
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
         self._schemas: tuple[StructType, str] | None = None
-        self._routing: tuple[int, Column, Column] | None = None
-        self._app_id = ""
         self.reports: list[EpochReport] = []
         self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
         self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -153,7 +151,6 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
-            self._app_id = spark.sparkContext.applicationId
             serve_metrics(self.config.metrics_port)
         return self._store
 
@@ -267,7 +264,7 @@ class StatefulPipeline:
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         return {
-            "app_id": self._app_id,
+            "app_id": spark.sparkContext.applicationId,
             "idle_timeout": float(self.config.host_idle_timeout),
             "pipeline": self.name,
             "parallelism": self.parallelism,
@@ -281,29 +278,18 @@ class StatefulPipeline:
 
     def _plan(self, df: DataFrame, spec: dict[str, Any]) -> DataFrame:
         """Key groups, the exchange into ranges, and the tasks that stream them to the hosts."""
-        kg_col, owner_col = self._routing_columns(spec["max_parallelism"])
-        keyed = df.withColumn(KG_COLUMN, kg_col)
+        p, mp = self.parallelism, spec["max_parallelism"]
+        keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
+        owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
             keyed = self._combine(keyed, combiner)
         if combiner is not None and not combiner.map_side:
-            spec["merged"] = True
             ranged = self._aggregate_ranges(keyed, owner_col, combiner)
         else:
-            ranged = keyed.repartitionById(self.parallelism, owner_col)
+            ranged = keyed.repartitionById(p, owner_col)
         schema = self._output_schemas()[0]
         return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
-
-    def _routing_columns(self, max_parallelism: int) -> tuple[Column, Column]:
-        """The key-group column and the range (partition) of a row: built once, since every
-        Column made in Python is a round trip to the JVM, and planning is on each batch's
-        critical path."""
-        if self._routing is None or self._routing[0] != max_parallelism:
-            p, mp = self.parallelism, max_parallelism
-            kg = sf.expr(spark_key_group_expr(self.key_columns, mp))
-            owner = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
-            self._routing = (mp, kg, owner)
-        return self._routing[1], self._routing[2]
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
@@ -320,21 +306,19 @@ class StatefulPipeline:
     def _location(self, store: SnapshotStore, epoch: int | None) -> tuple[int, int]:
         """The latest committed epoch and the max parallelism, for planning ``epoch``.
 
-        The next epoch after one this driver committed needs no listing (under the writer
-        lease nobody else commits; one who took the lease fences this driver's commit); any
-        other epoch (the first, a re-run) lists the location and checks its base is retained.
-        ``epoch`` None: only the max parallelism is wanted (listed once).
+        The location is listed only when this driver does not know it: the first time, and for
+        any epoch but the one after its own last commit (a re-run). Under the writer lease
+        nobody else commits; one who took the lease fences this driver's commit. ``epoch``
+        None: the max parallelism of whatever is known or listed.
         """
         assert self.config is not None
-        stale = self._latest is None if epoch is None else epoch != (self._latest or 0) + 1
-        if self._latest is None or stale:
+        if self._latest is None or (epoch is not None and epoch != self._latest + 1):
             epochs = store.epochs()
-            base = (epoch or 1) - 1
-            if 0 < base <= (epochs[-1] if epochs else 0) and base not in epochs:
-                raise ValueError(f"epoch {epoch} needs epoch {base}, which is not retained")
             self._latest = epochs[-1] if epochs else 0
             if self._latest:
                 self._max_parallelism = store.manifest(self._latest).max_parallelism
+            if epoch is not None and 1 < epoch <= self._latest + 1 and epoch - 1 not in epochs:
+                raise ValueError(f"epoch {epoch} needs epoch {epoch - 1}, which is not retained")
         if self._max_parallelism is None:
             self._max_parallelism = self.config.state_max_parallelism or (
                 compute_default_max_parallelism(self.parallelism)
@@ -347,13 +331,11 @@ class StatefulPipeline:
         Grouping by the owner column (plus the keys) lets the aggregate use the range
         partitioning as it is: no second exchange; the state hosts get one row per key.
         """
-        fields = {f.name: f for f in keyed.schema.fields}
-        aggregates = []
-        for name, (column, how) in combiner.aggregates.items():
-            if column not in fields:
-                raise ValueError(f"combiner column {name!r}: no input column {column!r}")
-            _aggregate_type(fields[column].dataType, how)  # refuses what Arrow would not sum
-            aggregates.append(getattr(sf, how)(sf.col(f"`{column}`")).alias(name))
+        _combined_fields(keyed, combiner)  # refuses what Arrow would not aggregate alike
+        aggregates = [
+            getattr(sf, how)(sf.col(f"`{column}`")).alias(name)
+            for name, (column, how) in combiner.aggregates.items()
+        ]
         aggregates.append(sf.count(sf.lit(1)).alias(ROWS_COLUMN))
         ranged = keyed.withColumn(OWNER_COLUMN, owner).repartitionById(
             self.parallelism, sf.col(OWNER_COLUMN)
@@ -366,10 +348,7 @@ class StatefulPipeline:
         fields = {f.name: f for f in keyed.schema.fields}
         groups = [*self.key_columns, KG_COLUMN]
         out = [fields[name] for name in groups]
-        for name, (column, how) in combiner.aggregates.items():
-            if column not in fields:
-                raise ValueError(f"combiner column {name!r}: no input column {column!r}")
-            out.append(StructField(name, _aggregate_type(fields[column].dataType, how)))
+        out += _combined_fields(keyed, combiner)
         out.append(StructField(ROWS_COLUMN, LongType()))
         schema = StructType(out)
         schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
@@ -503,6 +482,17 @@ class StatefulPipeline:
             while time.monotonic() < deadline and process_alive(pid):
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _combined_fields(df: DataFrame, combiner: Combiner) -> list[StructField]:
+    """The combiner's output columns as Spark fields; names a missing or unsummable input."""
+    fields = {f.name: f for f in df.schema.fields}
+    out = []
+    for name, (column, how) in combiner.aggregates.items():
+        if column not in fields:
+            raise ValueError(f"combiner column {name!r}: no input column {column!r}")
+        out.append(StructField(name, _aggregate_type(fields[column].dataType, how)))
+    return out
 
 
 def _aggregate_type(input_type: DataType, how: str) -> DataType:
