@@ -106,7 +106,7 @@ class OperatorInstance:
         self.before_snapshot(epoch)
         prepared = self.writer.prepare(self.store, epoch, owner, full=True)
         for upload in prepared.uploads:
-            self.store.write(upload.entry.path, upload.data)
+            self.store.put(upload.entry.path, upload.data)
         return prepared.snapshot
 
     def close(self) -> None:

@@ -26,5 +26,5 @@ def snapshot_subtask(
     """Write the full state of one operator instance for ``epoch`` (not yet committed)."""
     prepared = SubtaskWriter(keyed, operator, incremental=False).prepare(store, epoch, owner)
     for upload in prepared.uploads:
-        store.write(upload.entry.path, upload.data)
+        store.put(upload.entry.path, upload.data)
     return prepared.snapshot

@@ -363,11 +363,11 @@ class StateHost:
                 rows=run.rows,
             )
             payload = json.dumps(dataclasses.asdict(result)).encode()
-            store.write(name, payload)
+            store.put(name, payload)
         except Exception:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
             with contextlib.suppress(Exception):
-                store.write(error_name(name), traceback.format_exc().encode())
+                store.put(error_name(name), traceback.format_exc().encode())
             return
         hosted.epoch, hosted.token = epoch, token
         with self.lock:
@@ -459,10 +459,10 @@ class StateHost:
         try:
             if len(prepared.uploads) > 1:
                 pool = self._upload_pool(config.checkpoint_upload_concurrency)
-                list(pool.map(lambda f: store.write(f.entry.path, f.data), prepared.uploads))
+                list(pool.map(lambda f: store.put(f.entry.path, f.data), prepared.uploads))
             else:
                 for f in prepared.uploads:
-                    store.write(f.entry.path, f.data)
+                    store.put(f.entry.path, f.data)
         except BaseException:
             instance.writer.reset()
             raise
