@@ -52,6 +52,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+FINAL = frozenset({"succeeded", "failed", "aborted"})  # job states that end the wait
+
 
 class ServiceError(RuntimeError):
     """The service could not do the job now (unreachable, lost it, failed it): retry."""
@@ -236,11 +238,17 @@ class RemoteCompactor:
         ``poll_interval``."""
         wait = max(0.0, min(self.poll_interval, deadline - time.monotonic()))
         asked = time.monotonic()
+        finished = False
         try:
-            return self._call("GET", f"{url}?wait={wait:.3f}", timeout=self.http_timeout + wait)
+            status, answer = self._call(
+                "GET", f"{url}?wait={wait:.3f}", timeout=self.http_timeout + wait
+            )
+            finished = status == 200 and isinstance(answer, dict) and answer.get("state") in FINAL
+            return status, answer
         finally:
-            pause = min(wait, 0.02 * (2**polls))
-            time.sleep(max(0.0, pause - (time.monotonic() - asked)))
+            if not finished:  # a finished job's answer is not held back
+                pause = min(wait, 0.02 * (2**polls))
+                time.sleep(max(0.0, pause - (time.monotonic() - asked)))
 
     @staticmethod
     def _result(request: CompactionRequest, body: Any) -> CompactionResult:
