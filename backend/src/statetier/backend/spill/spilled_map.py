@@ -205,7 +205,6 @@ class SpilledMap(MutableMapping[Any, Any]):
         self._max_used = int(slots * MAX_LOAD)
         self._used = self._live = len(records)
         self.live_bytes = self._tail = len(log)
-        self._gen += 1
         self._locate()
 
     def _locate(self) -> None:
