@@ -42,6 +42,7 @@ from statetier.backend.snapshot.format import (
     DataFileReader,
 )
 from statetier.backend.snapshot.manifest import Chain, FileEntry
+from statetier.backend.snapshot.store import put_whole
 
 __all__ = [
     "CompactionError",
@@ -180,7 +181,7 @@ class LocalCompactor:
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
         fs, path = self._fs(url)
         out = b"".join(parts)
-        _put(fs, path, out)
+        put_whole(fs, path, out)
         return CompactionResult(
             request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], builder.entries
         )
@@ -245,15 +246,3 @@ def _merge_key_group(
                 merged.pop(key, None)
     ordered = sorted(merged)  # mostly in base order already: timsort runs through it
     return ordered, list(map(merged.__getitem__, ordered))  # type: ignore[arg-type]
-
-
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write whole or not at all: local files go through a temporary name and a rename."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    if "file" in protocols or "local" in protocols:
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        fs.pipe_file(temp, data)
-        fs.mv(temp, path)
-    else:
-        fs.pipe_file(path, data)

@@ -44,7 +44,7 @@ from statetier.backend.snapshot.format import CorruptFileError, diagnose
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.retry import RetryPolicy, call_with_retry
 
-__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease"]
+__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole"]
 
 _MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
 _EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
@@ -71,6 +71,20 @@ class WriterLease:
     version: str
 
 
+def put_whole(fs: Any, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` whole or not at all: one PUT on object storage (an object is
+    whole or absent); a local file through a temporary name and a rename, so that a killed
+    process never leaves a partial file under the final name."""
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(temp, "wb") as f:
+        f.write(data)
+    os.replace(temp, path)
+
+
 def epoch_of(name: str) -> int | None:
     """The epoch a data, operator or manifest file name belongs to."""
     found = _EPOCH_DIR.search(name) or _MANIFEST.search(name)
@@ -87,7 +101,6 @@ class SnapshotStore:
         self.fs, root = fsspec.core.url_to_fs(uri, **storage_options)
         self.root = root.rstrip("/")
         self.retry = retry or RetryPolicy()
-        self._local = isinstance(self.fs, LocalFileSystem)
         self._conditional: ConditionalOps | None = None
 
     @property
@@ -133,15 +146,7 @@ class SnapshotStore:
         call_with_retry(lambda: self._put(path, data), f"writing {self.url(name)}", self.retry)
 
     def _put(self, path: str, data: bytes) -> None:
-        if not self._local:
-            self.fs.pipe_file(path, data)  # one PUT: an object is whole or absent
-            return
-        # a killed process must not leave a partial file under the final name
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(temp, "wb") as f:
-            f.write(data)
-        os.replace(temp, path)
+        put_whole(self.fs, path, data)
 
     def read(self, entry: FileEntry, *, checksum: bool = True) -> bytes:
         """Read a file a manifest names, checking its size and (unless the caller checks every
