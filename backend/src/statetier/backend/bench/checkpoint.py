@@ -174,12 +174,12 @@ def measure_upload(
             w.prepare(store, 1, checkpointer.owner, full=True) for w in checkpointer.writers
         ]
     serialized = time.perf_counter()
-    files = {f.entry.path: f.data for p in prepared for f in p.uploads}
     raw_root = f"{BUCKET}/{uuid.uuid4().hex}"
+    raw_files = {f"{raw_root}/{f.entry.path}": f.data for p in prepared for f in p.uploads}
 
     def raw_put() -> None:
         t0 = time.perf_counter()
-        raw_fs.pipe({f"{raw_root}/{name}": data for name, data in files.items()})
+        raw_fs.pipe(raw_files)
         results["raw_put_s"].append(time.perf_counter() - t0)
 
     if not ours_first:
@@ -192,8 +192,8 @@ def measure_upload(
     results["serialize_s"].append(serialized - started)
     results["upload_s"].append(upload_s)
     results["full_s"].append(serialized - started + upload_s)
-    results["full_bytes"].append(sum(len(d) for d in files.values()))
-    return manifest, {f"{raw_root}/{name}": data for name, data in files.items()}
+    results["full_bytes"].append(sum(len(d) for d in raw_files.values()))
+    return manifest, raw_files
 
 
 def measure_restore(
