@@ -395,6 +395,44 @@ SETTINGS: tuple[Setting[Any], ...] = (
         at_least(1),
     ),
     Setting(
+        "host.liveness-timeout",
+        "duration",
+        parse_duration,
+        10.0,
+        "Spark: a state host that sends the driver no heartbeat (one a second) for this long is "
+        "taken as gone and its key-group ranges get new owners. A host whose process ends is "
+        "noticed at once, without waiting for this.",
+        at_least(1),
+    ),
+    Setting(
+        "host.bind-address",
+        "str",
+        parse_str,
+        "",
+        "Spark: the address an executor's state host listens on for tasks of other executors. "
+        "Empty: the pod's IP on Kubernetes, else the address that routes to the driver; with a "
+        "local master, 127.0.0.1. Never a wildcard unless set so.",
+    ),
+    Setting(
+        "host.port",
+        "int",
+        parse_int,
+        0,
+        "Spark: the TCP port of each executor's state host (0: any free port). Set a fixed port "
+        "to open it in a NetworkPolicy between executor pods.",
+        between(0, 65535),
+    ),
+    Setting(
+        "host.registry-port",
+        "int",
+        parse_int,
+        0,
+        "Spark: the TCP port of the driver's host registry, which state hosts register with and "
+        "tasks ask for their range's owner (0: any free port). Set a fixed port to open it in a "
+        "NetworkPolicy from executor pods to the driver.",
+        between(0, 65535),
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,

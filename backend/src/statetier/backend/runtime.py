@@ -25,6 +25,7 @@ from statetier.backend.snapshot import (
     SubtaskWriter,
     restore_keyed_state,
     restore_operator_state,
+    restored_bytes,
 )
 from statetier.backend.ttl import Clock
 
@@ -57,11 +58,13 @@ class OperatorInstance:
         incremental = config.checkpoint_incremental if config is not None else True
         self.writer = SubtaskWriter(self.keyed, self.operator, incremental=incremental)
         restored = store is not None and restore_epoch is not None
+        self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:
             assert store is not None
             manifest = restore_keyed_state(store, self.keyed, restore_epoch)
             restore_operator_state(store, self.operator, manifest.epoch)
             self.writer.restored_from(manifest)
+            self.restored_bytes = restored_bytes(manifest, key_groups)
         # The spill tier (spill.enabled): moves cold key groups of self.keyed to disk.
         self.spill: SpillManager | None = None
         if config is not None and config.spill_enabled:

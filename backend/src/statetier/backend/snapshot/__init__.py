@@ -27,6 +27,7 @@ from statetier.backend.snapshot.restore import (
     read_key_groups,
     restore_keyed_state,
     restore_operator_state,
+    restored_bytes,
 )
 from statetier.backend.snapshot.retry import RetryPolicy, StorageError
 from statetier.backend.snapshot.store import NoSnapshotError, SnapshotStore, WriterLease
@@ -61,5 +62,6 @@ __all__ = [
     "read_key_groups",
     "restore_keyed_state",
     "restore_operator_state",
+    "restored_bytes",
     "snapshot_subtask",
 ]

@@ -36,7 +36,7 @@ from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.state.table import StateTable
 
-__all__ = ["read_key_groups", "restore_keyed_state", "restore_operator_state"]
+__all__ = ["read_key_groups", "restore_keyed_state", "restore_operator_state", "restored_bytes"]
 
 _FilePlan = tuple[KeyGroupRange, bool, bool]  # the overlap, copy the blocks, decode them now
 
@@ -103,6 +103,14 @@ def _plan(
             eager = chain.state in decode and len(chain.files) == 1  # a base alone
             wanted.update({f.path: (overlap, copy, eager) for f in chain.files})
     return plan, wanted
+
+
+def restored_bytes(manifest: Manifest, key_groups: KeyGroupRange) -> int:
+    """The bytes a restore of ``key_groups`` from ``manifest`` downloads (keyed and operator
+    files): what a move of the range costs in object-storage reads."""
+    _, wanted = _plan(manifest, key_groups, ())
+    keyed = {f.path: f.size for chain in manifest.chains() for f in chain.files if f.path in wanted}
+    return sum(keyed.values()) + sum(f.size for f in manifest.operator_files)
 
 
 def _checked_reader(store: SnapshotStore, entry: FileEntry, data: bytes) -> DataFileReader:

@@ -31,12 +31,14 @@ import json
 import logging
 import os
 import pickle
+import socket
 import sys
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from typing import Any, cast
 
 import numpy as np
@@ -46,6 +48,7 @@ from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.functions import (
     KEY_GROUP_COLUMN,
     ROWS_COLUMN,
@@ -54,6 +57,7 @@ from statetier.backend.spark.functions import (
     processes_ranges,
     set_current_task,
 )
+from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
@@ -62,6 +66,7 @@ from statetier.backend.spark.protocol import (
     read_batch,
     write_batch,
 )
+from statetier.backend.spark.registry import HostInfo
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
@@ -69,7 +74,7 @@ from statetier.backend.spark.results import (
     snapshot_to_dict,
 )
 
-__all__ = ["StateHost", "main"]
+__all__ = ["NotOwnerError", "StateHost", "main"]
 
 log = logging.getLogger("statetier.spark.host")
 
@@ -94,13 +99,27 @@ class HostedRange:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
-class StateHost:
-    """Serves tasks on ``socket_path`` until idle, orphaned or told to stop."""
+class NotOwnerError(RuntimeError):
+    """A task reached a host that does not own its range (a stale route): refused, retried."""
 
-    def __init__(self, socket_path: str, idle_timeout: float, watch_pid: int | None) -> None:
+
+class StateHost:
+    """Serves tasks of its application on a Unix socket and a TCP endpoint until idle,
+    orphaned or told to stop; registered with the driver's host registry meanwhile."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        idle_timeout: float,
+        watch_pid: int | None,
+        secret: bytes,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         self.socket_path = socket_path
         self.idle_timeout = idle_timeout
         self.watch_pid = watch_pid
+        self.host_id = uuid.uuid4().hex[:16]
         self.ranges: dict[tuple[str, int, int], HostedRange] = {}
         self.functions: dict[str, Callable[[], Any]] = {}
         self.stores: dict[str, SnapshotStore] = {}
@@ -112,29 +131,33 @@ class StateHost:
         self.tasks = 0
         self.warm = 0
         self.restored = 0
+        self.server = Server(secret, self._connection, "statetier-host")
+        self.server.bind_unix(socket_path)
+        self.server.bind_tcp(bind, port)
+        self.info = HostInfo(
+            host_id=self.host_id,
+            pid=os.getpid(),
+            executor=os.environ.get("SPARK_EXECUTOR_ID", str(watch_pid or "")),
+            node=socket.gethostname(),
+            endpoints=list(self.server.endpoints),
+        )
+        self.link = RegistryLink(self.info, secret, self._order)
 
     # ------------------------------------------------------------------ serving
 
     def serve(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        listener = Listener(self.socket_path, family="AF_UNIX")
-        threading.Thread(target=self._watchdog, args=(listener,), daemon=True).start()
+        """Serve until stopped (the listeners run on their own threads)."""
+        log.info(
+            "state host %s listens on %s", self.host_id, ", ".join(map(str, self.server.endpoints))
+        )
         try:
-            while not self.stopping.is_set():
-                try:
-                    conn = listener.accept()
-                except OSError:
-                    break
-                threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+            self._watchdog()
         finally:
+            self.link.close()
+            self.server.close()
             self.close()
-            with contextlib.suppress(OSError):
-                listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
 
-    def _watchdog(self, listener: Listener) -> None:
+    def _watchdog(self) -> None:
         while not self.stopping.wait(0.5):
             idle = time.monotonic() - self.last_activity
             orphaned = self.watch_pid is not None and not process_alive(self.watch_pid)
@@ -142,12 +165,21 @@ class StateHost:
             if orphaned or gone or (self.active == 0 and idle > self.idle_timeout):
                 log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
                 self.stopping.set()
-        with contextlib.suppress(OSError):
-            listener.close()  # unblocks accept()
-        # accept() may not wake on close in every Python: leave no process behind.
-        time.sleep(2.0)
-        self.close()
-        os._exit(0)
+
+    def _order(self, order: dict[str, Any]) -> None:
+        """An order from the driver's registry."""
+        if order.get("op") == "shutdown":
+            self.stopping.set()
+        elif order.get("op") == "release":
+            for pipeline, parallelism, index in order.get("ranges", []):
+                self._release((pipeline, parallelism, index))
+
+    def _release(self, key: tuple[str, int, int]) -> None:
+        with self.lock:
+            hosted = self.ranges.pop(key, None)
+        if hosted is not None:
+            with hosted.lock, contextlib.suppress(Exception):
+                hosted.instance.close()
 
     def _connection(self, conn: Connection) -> None:
         with self.lock:
@@ -157,6 +189,9 @@ class StateHost:
             op = header.get("op")
             if op == "task":
                 self._task(conn, header)
+            elif op == "join":
+                self.link.join(Endpoint.from_json(header["registry"]))
+                conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
             elif op == "ping":
                 conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
             elif op == "stats":
@@ -170,8 +205,6 @@ class StateHost:
             with self.lock:
                 self.active -= 1
                 self.last_activity = time.monotonic()
-            with contextlib.suppress(OSError):
-                conn.close()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -249,6 +282,11 @@ class StateHost:
         """
         started = time.perf_counter()
         index: int = header["index"]
+        if header["owner_host"] != self.host_id:
+            raise NotOwnerError(
+                f"range {index} of pipeline {header['pipeline']} is routed to state host "
+                f"{header['owner_host']}; this is host {self.host_id}, which does not own it"
+            )
         factory = self._factory(function_bytes)
         store = self._store(header["checkpoint_uri"], header["storage_options"])
         config = load_config(header["config"])
@@ -361,6 +399,8 @@ class StateHost:
                 host_socket=self.socket_path,
                 process_s=run.process_s,
                 rows=run.rows,
+                host_id=self.host_id,
+                restored_bytes=instance.restored_bytes if run.state == "restored" else 0,
             )
             payload = json.dumps(dataclasses.asdict(result)).encode()
             store.put(name, payload)
@@ -513,13 +553,20 @@ def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run a state host; the application's secret comes on standard input (never in argv)."""
     parser = argparse.ArgumentParser(prog="statetier-state-host")
     parser.add_argument("--socket", required=True)
+    parser.add_argument("--bind", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--idle-timeout", type=float, default=600.0)
     parser.add_argument("--watch-pid", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    StateHost(args.socket, args.idle_timeout, args.watch_pid).serve()
+    secret = bytes.fromhex(sys.stdin.readline().strip())
+    host = StateHost(args.socket, args.idle_timeout, args.watch_pid, secret, args.bind, args.port)
+    print(json.dumps({"listening": host.info.to_json()}), flush=True)
+    host.serve()
+    os._exit(0)  # daemon threads may be blocked in a connection: leave no process behind
 
 
 if __name__ == "__main__":

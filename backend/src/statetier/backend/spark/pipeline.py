@@ -23,8 +23,11 @@ the micro-batch id + 1. Each epoch:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
+import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -61,19 +64,23 @@ from statetier.backend.snapshot import (
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.protocol import epoch_property, process_alive
+from statetier.backend.spark.registry import HostRegistry, registry_for
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
     result_name,
     snapshot_from_dict,
 )
-from statetier.backend.spark.task import combine_function, partition_function, request
+from statetier.backend.spark.task import combine_function, partition_function
 from statetier.backend.spill.metrics import serve_metrics
 
-__all__ = ["EpochReport", "StatefulPipeline"]
+__all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
+
+log = logging.getLogger("statetier.spark.pipeline")
 
 Sink = Callable[[DataFrame, int], None]
 
+MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
 OWNER_COLUMN = "__statetier_range"  # the range (partition) of a row, for the combiner
 
 
@@ -95,6 +102,13 @@ class EpochReport:
     snapshot_seconds: float = 0.0  # of which writing the ranges' snapshots
     rows: int = 0  # rows the state hosts received (fewer than records with a combiner)
     process_seconds: float = 0.0  # of host_seconds: running the function
+    restored_bytes: int = 0  # downloaded from tier 2 to restore ranges that were not warm
+    reruns: int = 0  # times the epoch's job ran again because a state host was lost
+
+
+class RangesLostError(RuntimeError):
+    """State hosts died after their tasks returned, before the ranges' snapshots: the epoch's
+    job runs again (its outputs may reach the sink twice, as with any Spark task retry)."""
 
 
 class StatefulPipeline:
@@ -142,7 +156,8 @@ class StatefulPipeline:
         self.reports: list[EpochReport] = []
         self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
         self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.hosts: dict[str, int] = {}  # socket -> pid of the state hosts that served us
+        self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
+        self._registry: HostRegistry | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -219,10 +234,9 @@ class StatefulPipeline:
             context = batch.sparkSession.sparkContext
             context.setLocalProperty(key, json.dumps(spec))
             try:
-                self._run_sink(batch, epoch, sink)
+                self._run_and_commit(batch, epoch, sink, started)
             finally:
                 context.setLocalProperty(key, None)  # type: ignore[arg-type]
-            self.commit(epoch, started)
 
         return out.writeStream.foreachBatch(on_batch)
 
@@ -263,9 +277,14 @@ class StatefulPipeline:
         self._take_lease(store)
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
+        registry = self.registry(spark)
         return {
             "app_id": spark.sparkContext.applicationId,
             "idle_timeout": float(self.config.host_idle_timeout),
+            "registry": registry.endpoint.to_json(),
+            "secret": registry.secret.hex(),
+            "host_bind": self._host_bind(spark),
+            "host_port": self.config.host_port,
             "pipeline": self.name,
             "parallelism": self.parallelism,
             "max_parallelism": max_parallelism,
@@ -275,6 +294,32 @@ class StatefulPipeline:
             "key_columns": self.key_columns,
             "schema": self._output_schemas()[1],
         }
+
+    def registry(self, spark: SparkSession) -> HostRegistry:
+        """The application's host registry (started on first use, shared by its pipelines)."""
+        assert self.config is not None
+        if self._registry is None or self._registry.closed:
+            conf = spark.sparkContext.getConf()
+            if _local_master(spark):
+                bind = "127.0.0.1"  # every executor runs on this machine
+            else:
+                bind = conf.get("spark.driver.bindAddress") or socket.gethostbyname(
+                    conf.get("spark.driver.host") or socket.gethostname()
+                )
+            self._registry = registry_for(
+                spark.sparkContext.applicationId,
+                bind,
+                self.config.host_registry_port,
+                float(self.config.host_liveness_timeout),
+            )
+        return self._registry
+
+    def _host_bind(self, spark: SparkSession) -> str:
+        assert self.config is not None
+        configured: str = self.config.host_bind_address
+        if not configured and _local_master(spark):
+            return "127.0.0.1"
+        return configured
 
     def _plan(self, df: DataFrame, spec: dict[str, Any]) -> DataFrame:
         """Key groups, the exchange into ranges, and the tasks that stream them to the hosts."""
@@ -357,8 +402,25 @@ class StatefulPipeline:
     def run_epoch(self, df: DataFrame, epoch: int, sink: Sink | None = None) -> EpochReport:
         """Process ``df`` as ``epoch``: run the sink on the output, then commit."""
         started = time.perf_counter()
-        self._run_sink(self.transform(df, epoch), epoch, sink)
-        return self.commit(epoch, started)
+        return self._run_and_commit(self.transform(df, epoch), epoch, sink, started)
+
+    def _run_and_commit(
+        self, out: DataFrame, epoch: int, sink: Sink | None, started: float
+    ) -> EpochReport:
+        """Run the epoch's job, then commit it; run it again if a state host died after its
+        task returned but before its range's snapshot (the snapshot of that attempt is lost)."""
+        for rerun in range(MAX_RERUNS + 1):
+            self._run_sink(out, epoch, sink)
+            try:
+                report = self.commit(epoch, started)
+            except RangesLostError as e:
+                if rerun == MAX_RERUNS:
+                    raise
+                log.warning("epoch %s runs again: %s", epoch, e)
+                continue
+            report.reruns = rerun
+            return report
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
@@ -373,7 +435,7 @@ class StatefulPipeline:
         assert self._lease is not None
         results = [self._result(epoch, index) for index in range(self.parallelism)]
         for r in results:
-            self.hosts[r.host_socket] = r.host_pid
+            self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
         adopted = epoch in store.epochs() if committed_before is None else committed_before
         if adopted:
@@ -405,6 +467,7 @@ class StatefulPipeline:
             snapshot_seconds=sum(r.snapshot_s for r in results),
             rows=sum(r.rows for r in results),
             process_seconds=sum(r.process_s for r in results),
+            restored_bytes=sum(r.restored_bytes for r in results),
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -452,6 +515,13 @@ class StatefulPipeline:
                 error = fs.cat_file(self.store.full_path(error_name(name)))
             except FileNotFoundError:
                 error = None
+            if error is None and not self._owner_alive(index):
+                with contextlib.suppress(FileNotFoundError):  # written just before it died?
+                    return RangeResult(**json.loads(fs.cat_file(path)))
+                raise RangesLostError(
+                    f"the state host of range {index} is gone before it wrote the range's "
+                    f"snapshot of epoch {epoch}"
+                )
             if error is not None or time.monotonic() > deadline:
                 why = (
                     f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
@@ -464,6 +534,12 @@ class StatefulPipeline:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
+    def _owner_alive(self, index: int) -> bool:
+        registry = self._registry
+        if registry is None:
+            return True
+        return registry.owner((self.name, self.parallelism, index)) is not None
+
     # ------------------------------------------------------------------ hosts
 
     def warm_hit_rate(self) -> float:
@@ -473,15 +549,25 @@ class StatefulPipeline:
         return warm / (warm + restored) if warm + restored else 0.0
 
     def stop_hosts(self, timeout: float = 10.0) -> None:
-        """Stop the state hosts that served this pipeline (local mode: they run here)."""
+        """Stop the application's state hosts (shared by its pipelines) and the driver's
+        registry; they start again on the next epoch, restoring from the checkpoint."""
         self.drain()
-        for path in list(self.hosts):
-            request(path, "shutdown")
+        registry, self._registry = self._registry, None
+        if registry is None:
+            return
+        stopped = registry.shutdown_hosts(timeout)
+        registry.close()
+        here = socket.gethostname()
         deadline = time.monotonic() + timeout
-        for pid in self.hosts.values():
-            while time.monotonic() < deadline and process_alive(pid):
+        for host in stopped:  # on this machine (local masters), wait for the processes too
+            while host.node == here and process_alive(host.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _local_master(spark: SparkSession) -> bool:
+    """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
+    return (spark.sparkContext.master or "").startswith("local")
 
 
 def _combined_fields(df: DataFrame, combiner: Combiner) -> list[StructField]:

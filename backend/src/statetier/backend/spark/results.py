@@ -45,6 +45,8 @@ class RangeResult:
     host_socket: str
     process_s: float = 0.0  # of total_s: handing the records to the function
     rows: int = 0  # rows received (a combiner's rows stand for several records)
+    host_id: str = ""  # the state host that owns the range
+    restored_bytes: int = 0  # downloaded to restore the range (0 when warm or fresh)
 
 
 def error_name(result: str) -> str:

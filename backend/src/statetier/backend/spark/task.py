@@ -1,11 +1,16 @@
-"""The Spark side of a task: find (or start) the executor's state host and stream to it.
+"""The Spark side of a task: find the state host that owns its range and stream to it.
 
 This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition, that is
 one key-group range. A function with a :class:`~statetier.backend.spark.functions.Combiner` also
 gets a map-side ``mapInArrow`` before the exchange (:func:`combine_function`), which
-pre-aggregates each input partition per key. The state host is started detached by the first
-task of the application on the executor (under a file lock, so concurrent tasks start one host),
-and found again by every later task through its socket path.
+pre-aggregates each input partition per key.
+
+Each task first makes sure its own executor has a state host (the first task of the application
+on the executor starts it, detached, under a file lock so concurrent tasks start one) and that the
+host is registered with the driver. Then it asks the driver's registry which host owns its range
+(see registry) and streams its records there: over the host's Unix socket when the owner runs
+beside the task, else over TCP to the owner's executor. Every connection is authenticated with
+the application's secret (see channel).
 """
 
 from __future__ import annotations
@@ -14,14 +19,16 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection
 from typing import Any
 
 import pyarrow as pa
+from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
@@ -31,8 +38,9 @@ from statetier.backend.spark.protocol import (
     socket_path,
     write_batch,
 )
+from statetier.backend.spark.registry import HostInfo, ask_route
 
-__all__ = ["combine_function", "connect_host", "partition_function"]
+__all__ = ["bind_address", "combine_function", "local_host", "partition_function"]
 
 START_TIMEOUT_S = 60.0
 COMBINE_ROWS = 1 << 20  # input rows pre-aggregated at a time (bounds a map task's memory)
@@ -53,75 +61,134 @@ def _executor_pid() -> int:
     return os.getppid()
 
 
-def _try_connect(path: str) -> Connection | None:
+def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
+    """The host at ``path``, registered with ``registry``; None when no host listens there."""
     try:
-        return Client(path, family="AF_UNIX")
+        conn = connect(Endpoint("unix", path), secret)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
+    with contextlib.closing(conn):
+        conn.send_bytes(json.dumps({"op": "join", "registry": registry.to_json()}).encode())
+        answer = conn.recv_bytes()
+    if answer[:1] != RESULT:
+        raise RuntimeError(f"the state host at {path} could not join the driver: {answer[1:]!r}")
+    return HostInfo.from_json(json.loads(answer[1:]))
 
 
-def connect_host(app_id: str, idle_timeout: float) -> Connection:
-    """A connection to this executor's state host, started if none runs."""
-    path = socket_path(app_id)
-    conn = _try_connect(path)
-    if conn is not None:
-        return conn
+def bind_address(configured: str, registry: Endpoint) -> str:
+    """Where this executor's host listens for tasks of other executors: the configured address,
+    else the pod's IP (Spark on Kubernetes sets it), else the local address that routes to the
+    driver (the interface the cluster reaches this executor on). Never a wildcard."""
+    if configured:
+        return configured
+    pod_ip = os.environ.get("SPARK_EXECUTOR_POD_IP")
+    if pod_ip:
+        return pod_ip
+    family = socket.AF_INET6 if ":" in registry.address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((registry.address, registry.port or 9))  # no packet is sent
+        address: str = probe.getsockname()[0]
+    return address
+
+
+def local_host(spec: dict[str, Any], secret: bytes) -> HostInfo:
+    """This executor's state host, registered with the driver; started if none runs."""
+    registry = Endpoint.from_json(spec["registry"])
+    path = socket_path(spec["app_id"])
+    host = _join(path, secret, registry)
+    if host is not None:
+        return host
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        conn = _try_connect(path)
-        if conn is not None:
-            return conn
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        with open(path + ".log", "ab") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "statetier.backend.spark.host",
-                    "--socket",
-                    path,
-                    "--idle-timeout",
-                    str(idle_timeout),
-                    "--watch-pid",
-                    str(_executor_pid()),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+        host = _join(path, secret, registry)
+        if host is not None:
+            return host
+        process = _start_host(spec, path, secret, registry)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            conn = _try_connect(path)
-            if conn is not None:
-                return conn
-            if process.poll() is not None:
-                break
+        while time.monotonic() < deadline and process.poll() is None:
+            host = _join(path, secret, registry)
+            if host is not None:
+                return host
             time.sleep(0.02)
+        status = process.poll()
         with open(path + ".log", errors="replace") as f:
             tail = f.read()[-2000:]
-        raise RuntimeError(f"the statetier state host did not start at {path}:\n{tail}")
+        why = (
+            f"it exited with status {status}"
+            if status is not None
+            else f"it did not listen within {START_TIMEOUT_S:.0f}s"
+        )
+        raise RuntimeError(
+            f"the statetier state host did not start at {path}: {why}; its log "
+            f"({path}.log) ends with:\n{tail}"
+        )
 
 
-def request(path: str, op: str) -> dict[str, Any] | None:
-    """Send a control request (``ping``, ``stats``, ``shutdown``) to the host at ``path``."""
-    conn = _try_connect(path)
-    if conn is None:
-        return None
-    with contextlib.closing(conn):
-        conn.send_bytes(json.dumps({"op": op}).encode())
-        answer = conn.recv_bytes()
-    result: dict[str, Any] = json.loads(answer[1:])
-    return result
+def _start_host(
+    spec: dict[str, Any], path: str, secret: bytes, registry: Endpoint
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    command = [
+        sys.executable,
+        "-m",
+        "statetier.backend.spark.host",
+        "--socket",
+        path,
+        "--bind",
+        bind_address(spec["host_bind"], registry),
+        "--port",
+        str(spec["host_port"]),
+        "--idle-timeout",
+        str(spec["idle_timeout"]),
+        "--watch-pid",
+        str(_executor_pid()),
+    ]
+    with open(path + ".log", "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        process.stdin.write(secret.hex().encode() + b"\n")
+        process.stdin.close()
+    return process
+
+
+def _open(owner: HostInfo, local: HostInfo, secret: bytes) -> Connection:
+    """A connection to the range's owner: its Unix socket when it runs beside this task."""
+    kind = "unix" if owner.host_id == local.host_id else "tcp"
+    endpoint = next(e for e in owner.endpoints if e.kind == kind)
+    return connect(endpoint, secret)
+
+
+def _owner_connection(
+    spec: dict[str, Any], index: int, secret: bytes
+) -> tuple[HostInfo, Connection]:
+    """The owner of range ``index`` as the driver assigns it, connected. An owner this task
+    cannot reach is reported: the driver probes it and assigns a new owner if it is gone."""
+    registry = Endpoint.from_json(spec["registry"])
+    local = local_host(spec, secret)
+    key = (spec["pipeline"], spec["parallelism"], index)
+    owner = ask_route(registry, secret, key, local.host_id)
+    try:
+        return owner, _open(owner, local, secret)
+    except OSError:
+        owner = ask_route(registry, secret, key, local.host_id, unreachable=owner.host_id)
+        return owner, _open(owner, local, secret)
 
 
 def partition_function(
     spec: dict[str, Any], function_bytes: bytes
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of one epoch: each partition is the range of its index."""
+    """The ``mapInArrow`` function of one epoch: each partition is the range of its index,
+    streamed to the state host that owns the range and its outputs read back."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -132,6 +199,8 @@ def partition_function(
         header = dict(spec)
         if "epoch" not in header:  # planned once: the epoch comes with the job
             header.update(_epoch_of_job(task, spec["pipeline"]))
+        secret = bytes.fromhex(header.pop("secret"))
+        owner, conn = _owner_connection(spec, index, secret)
         header.update(
             op="task",
             index=index,
@@ -139,28 +208,43 @@ def partition_function(
             task_attempt_id=task.taskAttemptId(),
             token=f"{header['owner']}-t{task.taskAttemptId()}",
             base_token=header["base_tokens"].get(str(index)),
+            owner_host=owner.host_id,
         )
         header.pop("base_tokens")
-        conn = connect_host(spec["app_id"], spec["idle_timeout"])
         with contextlib.closing(conn):
-            conn.send_bytes(json.dumps(header).encode())
-            conn.send_bytes(function_bytes)
-            for batch in batches:
-                conn.send_bytes(write_batch(batch))
-            conn.send_bytes(b"")
-            while True:
-                message = conn.recv_bytes()
-                kind, body = message[:1], memoryview(message)[1:]
-                if kind == BATCH:
-                    yield read_batch(body)
-                elif kind == RESULT:
-                    return
-                elif kind == ERROR:
-                    raise RuntimeError(f"statetier state host failed:\n{bytes(body).decode()}")
-                else:
-                    raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
+            try:
+                yield from _stream(conn, header, function_bytes, batches)
+            except (EOFError, OSError) as e:
+                raise RuntimeError(
+                    f"lost the state host {owner.host_id} (executor {owner.executor}) of range "
+                    f"{index}: {e!r}; the task fails and Spark retries it"
+                ) from e
 
     return run
+
+
+def _stream(
+    conn: Connection,
+    header: dict[str, Any],
+    function_bytes: bytes,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    conn.send_bytes(json.dumps(header).encode())
+    conn.send_bytes(function_bytes)
+    for batch in batches:
+        conn.send_bytes(write_batch(batch))
+    conn.send_bytes(b"")
+    while True:
+        message = conn.recv_bytes()
+        kind, body = message[:1], memoryview(message)[1:]
+        if kind == BATCH:
+            yield read_batch(body)
+        elif kind == RESULT:
+            return
+        elif kind == ERROR:
+            raise RuntimeError(f"statetier state host failed:\n{bytes(body).decode()}")
+        else:
+            raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
 
 def _epoch_of_job(task: Any, pipeline: str) -> dict[str, Any]:

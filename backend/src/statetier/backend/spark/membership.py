@@ -1,0 +1,86 @@
+"""A state host's membership in its application: registered with the driver, heartbeat, orders.
+
+The host keeps one authenticated connection to the driver's registry: it registers (its id,
+endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
+connection (``shutdown``; ``release`` of ranges that moved away). If the link breaks (a driver
+registry restarted), the host registers again when a task next tells it where the registry is
+(:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
+the registry gave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from statetier.backend.spark.channel import Endpoint, connect
+from statetier.backend.spark.registry import HostInfo
+
+__all__ = ["HEARTBEAT_S", "RegistryLink"]
+
+log = logging.getLogger("statetier.spark.host")
+
+HEARTBEAT_S = 1.0
+
+
+class RegistryLink:
+    """The host's side of its registration; ``on_order`` gets each order the driver sends."""
+
+    def __init__(
+        self, host: HostInfo, secret: bytes, on_order: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self.host = host
+        self.secret = secret
+        self.on_order = on_order
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._registry: Endpoint | None = None
+        self._stopped = threading.Event()
+
+    def join(self, registry: Endpoint) -> None:
+        """Be registered with ``registry`` (at once, so a route right after finds this host)."""
+        with self._lock:
+            if self._conn is not None and not self._conn.closed and self._registry == registry:
+                return
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.close()
+            conn = connect(registry, self.secret)
+            conn.send_bytes(json.dumps({"op": "register", "host": self.host.to_json()}).encode())
+            answer = json.loads(conn.recv_bytes())
+            if not answer.get("registered"):
+                conn.close()
+                raise ConnectionError(f"the registry at {registry} refused this host: {answer}")
+            self._conn, self._registry = conn, registry
+        threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
+        threading.Thread(target=self._orders, args=(conn,), daemon=True).start()
+
+    def _heartbeat(self, conn: Connection) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            try:
+                conn.send_bytes(b"{}")
+            except OSError:
+                return
+
+    def _orders(self, conn: Connection) -> None:
+        try:
+            while True:
+                order = json.loads(conn.recv_bytes(1 << 20))
+                self.on_order(order)
+        except (EOFError, OSError):
+            if not self._stopped.is_set():
+                log.warning("lost the driver's host registry; registering again on next task")
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def close(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.close()

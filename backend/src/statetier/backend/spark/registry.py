@@ -1,0 +1,317 @@
+"""The driver's host registry: which state host owns which key-group range, and who is alive.
+
+Spark runs a task on whatever executor has a free core, so a range's task lands on a different
+executor from one micro-batch to the next. State stays warm anyway because ownership is the
+driver's decision, not Spark's placement: every state host registers here when it starts
+(its endpoints, pid, executor) and keeps one connection open with a heartbeat; every task asks
+here which host owns its range (:meth:`HostRegistry.route`) and streams its records to that host.
+
+Ownership is sticky. A range is assigned once, to the asking task's own host while that host owns
+fewer than its share (``ceil(parallelism / live hosts)``), else to the least loaded live host, and
+it stays there until:
+
+- its host is gone: its registry connection closed (the process died: noticed at once) or
+  went ``host.liveness-timeout`` without a heartbeat (a hung or cut-off host);
+- a task could not reach its host and the registry cannot either (probed on the spot);
+- the pipeline runs at another parallelism (other ranges altogether).
+
+A moved range is restored by its new host from the last committed epoch; its old host, if still
+alive, is told to release it. Nothing uncommitted ever moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
+
+__all__ = ["HostInfo", "HostRegistry", "RangeKey", "RouteError", "registry_for"]
+
+log = logging.getLogger("statetier.spark.registry")
+
+RangeKey = tuple[str, int, int]  # (pipeline, parallelism, index)
+PROBE_TIMEOUT_S = 2.0
+
+
+class RouteError(RuntimeError):
+    """A range's owner is alive but out of a task's reach: the task fails and Spark retries."""
+
+
+@dataclasses.dataclass
+class HostInfo:
+    """A registered state host, as the registry sees it."""
+
+    host_id: str
+    pid: int
+    executor: str
+    node: str
+    endpoints: list[Endpoint]
+    alive: bool = True
+    last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    link: Connection | None = dataclasses.field(default=None, repr=False)
+
+    def tcp(self) -> Endpoint | None:
+        return next((e for e in self.endpoints if e.kind == "tcp"), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host_id": self.host_id,
+            "pid": self.pid,
+            "executor": self.executor,
+            "node": self.node,
+            "endpoints": [e.to_json() for e in self.endpoints],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HostInfo:
+        return cls(
+            host_id=data["host_id"],
+            pid=int(data["pid"]),
+            executor=str(data["executor"]),
+            node=str(data["node"]),
+            endpoints=[Endpoint.from_json(e) for e in data["endpoints"]],
+        )
+
+
+class HostRegistry:
+    """Registrations, liveness and range ownership of one Spark application's state hosts."""
+
+    def __init__(
+        self, secret: bytes, bind: str, port: int = 0, liveness_timeout: float = 10.0
+    ) -> None:
+        self.secret = secret
+        self.liveness_timeout = liveness_timeout
+        self.hosts: dict[str, HostInfo] = {}
+        self.owners: dict[RangeKey, str] = {}
+        self.moves = 0  # ranges that changed owner (a host lost or unreachable)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._server = Server(secret, self._connection, "statetier-registry")
+        self.endpoint = self._server.bind_tcp(bind, port)
+        self.closed = False
+        self.stopping = False  # hosts are told to stop: their ends are no news
+
+    # ------------------------------------------------------------------ connections
+
+    def _connection(self, conn: Connection) -> None:
+        request = json.loads(conn.recv_bytes(1 << 20))
+        op = request.get("op")
+        if op == "register":
+            self._host_link(conn, HostInfo.from_json(request["host"]))
+        elif op == "route":
+            try:
+                host = self.route(
+                    (request["pipeline"], int(request["parallelism"]), int(request["index"])),
+                    request.get("local_host"),
+                    request.get("unreachable"),
+                )
+                answer: dict[str, Any] = {"host": host.to_json()}
+            except RouteError as e:
+                answer = {"error": str(e)}
+            conn.send_bytes(json.dumps(answer).encode())
+        else:
+            conn.send_bytes(json.dumps({"error": f"unknown request {op!r}"}).encode())
+
+    def _host_link(self, conn: Connection, host: HostInfo) -> None:
+        """A host's registration: kept open, a heartbeat a second; its end is the host's end."""
+        host.link = conn
+        with self._lock:
+            old = self.hosts.get(host.host_id)
+            if old is not None and old.link is not None:
+                with contextlib.suppress(OSError):
+                    old.link.close()
+            self.hosts[host.host_id] = host
+            self._changed.notify_all()
+        log.info(
+            "state host %s registered (executor %s, pid %s)", host.host_id, host.executor, host.pid
+        )
+        conn.send_bytes(b'{"registered": true}')
+        why = "its connection closed"
+        try:
+            while True:
+                if not conn.poll(self.liveness_timeout):
+                    why = f"no heartbeat for {self.liveness_timeout:.0f}s"
+                    break
+                conn.recv_bytes(1 << 16)
+                host.last_seen = time.monotonic()
+        except (EOFError, OSError):
+            pass
+        self._lost(host, why)
+
+    def _lost(self, host: HostInfo, why: str) -> None:
+        with self._lock:
+            if not host.alive:
+                return
+            host.alive = False
+            released = [key for key, owner in self.owners.items() if owner == host.host_id]
+            for key in released:
+                del self.owners[key]
+            self.moves += len(released)
+            self._changed.notify_all()
+        if not self.stopping:
+            log.warning(
+                "state host %s (executor %s) is gone: %s; its %d ranges get new owners",
+                host.host_id,
+                host.executor,
+                why,
+                len(released),
+            )
+        if host.link is not None:
+            with contextlib.suppress(OSError):
+                host.link.close()
+
+    # ------------------------------------------------------------------ ownership
+
+    def route(self, key: RangeKey, local_host: str | None, unreachable: str | None) -> HostInfo:
+        """The host that owns range ``key``, assigned now if it has no live owner.
+
+        ``local_host`` is the asking task's own host (preferred for a new assignment);
+        ``unreachable`` a host the task could not connect to, which the registry then probes.
+        """
+        if unreachable is not None:
+            self._check_reachable(key, unreachable)
+        with self._lock:
+            owner = self.owners.get(key)
+            if owner is not None and self.hosts[owner].alive:
+                return self.hosts[owner]
+            chosen = self._choose(key, local_host)
+            self.owners[key] = chosen.host_id
+        log.info("range %s of pipeline %s -> state host %s", key[2], key[0], chosen.host_id)
+        return chosen
+
+    def _check_reachable(self, key: RangeKey, host_id: str) -> None:
+        with self._lock:
+            host = self.hosts.get(host_id)
+            if host is None or not host.alive or self.owners.get(key) != host_id:
+                return  # already gone or moved: route afresh
+            tcp = host.tcp()
+        try:
+            assert tcp is not None
+            with contextlib.closing(connect(tcp, self.secret, PROBE_TIMEOUT_S)) as conn:
+                conn.send_bytes(b'{"op": "ping"}')
+                conn.recv_bytes()
+        except (OSError, EOFError, AssertionError) as e:
+            self._lost(host, f"unreachable from a task and from the driver ({e})")
+            return
+        raise RouteError(
+            f"range {key[2]}: its state host {host_id} at {tcp} answers the driver but not this "
+            "task's executor (check the NetworkPolicy between executors)"
+        )
+
+    def _choose(self, key: RangeKey, local_host: str | None) -> HostInfo:
+        live = [h for h in self.hosts.values() if h.alive]
+        if not live:
+            raise RouteError("no live state host is registered")
+        loads = {h.host_id: 0 for h in live}
+        for (pipeline, parallelism, _), owner in self.owners.items():
+            if (pipeline, parallelism) == key[:2] and owner in loads:
+                loads[owner] += 1
+        share = math.ceil(key[1] / len(live))
+        if local_host in loads and loads[local_host] < share:
+            return self.hosts[local_host]
+        return min(live, key=lambda h: (loads[h.host_id], h.host_id != local_host, h.host_id))
+
+    def owner(self, key: RangeKey) -> HostInfo | None:
+        """The live owner of ``key``, None when it has none (its host is gone)."""
+        with self._lock:
+            owner = self.owners.get(key)
+            host = self.hosts.get(owner) if owner is not None else None
+            return host if host is not None and host.alive else None
+
+    def live_hosts(self) -> list[HostInfo]:
+        with self._lock:
+            return [h for h in self.hosts.values() if h.alive]
+
+    def wait_for_hosts(self, count: int, timeout: float) -> int:
+        """Wait until ``count`` hosts are alive (or ``timeout``); how many are."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while sum(h.alive for h in self.hosts.values()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return sum(h.alive for h in self.hosts.values())
+
+    # ------------------------------------------------------------------ stopping
+
+    def shutdown_hosts(self, timeout: float = 10.0) -> list[HostInfo]:
+        """Ask every live host to stop, and wait until their connections closed."""
+        self.stopping = True
+        hosts = self.live_hosts()
+        for host in hosts:
+            if host.link is not None:
+                with contextlib.suppress(OSError):
+                    host.link.send_bytes(b'{"op": "shutdown"}')
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while any(h.alive for h in hosts) and time.monotonic() < deadline:
+                self._changed.wait(max(0.0, deadline - time.monotonic()))
+        return hosts
+
+    def close(self) -> None:
+        self.closed = self.stopping = True
+        self._server.close()
+        for host in self.live_hosts():
+            if host.link is not None:
+                with contextlib.suppress(OSError):
+                    host.link.close()
+
+
+# --------------------------------------------------------------------------- one per application
+
+_SECRETS: dict[str, bytes] = {}
+_REGISTRIES: dict[str, HostRegistry] = {}
+_GUARD = threading.Lock()
+
+
+def registry_for(app_id: str, bind: str, port: int, liveness_timeout: float) -> HostRegistry:
+    """The application's registry in this driver, started on first use.
+
+    Its secret is made once per application and kept for the driver's life: the application's
+    hosts hold it, so a registry started again (after :meth:`HostRegistry.close`) must use it too.
+    """
+    with _GUARD:
+        registry = _REGISTRIES.get(app_id)
+        if registry is None or registry.closed:
+            secret = _SECRETS.setdefault(app_id, new_secret())
+            registry = _REGISTRIES[app_id] = HostRegistry(secret, bind, port, liveness_timeout)
+        return registry
+
+
+def registries() -> Iterator[HostRegistry]:
+    with _GUARD:
+        yield from list(_REGISTRIES.values())
+
+
+def ask_route(
+    registry: Endpoint,
+    secret: bytes,
+    key: RangeKey,
+    local_host: str | None,
+    unreachable: str | None = None,
+) -> HostInfo:
+    """A task's question to the driver: which host owns its range (RouteError: none it can use)."""
+    with contextlib.closing(connect(registry, secret)) as conn:
+        request = {
+            "op": "route",
+            "pipeline": key[0],
+            "parallelism": key[1],
+            "index": key[2],
+            "local_host": local_host,
+            "unreachable": unreachable,
+        }
+        conn.send_bytes(json.dumps(request).encode())
+        answer = json.loads(conn.recv_bytes())
+    if "error" in answer:
+        raise RouteError(f"the driver's host registry at {registry}: {answer['error']}")
+    return HostInfo.from_json(answer["host"])

@@ -1,0 +1,132 @@
+"""A streaming word count on a Spark cluster of several executor JVMs (``local-cluster``).
+
+Run as ``python -m tests.spark.cluster_job CONFIG.json``; prints one JSON report line. CONFIG has
+``master``, ``uri`` (checkpoints), ``work`` (a scratch directory), ``batches``, ``words``,
+``vocabulary``, ``parallelism`` and optionally ``kill_at``: the micro-batch whose job loses an
+executor (its JVM is killed with SIGKILL while the job runs, taking its state host with it).
+
+A separate process because one Python process holds one SparkContext, and the other Spark tests
+share a ``local[2]`` one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+from statetier.backend.spark import StatefulPipeline
+
+from tests.spark.spark_support import VectorWordCount, expected_counts, latest, zipf_words
+
+
+def session(master: str) -> SparkSession:
+    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("statetier-cluster-test")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.task.maxFailures", "8")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def wait_for_executors(spark: SparkSession, count: int, timeout: float = 120.0) -> None:
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    deadline = time.monotonic() + timeout
+    while status.size() < count + 1 and time.monotonic() < deadline:  # + the driver
+        time.sleep(0.2)
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+
+
+def watched_jvm(host_pid: int) -> int:
+    """The executor JVM a state host watches (its ``--watch-pid``)."""
+    with open(f"/proc/{host_pid}/cmdline", "rb") as f:
+        args = f.read().decode().split("\0")
+    return int(args[args.index("--watch-pid") + 1])
+
+
+def main() -> None:
+    config: dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
+    spark = session(config["master"])
+    wait_for_executors(spark, config.get("executors", 2))
+    work = Path(config["work"])
+    source = work / "in"
+    source.mkdir(parents=True, exist_ok=True)
+    batches = [
+        zipf_words(config["words"], config["vocabulary"], seed) for seed in range(config["batches"])
+    ]
+    for i, batch in enumerate(batches):
+        (source / f"part-{i:03d}.csv").write_text("\n".join(batch) + "\n")
+    pipeline = StatefulPipeline(
+        VectorWordCount,
+        key="word",
+        output_schema="word string, count bigint",
+        parallelism=config["parallelism"],
+        config={"checkpoint.uri": config["uri"]},
+    )
+    outputs: dict[str, int] = {}
+    killed: list[int] = []
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        if epoch == config.get("kill_at"):
+            threading.Timer(0.3, kill_an_owner).start()
+        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
+
+    def kill_an_owner() -> None:
+        registry = pipeline._registry
+        assert registry is not None
+        host = max(
+            registry.live_hosts(), key=lambda h: list(registry.owners.values()).count(h.host_id)
+        )
+        jvm = watched_jvm(host.pid)
+        os.kill(jvm, signal.SIGKILL)
+        killed.append(jvm)
+
+    stream = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+    query = (
+        pipeline.write_stream(stream.csv(str(source)), sink)
+        .option("checkpointLocation", str(work / "spark-ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    error = query.exception()
+    query.stop()
+    report = {
+        "error": str(error) if error else None,
+        "exact": outputs == expected_counts(batches),
+        "killed": killed,
+        "epochs": [
+            {
+                "epoch": r.epoch,
+                "warm": r.warm,
+                "restored": r.restored,
+                "fresh": r.fresh,
+                "restored_bytes": r.restored_bytes,
+                "reruns": r.reruns,
+            }
+            for r in pipeline.reports
+        ],
+        "hosts": len(pipeline.hosts),
+    }
+    pipeline.stop_hosts()
+    spark.stop()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
