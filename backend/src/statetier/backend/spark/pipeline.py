@@ -255,6 +255,7 @@ class StatefulPipeline:
                 f"epoch {epoch} cannot run: the latest committed epoch at {store.uri} is {latest}"
             )
         self._committed_before[epoch] = epoch <= latest
+        self._count_executors(spark)
         base = epoch - 1
         return {
             "epoch": epoch,
@@ -263,6 +264,17 @@ class StatefulPipeline:
             "owner": lease.owner,
             "max_parallelism": max_parallelism,
         }
+
+    def _count_executors(self, spark: SparkSession) -> None:
+        """Tell the registry how many executors there are, so that new ranges spread over all
+        of them (one py4j call per epoch)."""
+        registry = self.registry(spark)
+        master = spark.sparkContext.master or ""
+        if master.startswith("local") and not master.startswith("local-cluster"):
+            registry.executors = 1  # the driver is the executor
+            return
+        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
+        registry.executors = max(0, int(status.size()) - 1)  # less the driver
 
     def _take_lease(self, store: SnapshotStore) -> WriterLease:
         if self._lease is None:

@@ -40,6 +40,7 @@ log = logging.getLogger("statetier.spark.registry")
 
 RangeKey = tuple[str, int, int]  # (pipeline, parallelism, index)
 PROBE_TIMEOUT_S = 2.0
+JOIN_WAIT_S = 2.0  # how long a new assignment waits for executors whose hosts have not joined
 
 
 class RouteError(RuntimeError):
@@ -93,6 +94,7 @@ class HostRegistry:
         self.hosts: dict[str, HostInfo] = {}
         self.owners: dict[RangeKey, str] = {}
         self.moves = 0  # ranges that changed owner (a host lost or unreachable)
+        self.executors = 0  # executors the application has (the driver updates it each epoch)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._server = Server(secret, self._connection, "statetier-registry")
@@ -208,17 +210,29 @@ class HostRegistry:
         )
 
     def _choose(self, key: RangeKey, local_host: str | None) -> HostInfo:
-        live = [h for h in self.hosts.values() if h.alive]
-        if not live:
-            raise RouteError("no live state host is registered")
-        loads = {h.host_id: 0 for h in live}
-        for (pipeline, parallelism, _), owner in self.owners.items():
-            if (pipeline, parallelism) == key[:2] and owner in loads:
-                loads[owner] += 1
-        share = math.ceil(key[1] / len(live))
-        if local_host in loads and loads[local_host] < share:
-            return self.hosts[local_host]
-        return min(live, key=lambda h: (loads[h.host_id], h.host_id != local_host, h.host_id))
+        """A new owner for ``key`` (lock held): the asking task's host while it owns fewer than
+        its share, else the least loaded live host. While fewer hosts are registered than the
+        application has executors (the first micro-batch starts them), wait a moment for the
+        others rather than pile every range on the first."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while True:
+            live = [h for h in self.hosts.values() if h.alive]
+            expected = max(len(live), self.executors)
+            share = math.ceil(key[1] / expected) if expected else key[1]
+            loads = {h.host_id: 0 for h in live}
+            for (pipeline, parallelism, _), owner in self.owners.items():
+                if (pipeline, parallelism) == key[:2] and owner in loads:
+                    loads[owner] += 1
+            if local_host in loads and loads[local_host] < share:
+                return self.hosts[local_host]
+            left = deadline - time.monotonic()
+            if live and (len(live) >= expected or left <= 0):
+                return min(
+                    live, key=lambda h: (loads[h.host_id], h.host_id != local_host, h.host_id)
+                )
+            if left <= 0:
+                raise RouteError("no live state host is registered")
+            self._changed.wait(left)
 
     def owner(self, key: RangeKey) -> HostInfo | None:
         """The live owner of ``key``, None when it has none (its host is gone)."""

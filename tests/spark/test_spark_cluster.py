@@ -1,0 +1,76 @@
+"""State stays warm on a cluster of several executor JVMs (Spark's ``local-cluster`` master),
+and survives losing one of them. Each case runs ``tests/spark/cluster_job.py`` in its own process
+(one SparkContext per process); it needs ``SPARK_HOME`` (set to the installed pyspark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+
+from tests.spark.conftest import REPO, spark_env
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def run_job(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    config = {
+        "master": "local-cluster[2,1,1024]",
+        "executors": 2,
+        "uri": f"file://{tmp_path}/ckpt",
+        "work": str(tmp_path / "work"),
+        "batches": 6,
+        "words": 3000,
+        "vocabulary": 500,
+        "parallelism": 4,
+        **overrides,
+    }
+    (tmp_path / "job.json").write_text(json.dumps(config))
+    env = {**os.environ, **spark_env(), "SPARK_HOME": os.path.dirname(pyspark.__file__)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.cluster_job", str(tmp_path / "job.json")],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["error"] is None, report["error"]
+    return report
+
+
+def test_ranges_stay_warm_on_two_executors(tmp_path: Path) -> None:
+    report = run_job(tmp_path)
+    epochs = report["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6]
+    assert epochs[0]["fresh"] == 4
+    # every range of every later micro-batch reached its warm owner, wherever its task ran
+    assert all(e["warm"] == 4 and e["restored_bytes"] == 0 for e in epochs[1:])
+    assert report["hosts"] == 2  # both executors own ranges
+    assert report["exact"]
+
+
+def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(tmp_path: Path) -> None:
+    report = run_job(tmp_path, batches=7, kill_at=3)
+    epochs = report["epochs"]
+    assert report["killed"], "no executor was killed"
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6, 7]
+    assert epochs[1]["warm"] == 4
+    # the kill lands while epoch 3's job runs (or, on a slow machine, just after it): the dead
+    # host's ranges are restored once, by the epoch that lost them (or its re-run) ...
+    restoring = [e for e in epochs[2:] if e["restored"]]
+    assert len(restoring) == 1 and restoring[0]["epoch"] in (3, 4), epochs
+    assert restoring[0]["restored_bytes"] > 0
+    # ... and every later epoch is warm again on the new owners
+    later = epochs[restoring[0]["epoch"] :]
+    assert later and all(e["warm"] == 4 for e in later), epochs
+    assert report["exact"]

@@ -1,0 +1,168 @@
+"""A real state host process: it serves only ranges routed to it, and only at their version.
+
+The task side of the protocol is driven by hand here (no Spark): the same frames a task sends,
+through the same authenticated channel, to a host started the way a task starts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+from statetier.backend.keygroups import assign_to_key_group
+from statetier.backend.snapshot import SnapshotStore, commit_snapshot
+from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+from statetier.backend.spark.registry import HostRegistry, ask_route
+from statetier.backend.spark.results import RangeResult, result_name, snapshot_from_dict
+from statetier.backend.spark.task import _stream
+
+from tests.spark.spark_support import VectorWordCount
+
+MAX_PARALLELISM = 8
+SCHEMA = pa.schema([("word", pa.string()), ("count", pa.int64())])
+
+
+@pytest.fixture
+def registry() -> Iterator[HostRegistry]:
+    made = HostRegistry(b"s" * 32, "127.0.0.1")
+    yield made
+    made.shutdown_hosts(5)
+    made.close()
+
+
+def start_host(registry: HostRegistry, socket_path: Path) -> subprocess.Popen[bytes]:
+    host = subprocess.Popen(
+        [sys.executable, "-m", "statetier.backend.spark.host", "--socket", str(socket_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    assert host.stdin is not None
+    host.stdin.write(registry.secret.hex().encode() + b"\n")
+    host.stdin.close()
+    join = json.dumps({"op": "join", "registry": registry.endpoint.to_json()}).encode()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = connect(Endpoint("unix", str(socket_path)), registry.secret)
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.05)
+            continue
+        with contextlib.closing(conn):
+            conn.send_bytes(join)
+            conn.recv_bytes()
+        return host
+    host.kill()
+    raise AssertionError("the host did not start")
+
+
+def words_batch(words: list[str]) -> pa.RecordBatch:
+    kgs = [assign_to_key_group(w, MAX_PARALLELISM) for w in words]
+    return pa.RecordBatch.from_pydict({"word": words, KEY_GROUP_COLUMN: pa.array(kgs, pa.int32())})
+
+
+def run_task(
+    registry: HostRegistry,
+    uri: str,
+    epoch: int,
+    base_token: str | None,
+    words: list[str],
+    owner_host: str,
+    attempt: int,
+) -> list[tuple[str, int]]:
+    host = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None)
+    header: dict[str, Any] = {
+        "op": "task",
+        "pipeline": "wc",
+        "parallelism": 1,
+        "index": 0,
+        "max_parallelism": MAX_PARALLELISM,
+        "checkpoint_uri": uri,
+        "storage_options": {},
+        "config": {},
+        "key_columns": ["word"],
+        "schema": SCHEMA.serialize().to_pybytes().hex(),
+        "epoch": epoch,
+        "base_epoch": epoch - 1,
+        "base_token": base_token,
+        "owner": "driver",
+        "token": f"driver-t{attempt}",
+        "attempt_number": 0,
+        "task_attempt_id": attempt,
+        "owner_host": owner_host,
+    }
+    tcp = next(e for e in host.endpoints if e.kind == "tcp")
+    function = bytes(cloudpickle.dumps(VectorWordCount))  # type: ignore[no-untyped-call]
+    with contextlib.closing(connect(tcp, registry.secret)) as conn:
+        batches = list(_stream(conn, header, function, iter([words_batch(words)])))
+    return [tuple(r.values()) for b in batches for r in b.to_pylist()]  # type: ignore[misc]
+
+
+def result(store: SnapshotStore, epoch: int, attempt: int) -> RangeResult:
+    """The range's result written by task attempt ``attempt`` (a retry overwrites it)."""
+    name = store.full_path(result_name(epoch, "driver", 0, 1))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            found = RangeResult(**json.loads(store.fs.cat_file(name)))
+            if found.token == f"driver-t{attempt}":
+                return found
+        time.sleep(0.02)
+    raise AssertionError(f"no result of attempt {attempt}")
+
+
+def test_a_host_refuses_a_range_routed_to_another_host_and_stale_state(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    store = SnapshotStore(uri)
+    host = start_host(registry, tmp_path / "h.sock")
+    try:
+        owner = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None).host_id
+        with pytest.raises(RuntimeError, match="which does not own it"):
+            run_task(registry, uri, 1, None, ["a"], owner_host="another-host", attempt=1)
+
+        assert sorted(run_task(registry, uri, 1, None, ["a", "b", "a"], owner, 2)) == [
+            ("a", 2),
+            ("b", 1),
+        ]
+        first = result(store, 1, 2)
+        lease = store.acquire_writer()
+        commit_snapshot(store, 1, [snapshot_from_dict(first.snapshot)], lease)
+        # epoch 2 at the committed base: warm
+        assert run_task(registry, uri, 2, first.token, ["a"], owner, 3) == [("a", 3)]
+        assert result(store, 2, 3).state == "warm"
+        # epoch 2 again (a retry): the host holds epoch 2, not the base, so it restores epoch 1
+        assert run_task(registry, uri, 2, first.token, ["a"], owner, 4) == [("a", 3)]
+        assert result(store, 2, 4).state == "restored"
+        # a base token the host's state did not come from: restored too, never served warm
+        assert run_task(registry, uri, 2, "driver-t999", ["b"], owner, 5) == [("b", 2)]
+        assert result(store, 2, 5).state == "restored"
+    finally:
+        registry.shutdown_hosts(5)
+        host.wait(10)
+
+
+def test_a_host_refuses_connections_without_the_secret(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    host = start_host(registry, tmp_path / "h.sock")
+    try:
+        (info,) = registry.live_hosts()
+        for endpoint in info.endpoints:
+            with pytest.raises(AuthenticationError):
+                connect(endpoint, b"x" * 32)
+        assert info.tcp() is not None and info.tcp().address == "127.0.0.1"  # type: ignore[union-attr]
+    finally:
+        registry.shutdown_hosts(5)
+        host.wait(10)

@@ -1,0 +1,179 @@
+"""The driver's host registry and the authenticated channel, without Spark: real sockets on
+127.0.0.1, real registrations, hosts that die."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+
+import pytest
+from statetier.backend.spark.channel import (
+    MAGIC,
+    AuthenticationError,
+    Endpoint,
+    Server,
+    connect,
+    new_secret,
+)
+from statetier.backend.spark.membership import RegistryLink
+from statetier.backend.spark.registry import HostInfo, HostRegistry, RouteError, ask_route
+
+
+@pytest.fixture
+def registry() -> Iterator[HostRegistry]:
+    made = HostRegistry(new_secret(), "127.0.0.1", liveness_timeout=1.5)
+    yield made
+    made.close()
+
+
+class FakeHost:
+    """A registered host: a real server that answers pings, and its registry link."""
+
+    def __init__(self, registry: HostRegistry, name: str) -> None:
+        self.server = Server(registry.secret, self._serve, name)
+        self.server.bind_tcp("127.0.0.1")
+        self.info = HostInfo(name, 0, name, "node", list(self.server.endpoints))
+        self.orders: list[dict[str, object]] = []
+        self.link = RegistryLink(self.info, registry.secret, self.orders.append)
+        self.link.join(registry.endpoint)
+
+    def _serve(self, conn: Connection) -> None:
+        conn.recv_bytes()
+        conn.send_bytes(b"R{}")
+
+    def die(self) -> None:
+        self.link.close()
+        self.server.close()
+
+
+def route(registry: HostRegistry, index: int, local: str, unreachable: str | None = None) -> str:
+    host = ask_route(registry.endpoint, registry.secret, ("p", 4, index), local, unreachable)
+    return host.host_id
+
+
+def test_ranges_stay_with_their_first_owner_whoever_asks(registry: HostRegistry) -> None:
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    first = {i: route(registry, i, "a" if i % 2 else "b") for i in range(4)}
+    assert first == {0: "b", 1: "a", 2: "b", 3: "a"}  # each task's own host, within its share
+    for asker in ("a", "b"):  # later tasks run anywhere: the owner does not follow them
+        assert {i: route(registry, i, asker) for i in range(4)} == first
+    a.die()
+    b.die()
+
+
+def test_a_host_takes_no_more_than_its_share(registry: HostRegistry) -> None:
+    hosts = [FakeHost(registry, name) for name in "abc"]
+    registry.executors = 3
+    owners = [route(registry, i, "a") for i in range(4)]  # every task runs beside host a
+    assert sorted(owners.count(h) for h in "abc") == [1, 1, 2]
+    for h in hosts:
+        h.die()
+
+
+def test_new_ranges_wait_briefly_for_executors_whose_hosts_have_not_joined(
+    registry: HostRegistry,
+) -> None:
+    a = FakeHost(registry, "a")
+    registry.executors = 2
+    joined: list[FakeHost] = []
+    threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b"))).start()
+    owners = [route(registry, i, "a") for i in range(4)]
+    assert owners.count("a") == 2 and owners.count("b") == 2
+    a.die()
+    joined[0].die()
+
+
+def test_a_dead_host_loses_its_ranges_at_once(registry: HostRegistry) -> None:
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    assert route(registry, 0, "a") == "a"
+    a.die()
+    deadline = time.monotonic() + 5
+    while registry.owner(("p", 4, 0)) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert registry.owner(("p", 4, 0)) is None  # no heartbeat timeout needed: the link closed
+    assert route(registry, 0, "a") == "b"
+    assert registry.moves == 1
+    b.die()
+
+
+def test_a_silent_host_is_gone_after_the_liveness_timeout(registry: HostRegistry) -> None:
+    silent = HostInfo("silent", 0, "x", "node", [Endpoint("tcp", "127.0.0.1", 9)])
+    conn = connect(registry.endpoint, registry.secret)
+    conn.send_bytes(json.dumps({"op": "register", "host": silent.to_json()}).encode())
+    assert json.loads(conn.recv_bytes()) == {"registered": True}
+    assert route(registry, 0, "silent") == "silent"
+    time.sleep(0.5)
+    assert registry.owner(("p", 4, 0)) is not None
+    time.sleep(1.5)  # liveness_timeout=1.5 s, and no heartbeat was sent
+    assert registry.owner(("p", 4, 0)) is None
+    conn.close()
+
+
+def test_an_owner_a_task_cannot_reach_is_probed_by_the_registry(registry: HostRegistry) -> None:
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    assert route(registry, 0, "a") == "a"
+    with pytest.raises(RouteError, match="answers the driver but not this task"):
+        route(registry, 0, "b", unreachable="a")  # a answers the registry: not moved
+    assert registry.owner(("p", 4, 0)) is not None
+    a.server.close()  # a's endpoint is gone, its registration not yet
+    assert route(registry, 0, "b", unreachable="a") == "b"
+    a.die()
+    b.die()
+
+
+def test_connections_without_the_secret_are_refused(
+    registry: HostRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(AuthenticationError):
+        connect(registry.endpoint, new_secret())
+    with socket.create_connection(("127.0.0.1", registry.endpoint.port), timeout=5) as raw:
+        raw.recv(64)  # the challenge
+        raw.sendall(b"x" * 64)  # a wrong answer
+        assert raw.recv(64) == b""  # closed without a word
+    with caplog.at_level(logging.WARNING, logger="statetier.spark.channel"):
+        with contextlib.suppress(AuthenticationError):
+            connect(registry.endpoint, b"not the secret")
+        time.sleep(0.2)
+    assert "does not hold the application's secret" in caplog.text
+    # nothing reached the registry: no host registered, no range routed
+    assert registry.hosts == {} and registry.owners == {}
+
+
+def test_a_peer_that_connects_and_says_nothing_holds_no_one_up(registry: HostRegistry) -> None:
+    with socket.create_connection(("127.0.0.1", registry.endpoint.port), timeout=5):
+        a = FakeHost(registry, "a")  # registers while the silent peer is still connected
+        assert route(registry, 0, "a") == "a"
+        a.die()
+
+
+def test_a_client_refuses_a_server_that_does_not_hold_the_secret() -> None:
+    """An impostor that takes any answer still cannot prove the secret: the task never sends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    received: list[bytes] = []
+
+    def impostor() -> None:
+        peer, _ = listener.accept()
+        with peer:
+            peer.sendall(MAGIC + b"n" * 32)
+            peer.recv(64)
+            peer.sendall(b"p" * 32)  # a proof made without the secret
+            received.append(peer.recv(1024))
+
+    thread = threading.Thread(target=impostor)
+    thread.start()
+    try:
+        with pytest.raises(AuthenticationError, match="does not hold"):
+            connect(Endpoint("tcp", "127.0.0.1", listener.getsockname()[1]), new_secret())
+        thread.join(5)
+        assert received == [b""]  # the client closed without sending a frame
+    finally:
+        listener.close()
