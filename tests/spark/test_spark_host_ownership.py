@@ -105,7 +105,7 @@ def run_task(
     function = bytes(cloudpickle.dumps(VectorWordCount))  # type: ignore[no-untyped-call]
     with contextlib.closing(connect(tcp, registry.secret)) as conn:
         batches = list(_stream(conn, header, function, iter([words_batch(words)])))
-    return [tuple(r.values()) for b in batches for r in b.to_pylist()]  # type: ignore[misc]
+    return [tuple(r.values()) for b in batches for r in b.to_pylist()]
 
 
 def result(store: SnapshotStore, epoch: int, attempt: int) -> RangeResult:
