@@ -177,3 +177,22 @@ def test_a_client_refuses_a_server_that_does_not_hold_the_secret() -> None:
         assert received == [b""]  # the client closed without sending a frame
     finally:
         listener.close()
+
+
+def test_a_finished_pipeline_releases_its_ranges_on_their_hosts(registry: HostRegistry) -> None:
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    owners = {i: route(registry, i, "a" if i < 2 else "b") for i in range(4)}
+    other = ask_route(registry.endpoint, registry.secret, ("q", 4, 0), "a").host_id
+    assert registry.release_pipeline("p") == 4
+    deadline = time.monotonic() + 5
+    while len(a.orders) + len(b.orders) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    released = {h.info.host_id: h.orders for h in (a, b)}
+    for host_id, orders in released.items():
+        assert orders == [
+            {"op": "release", "ranges": [["p", 4, i] for i, o in owners.items() if o == host_id]}
+        ]
+    assert registry.owners == {("q", 4, 0): other}  # another pipeline keeps its ranges
+    a.die()
+    b.die()

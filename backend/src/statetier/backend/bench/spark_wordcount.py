@@ -33,6 +33,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -74,12 +75,19 @@ NOTES = {
 }
 
 
-def spark_session(partitions: int) -> Any:
+def spark_session(partitions: int, master: str = "local[2]") -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import pyspark
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    executors = cluster_executors(master)
+    if executors:
+        # local-cluster starts executor JVMs from SPARK_HOME: the installed pyspark has one
+        os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+        builder = builder.config("spark.executor.memory", f"{executors[1]}m")
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master(master)
         .appName("statetier-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(partitions))
@@ -94,7 +102,25 @@ def spark_session(partitions: int) -> Any:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    if executors:
+        wait_for_executors(session, executors[0])
     return session
+
+
+def cluster_executors(master: str) -> tuple[int, int] | None:
+    """(executors, MiB each) of a ``local-cluster[N,cores,MiB]`` master, else None."""
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*\d+\s*,\s*(\d+)\s*\]", master)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def wait_for_executors(spark: Any, count: int, timeout: float = 180.0) -> None:
+    """Every pipeline then starts on the whole cluster (executors register one by one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() > count:  # + driver
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{count} executors did not register within {timeout:.0f}s")
 
 
 def write_input(spark: Any, parts: list[list[str]], directory: Path) -> None:
@@ -154,9 +180,21 @@ def bench_statetier(
     pipeline.drain()
     counts = read_counts(pipeline)
     reports = pipeline.reports
+    registry = pipeline._registry
+    hosts = registry.live_hosts() if registry is not None else []
+    pipeline.release()  # the next run is another pipeline: this state is done with
+    later = reports[1:]
+    warm_later, restored_later = sum(r.warm for r in later), sum(r.restored for r in later)
     return elapsed, {
         "batches": len(reports),
         "warm_hit_rate": pipeline.warm_hit_rate(),
+        "warm_hit_rate_after_first": (
+            warm_later / (warm_later + restored_later) if warm_later + restored_later else 0.0
+        ),
+        "restored_bytes_per_epoch": [r.restored_bytes for r in reports],
+        "state_checkpoint_bytes": state_checkpoint_bytes(pipeline),
+        "state_hosts": len(hosts),
+        "state_hosts_rss_bytes": sum(h.rss for h in hosts),
         "checkpoint_bytes": sum(r.upload_bytes for r in reports),
         "rows_to_hosts": sum(r.rows for r in reports),  # after the combiner
         "epoch_seconds": [round(r.seconds, 2) for r in reports],
@@ -165,6 +203,15 @@ def bench_statetier(
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
         "counts": counts,
     }
+
+
+def state_checkpoint_bytes(pipeline: Any) -> int:
+    """What restoring the whole state of the last epoch downloads."""
+    from statetier.backend.keygroups import KeyGroupRange
+    from statetier.backend.snapshot import restored_bytes
+
+    manifest = pipeline.store.manifest()
+    return int(restored_bytes(manifest, KeyGroupRange(0, manifest.max_parallelism - 1)))
 
 
 def read_counts(pipeline: Any) -> dict[str, int]:
@@ -281,6 +328,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
     )
     parser.add_argument("--s3", action="store_true", help="also checkpoint to SeaweedFS")
     parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="Spark master every pipeline runs on, e.g. 'local-cluster[2,1,3072]' (several "
+        "executor JVMs; SPARK_HOME defaults to the installed pyspark)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="timed runs of each fast pipeline (median)"
     )
     parser.add_argument(
@@ -305,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
     words = zipf_words(args.words, args.vocabulary)
     parts = batches(words, args.batches)
     work = Path(tempfile.mkdtemp(prefix="statetier-bench-spark-"))
-    spark = spark_session(args.partitions)
+    spark = spark_session(args.partitions, args.master)
     results: dict[str, dict[str, Any]] = {}
     pipelines: list[Any] = []
     weed = None
@@ -408,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         "vocabulary": args.vocabulary,
         "batches": args.batches,
         "partitions": args.partitions,
-        "master": "local[2]",
+        "master": args.master,
         "pipelines": results,
         "ratios": ratios,
         "targets": TARGETS,
@@ -423,16 +476,24 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         ]
         print_table(
             f"spark-wordcount: {args.words:,} Zipf words, {args.batches} micro-batches, "
-            f"{args.partitions} partitions, local[2]",
+            f"{args.partitions} partitions, {args.master}",
             ["pipeline", "records", "seconds", "records/s"],
             rows,
         )
         for name, ratio in ratios.items():
             target = f" (target >= {TARGETS[name]}x)" if name in TARGETS else ""
             print(f"  statetier / {name}: {ratio}x{target}")
+        st_info = results["statetier"]
         print(
-            f"  warm-hit rate: {results['statetier']['warm_hit_rate']:.0%}, "
-            f"counts exact: {results['statetier']['counts_exact']}"
+            f"  warm-hit rate: {st_info['warm_hit_rate']:.0%} "
+            f"({st_info['warm_hit_rate_after_first']:.0%} after the first micro-batch), "
+            f"counts exact: {st_info['counts_exact']}"
+        )
+        print(
+            f"  state: {st_info['state_checkpoint_bytes'] / 1e6:,.0f} MB in the checkpoint, "
+            f"{st_info['state_hosts_rss_bytes'] / 1e6:,.0f} MB RSS in "
+            f"{st_info['state_hosts']} state hosts; restored per epoch (bytes): "
+            f"{st_info['restored_bytes_per_epoch']}"
         )
     return 0 if report["meets_target"] else 1
 

@@ -2,7 +2,8 @@
 
 The host keeps one authenticated connection to the driver's registry: it registers (its id,
 endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
-connection (``shutdown``; ``release`` of ranges that moved away). If the link breaks (a driver
+connection (``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
+anonymous RSS, which the driver reports. If the link breaks (a driver
 registry restarted), the host registers again when a task next tells it where the registry is
 (:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
 the registry gave.
@@ -20,6 +21,7 @@ from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.registry import HostInfo
+from statetier.backend.spill.monitor import read_rss
 
 __all__ = ["HEARTBEAT_S", "RegistryLink"]
 
@@ -63,7 +65,7 @@ class RegistryLink:
     def _heartbeat(self, conn: Connection) -> None:
         while not self._stopped.wait(HEARTBEAT_S):
             try:
-                conn.send_bytes(b"{}")
+                conn.send_bytes(json.dumps({"rss": read_rss()}).encode())
             except OSError:
                 return
 

@@ -560,6 +560,13 @@ class StatefulPipeline:
         restored = sum(r.restored for r in self.reports)
         return warm / (warm + restored) if warm + restored else 0.0
 
+    def release(self) -> None:
+        """Free this pipeline's ranges in the state hosts (its query is over for good); the
+        hosts stay for the application's other pipelines. Its checkpoints are kept."""
+        self.drain()
+        if self._registry is not None:
+            self._registry.release_pipeline(self.name)
+
     def stop_hosts(self, timeout: float = 10.0) -> None:
         """Stop the application's state hosts (shared by its pipelines) and the driver's
         registry; they start again on the next epoch, restoring from the checkpoint."""

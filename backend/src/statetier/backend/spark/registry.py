@@ -58,6 +58,7 @@ class HostInfo:
     endpoints: list[Endpoint]
     alive: bool = True
     last_seen: float = dataclasses.field(default_factory=time.monotonic)
+    rss: int = 0  # anonymous resident bytes, from the last heartbeat
     link: Connection | None = dataclasses.field(default=None, repr=False)
 
     def tcp(self) -> Endpoint | None:
@@ -143,9 +144,10 @@ class HostRegistry:
                 if not conn.poll(self.liveness_timeout):
                     why = f"no heartbeat for {self.liveness_timeout:.0f}s"
                     break
-                conn.recv_bytes(1 << 16)
+                beat = json.loads(conn.recv_bytes(1 << 16))
                 host.last_seen = time.monotonic()
-        except (EOFError, OSError):
+                host.rss = int(beat.get("rss", 0))
+        except (EOFError, OSError, ValueError):
             pass
         self._lost(host, why)
 
@@ -257,6 +259,21 @@ class HostRegistry:
             return sum(h.alive for h in self.hosts.values())
 
     # ------------------------------------------------------------------ stopping
+
+    def release_pipeline(self, pipeline: str) -> int:
+        """Tell the hosts to drop every range of ``pipeline`` (its query ended); how many."""
+        with self._lock:
+            keys = [key for key in self.owners if key[0] == pipeline]
+            by_host: dict[str, list[RangeKey]] = {}
+            for key in keys:
+                by_host.setdefault(self.owners.pop(key), []).append(key)
+            links = {h: self.hosts[h].link for h in by_host if self.hosts[h].alive}
+        for host_id, link in links.items():
+            if link is not None:
+                order = {"op": "release", "ranges": [list(k) for k in by_host[host_id]]}
+                with contextlib.suppress(OSError):
+                    link.send_bytes(json.dumps(order).encode())
+        return len(keys)
 
     def shutdown_hosts(self, timeout: float = 10.0) -> list[HostInfo]:
         """Ask every live host to stop, and wait until their connections closed."""
