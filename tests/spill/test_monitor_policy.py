@@ -8,6 +8,7 @@ import mmap
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -70,7 +71,7 @@ class FakeRss:
         return self.value
 
 
-def _monitor(rss: FakeRss, **overrides: float) -> MemoryMonitor:
+def _monitor(rss: FakeRss, **overrides: Any) -> MemoryMonitor:
     settings = MonitorSettings(budget=1000 * MiB, budget_source="test", **overrides)
     return MemoryMonitor(settings, rss=rss)
 
@@ -234,3 +235,15 @@ def test_metric_names_are_exported() -> None:
         base = name.removesuffix("_total")
         assert base in exported, name
         assert name.startswith("statetier_")
+
+
+def test_the_runtime_allowance_is_memory_the_budget_does_not_cover() -> None:
+    """The budget is for state: the process may hold budget + allowance (its runtime before any
+    state, measured by the governor when it starts)."""
+    rss = FakeRss(700 * MiB)
+    monitor = _monitor(rss, allowance=600 * MiB)
+    assert monitor.assess(100 * MiB, 0).action == "none"  # 100 MiB of state: under 50% of 1000
+    rss.value = 1200 * MiB
+    verdict = monitor.assess(600 * MiB, 0)
+    assert verdict.action == "spill" and verdict.used == 600 * MiB
+    assert "runtime allowance of 600.0MiB" in verdict.reason

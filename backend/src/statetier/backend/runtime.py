@@ -7,6 +7,7 @@ and committing lets the local runner and the Spark integration share it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,12 @@ class OperatorInstance:
         # Snapshots of this instance: full, or deltas on the chains of its own range.
         incremental = config.checkpoint_incremental if config is not None else True
         self.writer = SubtaskWriter(self.keyed, self.operator, incremental=incremental)
+        if config is not None and config.spill_enabled:
+            # the process's governor exists before any restored state: it measures the
+            # runtime's own memory when it starts
+            from statetier.backend.spill.governor import MemoryGovernor
+
+            MemoryGovernor.for_config(config)
         restored = store is not None and restore_epoch is not None
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:
@@ -65,12 +72,15 @@ class OperatorInstance:
             restore_operator_state(store, self.operator, manifest.epoch)
             self.writer.restored_from(manifest)
             self.restored_bytes = restored_bytes(manifest, key_groups)
+        # Held by whoever uses this instance (the Spark state host: while a task processes or
+        # snapshots it); the process's memory governor moves its key groups only between uses.
+        self.lock = threading.RLock()
         # The spill tier (spill.enabled): moves cold key groups of self.keyed to disk.
         self.spill: SpillManager | None = None
         if config is not None and config.spill_enabled:
             from statetier.backend.spill import SpillManager
 
-            self.spill = SpillManager.from_config(self.keyed, config)
+            self.spill = SpillManager.from_config(self.keyed, config, in_use=self.lock)
         elif config is not None and config.metrics_port:
             # No spill tier: the process still exports its checkpoint and locality metrics.
             from statetier.backend.spill.metrics import serve_metrics

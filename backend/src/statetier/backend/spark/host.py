@@ -96,7 +96,12 @@ class HostedRange:
     instance: OperatorInstance
     epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
     token: str | None = None  # the task attempt that produced it
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held from a task's start to its snapshot's end: the instance's own lock, so the
+        process's memory governor moves this range's key groups only between tasks."""
+        return self.instance.lock
 
 
 class NotOwnerError(RuntimeError):

@@ -8,10 +8,11 @@ groups through the same interface. A key group's state is on heap or on disk, ne
 
 The backend counts one hit per record for its key group (``count_hits``: one list increment on
 the per-record path, no call), and at every 64th record of a key group the manager asks the
-monitor whether a check is due (the check interval has passed, or a full GC just happened). A
-check refreshes the accounting, asks the monitor for a verdict, lets the policy choose key
-groups, moves them, and says so in one log line and the metrics. Checks run on the processing
-thread between records, so no handle is ever mid-access.
+process's :class:`~statetier.backend.spill.governor.MemoryGovernor` whether a check is due (the
+check interval has passed, or a full GC just happened). The governor weighs every backend of the
+process; this manager keeps the accounting of its own key groups and carries out the moves the
+governor chose for them, each said in one log line and the metrics. Moves happen on the thread
+that holds the backend (``in_use``), between records, so no handle is ever mid-access.
 
 I/O failures (disk full, unwritable dir) never lose state: a spill that cannot get space is
 abandoned before any slot is swapped, and a write to a spilled key group that needs space it
@@ -27,6 +28,7 @@ import functools
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -39,8 +41,9 @@ from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.serializers import MsgpackSerializer, SerializationError
 from statetier.backend.spill import metrics
 from statetier.backend.spill.accounting import KeyGroupAccounting
-from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
-from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
+from statetier.backend.spill.governor import MemoryGovernor
+from statetier.backend.spill.monitor import MemoryMonitor, Trigger
+from statetier.backend.spill.policy import Candidate
 from statetier.backend.spill.spilled_map import SpilledMap
 from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage
 from statetier.backend.state.table import StateTable
@@ -69,6 +72,11 @@ class Decision:
     seconds: float
     failed: list[int] = dataclasses.field(default_factory=list)
     at: float = dataclasses.field(default_factory=time.monotonic)  # when the move ended
+    trigger: Trigger = Trigger.FORCED
+    manager: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+
+Choice = list[tuple[Candidate, float]]
 
 
 def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
@@ -126,20 +134,33 @@ def _mib(value: float) -> str:
 
 
 class SpillManager:
-    """Spills and loads the key groups of ``backend``; ``monitor`` None means manual only."""
+    """Spills and loads the key groups of ``backend``, as the process's governor decides.
+
+    ``governor``: the process's (see :meth:`from_config`); without one, the manager has a
+    governor of its own over ``storage`` and ``monitor`` (``monitor`` None: manual moves only).
+    ``in_use`` is held by whoever uses the backend (the runtime), so that the governor moves its
+    key groups only between uses.
+    """
 
     def __init__(
         self,
         backend: KeyedStateBackend,
-        storage: SpillStorage,
+        storage: SpillStorage | None = None,
         monitor: MemoryMonitor | None = None,
         *,
         size_weight: float = 0.5,
+        governor: MemoryGovernor | None = None,
+        in_use: threading.RLock | None = None,
     ) -> None:
+        if governor is None:
+            if storage is None:
+                raise ValueError("a spill manager needs a governor or a storage")
+            governor = MemoryGovernor(storage, monitor, size_weight=size_weight)
+        self.governor = governor
         self.backend = backend
-        self.storage = storage
-        self.monitor = monitor
-        self.size_weight = size_weight
+        self.storage = governor.storage
+        self.monitor = governor.monitor
+        self.in_use: threading.RLock = in_use if in_use is not None else threading.RLock()
         self._first = backend.key_groups.start
         self.accounting = KeyGroupAccounting(len(backend.key_groups), time.monotonic())
         self.spilled: dict[int, dict[str, SpilledMap]] = {}  # slot -> state name -> map
@@ -148,6 +169,9 @@ class SpillManager:
         self._sampled: dict[int, tuple[int, float]] = {}  # slot -> (entries, bytes per entry)
         self._reported = {"heap": 0, "spilled": 0, "disk": 0, "kg_heap": 0, "kg_disk": 0}
         self._failure_logged: set[str] = set()
+        # moves the governor chose while another thread held this backend (done at next poll)
+        self._posted: list[tuple[str, Trigger, str, Choice]] = []
+        self._posted_slots: set[int] = set()
         # records counted so far, and those whose key group was on disk when they came
         self.records_counted = 0
         self.records_on_disk = 0
@@ -157,29 +181,25 @@ class SpillManager:
         ] = {}
         self.closed = False
         backend.count_hits(self.accounting.hits, self._poll)
+        governor.register(self)
         self._update_metrics()
 
+    @property
+    def size_weight(self) -> float:
+        return self.governor.size_weight
+
     @classmethod
-    def from_config(cls, backend: KeyedStateBackend, config: StatetierConfig) -> SpillManager:
-        """A manager with storage and monitor as the configuration says."""
-        dirs = list(config.spill_dirs) or default_spill_dirs()
-        storage = SpillStorage(dirs, config.spill_chunk_size)
-        budget, source = resolve_budget(config.memory_budget)
-        monitor = MemoryMonitor(
-            MonitorSettings(
-                budget=budget,
-                budget_source=source,
-                spill_threshold=config.spill_threshold,
-                load_threshold=config.spill_load_threshold,
-                spill_ratio=config.spill_ratio,
-                gc_pause_threshold=config.spill_gc_pause_threshold,
-                gc_window=config.spill_gc_window,
-                check_interval=config.spill_check_interval,
-            )
-        )
+    def from_config(
+        cls,
+        backend: KeyedStateBackend,
+        config: StatetierConfig,
+        in_use: threading.RLock | None = None,
+    ) -> SpillManager:
+        """A manager under the process's governor for these settings."""
+        governor = MemoryGovernor.for_config(config)
         metrics.serve_metrics(config.metrics_port)
-        backend_metrics.watch_spill_dirs(dirs)
-        return cls(backend, storage, monitor, size_weight=config.spill_size_weight)
+        backend_metrics.watch_spill_dirs(list(config.spill_dirs) or default_spill_dirs())
+        return cls(backend, governor=governor, in_use=in_use)
 
     def _codec(self, table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         """A table's value encode/decode, made once per table: every spilled map of the table
@@ -193,10 +213,12 @@ class SpillManager:
     # ------------------------------------------------------------------ per record
 
     def _poll(self) -> None:
-        """Every 64th record of a key group: check if the monitor says a check is due."""
-        monitor = self.monitor
-        if monitor is not None and monitor.due():
-            self.check()
+        """Every 64th record of a key group (on the thread that holds the backend): carry out
+        posted moves, and run the process's check when it is due."""
+        if self._posted:
+            self._apply_posted()
+        if self.governor.due():
+            self.governor.check(self)
 
     # ------------------------------------------------------------------ tiers
 
@@ -374,64 +396,92 @@ class SpillManager:
         self._update_metrics()
 
     def check(self) -> Decision | None:
-        """One monitor check; spills or loads what the verdict asks for. Returns the move."""
-        if self.closed or self.monitor is None:
+        """Run the process's check now (from the thread that holds this backend); this
+        backend's move, if it made one."""
+        if self.closed:
             return None
+        decisions = self.governor.check(self)
+        return decisions[0] if decisions and decisions[0].manager is self else None
+
+    def prepare_check(self) -> None:
+        """Before the governor weighs this backend (the caller holds it): catch up."""
+        if self._posted:
+            self._apply_posted()
         self._sync_tables()
         self.refresh_accounting()
-        acc = self.accounting
-        verdict = self.monitor.assess(acc.total_heap(), acc.total_spilled())
-        if verdict.action == "spill":
-            candidates = [
-                Candidate(self._first + slot, acc.heap_bytes[slot], acc.rates[slot])
-                for slot in range(acc.slots)
-                if slot not in self.spilled
-            ]
-            chosen = choose_spill(candidates, verdict.amount, self.size_weight)
-            decision = self._move("spill", verdict.reason, chosen)
-            if verdict.reason.startswith(("average gen-2", "predicted gen-2")):
-                self.monitor.after_gc_spill()
-            self.storage.compact()
-            return decision
-        if verdict.action == "load":
-            candidates = [
-                Candidate(self._first + slot, acc.heap_if_loaded(slot), acc.rates[slot])
-                for slot in self.spilled
-            ]
-            chosen = choose_load(candidates, verdict.amount, self.size_weight)
-            decision = self._move("load", verdict.reason, chosen)
-            self.storage.compact()
-            return decision
-        return None
 
-    def _move(
-        self, action: str, reason: str, chosen: list[tuple[Candidate, float]]
+    def candidates(self, spill: bool, owner: int) -> list[Candidate]:
+        """This backend's key groups the governor may move: those on heap for a spill, those on
+        disk for a load (none with a move already posted)."""
+        acc, first, posted = self.accounting, self._first, self._posted_slots
+        if spill:
+            return [
+                Candidate(first + slot, acc.heap_bytes[slot], acc.rates[slot], owner)
+                for slot in range(acc.slots)
+                if slot not in self.spilled and slot not in posted
+            ]
+        return [
+            Candidate(first + slot, acc.heap_if_loaded(slot), acc.rates[slot], owner)
+            for slot in self.spilled
+            if slot not in posted
+        ]
+
+    def post(self, action: str, trigger: Trigger, reason: str, choice: Choice) -> None:
+        """A move chosen while another thread uses this backend: done at its next poll. The
+        monitor counts it now, so the next check does not choose the same bytes again."""
+        self._posted.append((action, trigger, reason, choice))
+        self._posted_slots.update(c.key_group - self._first for c, _ in choice)
+        self._note(action, sum(c.size for c, _ in choice))
+
+    def pending_heap(self) -> int:
+        """Heap bytes that posted moves will free (spills) less those they will take (loads)."""
+        return sum(
+            sum(c.size for c, _ in choice) * (1 if action == "spill" else -1)
+            for action, _, _, choice in self._posted
+        )
+
+    def _apply_posted(self) -> None:
+        posted, self._posted = self._posted, []
+        self._posted_slots = set()
+        for action, trigger, reason, choice in posted:
+            self.move(action, trigger, reason, choice, noted=True)
+
+    def _note(self, action: str, heap_bytes: int) -> None:
+        monitor = self.governor.monitor
+        if monitor is not None:
+            if action == "spill":
+                monitor.note_spill(heap_bytes)
+            else:
+                monitor.note_load(heap_bytes)
+
+    def move(
+        self, action: str, trigger: Trigger, reason: str, chosen: Choice, *, noted: bool = False
     ) -> Decision | None:
-        if not chosen:
+        """Carry out the governor's choice for this backend (the caller holds it)."""
+        if not chosen or self.closed:
             return None
         started = time.perf_counter()
-        tag = "gc" if "GC" in reason else "memory"
         moved, failed, scores, heap_bytes = [], [], [], 0
         for candidate, score in chosen:
             ok = (
-                self.spill_key_group(candidate.key_group, tag)
+                self.spill_key_group(candidate.key_group, trigger.value)
                 if action == "spill"
-                else self.load_key_group(candidate.key_group, tag)
+                else self.load_key_group(candidate.key_group, trigger.value)
             )
             if ok:
                 moved.append(candidate.key_group)
                 scores.append(round(score, 3))
                 heap_bytes += candidate.size
-            else:
+            elif action == "spill":
                 failed.append(candidate.key_group)
                 break  # no space now: the next ones would fail the same way
         seconds = time.perf_counter() - started
-        if self.monitor is not None:
-            if action == "spill":
-                self.monitor.note_spill(heap_bytes)
-            else:
-                self.monitor.note_load(heap_bytes)
-        decision = Decision(action, reason, moved, scores, heap_bytes, seconds, failed)
+        if not noted:
+            self._note(action, heap_bytes)
+        decision = Decision(
+            action, reason, moved, scores, heap_bytes, seconds, failed, trigger=trigger,
+            manager=self,
+        )  # fmt: skip
         self.decisions.append(decision)
         self._update_metrics()
         self._log(decision, {c.key_group: c for c, _ in chosen})
@@ -485,19 +535,22 @@ class SpillManager:
 
     def close(self, *, load_back: bool = True) -> None:
         """Stop managing: load spilled key groups back (unless the backend is being dropped),
-        then delete this manager's spill files."""
+        then free this backend's spill space and leave the governor (and its accounting)."""
         if self.closed:
             return
-        if load_back:
-            for slot in list(self.spilled):
-                self.load_key_group(self._first + slot, reason="close")
-        self.closed = True
-        self.backend.count_hits(None)
-        if self.monitor is not None:
-            self.monitor.close()
-        self.storage.close()
-        self.accounting.heap_bytes = [0] * self.accounting.slots
-        self.accounting.spilled_bytes = [0] * self.accounting.slots
-        self.spilled = {}
-        self.accounting.slots = 0
-        self._update_metrics()
+        with self.in_use:
+            if load_back:
+                for slot in list(self.spilled):
+                    self.load_key_group(self._first + slot, reason=Trigger.CLOSE.value)
+            for maps in self.spilled.values():
+                for spilled in maps.values():
+                    spilled.release()
+            self.closed = True
+            self._posted, self._posted_slots = [], set()
+            self.backend.count_hits(None)
+            self.accounting.heap_bytes = [0] * self.accounting.slots
+            self.accounting.spilled_bytes = [0] * self.accounting.slots
+            self.spilled = {}
+            self.accounting.slots = 0
+            self._update_metrics()
+        self.governor.unregister(self)

@@ -5,7 +5,10 @@ FLIP-50 watches the JVM heap and GC pauses; the Python equivalents are:
 - **Budget**: ``memory.budget`` if set, else the container's limit (cgroup v2 ``memory.max``,
   cgroup v1 ``memory.limit_in_bytes``; "max" or the v1 "unlimited" value mean none), else the
   machine's physical memory.
-- **Usage**: anonymous RSS minus a *credit* for memory freed by spills. Why not RSS alone:
+- **Usage**: anonymous RSS, less the runtime's own memory (the *allowance*: what the process
+  held when its governor started, before any state; so the budget is what the state may take
+  and the process stays within budget plus allowance), minus a *credit* for memory freed by
+  spills. Why not RSS alone:
   CPython rarely returns freed memory to the OS (pymalloc keeps its arenas), so after a spill RSS
   stays flat although the memory is free for reuse; the monitor would keep spilling until
   nothing is left. So a spill adds the heap bytes it freed to the credit, and the credit is used
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import gc
 import os
 import threading
@@ -38,7 +42,14 @@ from typing import Any
 
 from statetier.backend.spill import metrics
 
-__all__ = ["GcPauseTracker", "MemoryMonitor", "MonitorSettings", "Verdict", "resolve_budget"]
+__all__ = [
+    "GcPauseTracker",
+    "MemoryMonitor",
+    "MonitorSettings",
+    "Trigger",
+    "Verdict",
+    "resolve_budget",
+]
 
 _V1_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
 # Spill when the predicted pause passes GC_EARLY of the threshold (the heap grows between two
@@ -141,6 +152,21 @@ class MonitorSettings:
     gc_pause_threshold: float = 0.0
     gc_window: float = 60.0
     check_interval: float = 1.0
+    # the runtime's own memory (interpreter, libraries) before any state: measured by the
+    # process's governor when it starts; RSS beyond it is what the budget is for
+    allowance: int = 0
+
+
+class Trigger(enum.Enum):
+    """Why key groups moved (a metric label and a log field; never parsed from text)."""
+
+    MEMORY = "memory"  # usage above spill.threshold of the budget
+    GC = "gc"  # gen-2 pauses (seen, or predicted) above spill.gc-pause-threshold
+    LOAD_BACK = "load-back"  # usage below spill.load-threshold: hot key groups come back
+    FORCED = "forced"  # a caller asked (tests, tools)
+    CLOSE = "close"
+    DISK_FULL = "disk-full"
+    ERROR = "error"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +179,7 @@ class Verdict:
     amount: int = 0
     used: int = 0
     rss: int = 0
+    trigger: Trigger = Trigger.MEMORY
 
 
 def _mib(value: float) -> str:
@@ -223,7 +250,7 @@ class MemoryMonitor:
         credit = self.credit - max(0, self._last_rss - rss) - max(0, heap_state - self._last_heap)
         self.credit = max(0, credit)
         self._last_rss, self._last_heap = rss, heap_state
-        used = rss - self.credit
+        used = rss - self.credit - s.allowance
         if s.gc_pause_threshold > 0 and heap_state > 0:
             verdict = self._gc_verdict(now, heap_state, used, rss)
             if verdict is not None:
@@ -234,10 +261,12 @@ class MemoryMonitor:
             return Verdict(
                 "spill",
                 f"memory {_mib(used)} > spill threshold {_mib(spill_at)} "
-                f"({s.spill_threshold:.0%} of {_mib(s.budget)} budget from {s.budget_source})",
+                f"({s.spill_threshold:.0%} of {_mib(s.budget)} budget from {s.budget_source}"
+                f"{self._allowance_note()})",
                 amount,
                 used,
                 rss,
+                Trigger.MEMORY,
             )
         load_below = s.load_threshold * s.budget
         if used < load_below and spilled_state > 0:
@@ -253,8 +282,13 @@ class MemoryMonitor:
                     room,
                     used,
                     rss,
+                    Trigger.LOAD_BACK,
                 )
         return Verdict("none", "", 0, used, rss)
+
+    def _allowance_note(self) -> str:
+        allowance = self.settings.allowance
+        return f"; RSS less a runtime allowance of {_mib(allowance)}" if allowance else ""
 
     def _gc_verdict(self, now: float, heap_state: int, used: int, rss: int) -> Verdict | None:
         s = self.settings
@@ -281,10 +315,4 @@ class MemoryMonitor:
                 f"predicted gen-2 GC pause {predicted * 1000:.0f}ms at {_mib(heap_state)} heap"
                 f" > {GC_EARLY:.0%} of threshold {threshold * 1000:.0f}ms"
             )
-        return Verdict(
-            "spill",
-            why,
-            min(amount, heap_state),
-            used,
-            rss,
-        )
+        return Verdict("spill", why, min(amount, heap_state), used, rss, Trigger.GC)

@@ -33,11 +33,14 @@ __all__ = ["Candidate", "choose_load", "choose_spill", "load_scores", "spill_sco
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """A key group as the policy sees it: heap bytes it holds (or would hold), requests/s."""
+    """A key group as the policy sees it: heap bytes it holds (or would hold), requests/s, and
+    which of the process's backends holds it (``owner``: key groups of different pipelines share
+    numbers)."""
 
     key_group: int
     size: int
     rate: float
+    owner: int = 0
 
 
 def _normalized(candidates: Sequence[Candidate]) -> list[tuple[Candidate, float, float]]:
@@ -56,7 +59,7 @@ def spill_scores(
         (c, size_weight * size + (1 - size_weight) * (1 - rate))
         for c, size, rate in _normalized(candidates)
     ]
-    return sorted(scored, key=lambda pair: (-pair[1], pair[0].key_group))
+    return sorted(scored, key=lambda pair: (-pair[1], pair[0].owner, pair[0].key_group))
 
 
 def load_scores(
@@ -67,7 +70,7 @@ def load_scores(
         (c, size_weight * (1 - size) + (1 - size_weight) * rate)
         for c, size, rate in _normalized(candidates)
     ]
-    return sorted(scored, key=lambda pair: (-pair[1], pair[0].key_group))
+    return sorted(scored, key=lambda pair: (-pair[1], pair[0].owner, pair[0].key_group))
 
 
 def choose_spill(

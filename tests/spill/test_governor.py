@@ -1,0 +1,161 @@
+"""One memory governor per process: it weighs the key groups of every backend it hosts.
+
+The RSS is the test's (the OS boundary); backends, managers, storage, policy and moves are real.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from statetier.backend.descriptors import ValueStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import assign_to_key_group, key_group_range_for_operator
+from statetier.backend.spill import SpillManager, SpillStorage
+from statetier.backend.spill.governor import MemoryGovernor
+from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, Trigger
+
+from tests.spill.test_monitor_policy import FakeRss
+
+MiB = 1 << 20
+MAX_PARALLELISM = 64
+COUNT = ValueStateDescriptor[int]("count")
+
+
+def ranges(governor: MemoryGovernor, n: int) -> list[tuple[KeyedStateBackend, SpillManager]]:
+    """``n`` backends of one pipeline (ranges 0..n-1), each managed under ``governor``."""
+    out = []
+    for index in range(n):
+        kgs = key_group_range_for_operator(MAX_PARALLELISM, n, index)
+        backend = KeyedStateBackend(kgs, MAX_PARALLELISM)
+        out.append((backend, SpillManager(backend, governor=governor)))
+    return out
+
+
+def kg_of(key: str) -> int:
+    return assign_to_key_group(key, MAX_PARALLELISM)
+
+
+def fill(backend: KeyedStateBackend, keys: int, prefix: str) -> None:
+    count = backend.get_state(COUNT)
+    for n in range(keys):
+        key = f"{prefix}{n}"
+        if kg_of(key) in backend.key_groups:
+            backend.set_current_key(key)
+            count.update(n)
+
+
+def governor_with(tmp_path: Path, rss: FakeRss) -> MemoryGovernor:
+    monitor = MemoryMonitor(
+        MonitorSettings(budget=1000 * MiB, budget_source="test", check_interval=0.0), rss=rss
+    )
+    return MemoryGovernor(SpillStorage([str(tmp_path)], 1 << 20), monitor)
+
+
+def test_one_check_ranks_the_key_groups_of_every_range_by_coldness(tmp_path: Path) -> None:
+    rss = FakeRss(100 * MiB)
+    governor = governor_with(tmp_path, rss)
+    hosted = ranges(governor, 8)
+    for backend, _ in hosted:
+        fill(backend, 4000, "w")
+    # the first half of every range's key groups is read a lot: those must stay on heap
+    hot: set[tuple[int, int]] = set()
+    for i, (backend, _) in enumerate(hosted):
+        count = backend.get_state(COUNT)
+        kgs = list(backend.key_groups)[: len(backend.key_groups) // 2]
+        for n in range(4000):
+            key = f"w{n}"
+            if kg_of(key) in kgs:
+                hot.add((i, kg_of(key)))
+                for _ in range(20):
+                    backend.set_current_key(key)
+                    count.value()
+    managers = [m for _, m in hosted]
+    for manager in managers:
+        manager.refresh_accounting()
+    heap = sum(m.accounting.total_heap() for m in managers)
+    rss.value = 500 * MiB + heap // 2  # half the state over the spill threshold
+    decision = managers[0].check()
+    assert decision is not None and decision.trigger is Trigger.MEMORY
+    spilled = {(i, kg) for i, m in enumerate(managers) for kg in m.spilled_key_groups()}
+    assert {i for i, _ in spilled} == set(range(8))  # from every range, not the caller's only
+    assert not spilled & hot  # the cold ones, across ranges
+    freed = sum(d.heap_bytes for m in managers for d in m.decisions)
+    assert heap // 2 <= freed < heap  # one check covered the whole process's excess
+    for i, (backend, _) in enumerate(hosted):  # nothing lost
+        count = backend.get_state(COUNT)
+        for n in range(4000):
+            if kg_of(f"w{n}") in backend.key_groups:
+                backend.set_current_key(f"w{n}")
+                assert count.value() == n, (i, n)
+    for manager in managers:
+        manager.close(load_back=False)
+    assert governor.closed and not list(tmp_path.iterdir())  # the last one out cleaned up
+
+
+def test_a_busy_range_carries_out_its_moves_on_its_own_thread(tmp_path: Path) -> None:
+    rss = FakeRss(100 * MiB)
+    governor = governor_with(tmp_path, rss)
+    (idle, idle_manager), (busy, busy_manager) = ranges(governor, 2)
+    fill(idle, 3000, "w")
+    fill(busy, 3000, "w")
+    holding, release = threading.Event(), threading.Event()
+
+    def use_busy() -> None:  # a task processing the busy range
+        with busy_manager.in_use:
+            holding.set()
+            release.wait(10)
+
+    task = threading.Thread(target=use_busy)
+    task.start()
+    holding.wait(10)
+    for manager in (idle_manager, busy_manager):
+        manager.refresh_accounting()
+    total = idle_manager.accounting.total_heap() + busy_manager.accounting.total_heap()
+    rss.value = 500 * MiB + total * 9 // 10  # everything must go
+    governor.check(idle_manager)
+    assert idle_manager.spilled_key_groups()  # moved at once: its caller holds it
+    assert not busy_manager.spilled_key_groups()  # never touched while in use ...
+    assert busy_manager.pending_heap() > 0  # ... its share is posted
+    release.set()
+    task.join()
+    with busy_manager.in_use:  # its next record check, on its own thread
+        busy_manager._poll()
+    assert busy_manager.spilled_key_groups()
+    assert busy_manager.pending_heap() == 0
+    for manager in (idle_manager, busy_manager):
+        manager.close(load_back=False)
+
+
+def test_a_range_that_leaves_frees_its_spill_space_and_its_share(tmp_path: Path) -> None:
+    governor = governor_with(tmp_path, FakeRss(100 * MiB))
+    (first, first_manager), (second, second_manager) = ranges(governor, 2)
+    fill(first, 2000, "w")
+    fill(second, 2000, "w")
+    for kg in first.key_groups:
+        first_manager.spill_key_group(kg)
+    for kg in second.key_groups:
+        second_manager.spill_key_group(kg)
+    used = governor.storage.used_bytes()
+    first_manager.close(load_back=False)
+    assert governor.managers == [second_manager]
+    assert governor.storage.used_bytes() < used * 3 // 4  # the first range's regions are free
+    assert not governor.closed
+    second_manager.close(load_back=False)
+    assert governor.closed
+
+
+def test_the_process_has_one_governor_per_spill_configuration(tmp_path: Path) -> None:
+    from statetier.backend.config import load_config
+
+    config = load_config({"spill.enabled": True, "spill.dirs": str(tmp_path)}, env={})
+    a = KeyedStateBackend(key_group_range_for_operator(64, 2, 0), 64)
+    b = KeyedStateBackend(key_group_range_for_operator(64, 2, 1), 64)
+    first, second = SpillManager.from_config(a, config), SpillManager.from_config(b, config)
+    assert first.governor is second.governor
+    assert first.storage is second.storage and first.monitor is second.monitor
+    first.close()
+    second.close()
+    third = SpillManager.from_config(a, config)
+    assert third.governor is not first.governor  # the old one closed with its last member
+    third.close()
