@@ -29,6 +29,7 @@ from statetier.backend.keygroups import (
     KeyGroupRange,
     _xxh64,
     assign_to_key_group,
+    check_key,
     check_parallelism,
 )
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
@@ -195,6 +196,7 @@ class KeyedStateBackend:
             h = _xxh64(key.encode("utf-8"), SEED)
             key_group = (h if h <= _I64_MAX else h - _U64) % self.max_parallelism
         else:
+            check_key(key)
             key_group = assign_to_key_group(key, self.max_parallelism)
         slot = key_group - self._first
         if not 0 <= slot < self._slots:

@@ -16,6 +16,7 @@ from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.keygroups import (
     assign_to_key_group,
+    check_key,
     compute_default_max_parallelism,
     operator_index_for_key_group,
 )
@@ -114,6 +115,7 @@ class LocalRunner:
             key = record[0]
             index = owner.get(key)
             if index is None:
+                check_key(key)
                 kg = assign_to_key_group(key, max_p)
                 index = owner[key] = operator_index_for_key_group(max_p, p, kg)
             parts[index].append(record)

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
 
 from statetier.backend import metrics as backend_metrics
@@ -33,7 +32,7 @@ from statetier.backend.snapshot.compaction import (
 from statetier.backend.snapshot.fencing import FencedError
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
-from statetier.backend.snapshot.store import SnapshotStore, WriterLease
+from statetier.backend.snapshot.store import SnapshotStore, WriterLease, state_dir
 from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
@@ -195,8 +194,9 @@ class Checkpointer:
                 continue
             if not needs_compaction(chain, self.settings.delta_trigger, self.settings.size_ratio):
                 continue
-            state_dir = urllib.parse.quote(chain.state, safe="")
-            output_dir = f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir}"
+            output_dir = (
+                f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir(chain.state)}"
+            )
             request = make_request(
                 self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
             )
