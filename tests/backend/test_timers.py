@@ -302,6 +302,19 @@ def test_timers_restore_at_another_parallelism_and_fire_once(tmp_path: Path) -> 
         restored.close()
 
 
+def test_run_epoch_fires_the_watermarks_timers_before_its_records_and_late_ones_after(
+    tmp_path: Path,
+) -> None:
+    """Flink fires the timers a watermark makes due when the watermark arrives, before the
+    records after it; an epoch's records arrived after its watermark. A timer the records set
+    at or before that watermark fires at the end of the same epoch."""
+    runner = _timer_runner(f"file://{tmp_path}", 1, ManualClock(0))
+    runner.run_epoch([("k", ("note", "old")), ("k", ("event", 10))])
+    fired = runner.run_epoch([("k", ("note", "new")), ("k", ("event", 5))], watermark=10)
+    assert fired == [("event-time", 10, "k", "old"), ("event-time", 5, "k", "new")]
+    runner.close()
+
+
 def test_fired_timers_are_gone_after_the_next_checkpoint(tmp_path: Path) -> None:
     """A timer fired in an epoch is removed from state in that epoch: a restore from that
     epoch's checkpoint does not fire it again (incremental snapshots carry the removal)."""

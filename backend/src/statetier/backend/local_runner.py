@@ -1,11 +1,12 @@
 """Runs a keyed function on several operator instances in one process, epoch by epoch.
 
 This is the reference runtime: the demo, the docs and many tests use it, and the Spark
-integration does the same steps across executors. Each epoch sets the epoch's time (watermark,
-processing time from the runner's clock), routes records to the instance that owns their key
-group, processes them, fires the timers due, snapshots every instance and commits the epoch's
-manifest; then the functions hear that the epoch is committed (or aborted). A runner started on
-a store with committed epochs resumes from the latest, at any parallelism.
+integration does the same steps across executors. Each epoch moves to the epoch's time
+(watermark, processing time from the runner's clock) and fires the timers due, routes records to
+the instance that owns their key group, processes them, fires the timers they set for a time
+already reached, snapshots every instance and commits the epoch's manifest; then the functions
+hear that the epoch is committed (or aborted). A runner started on a store with committed epochs
+resumes from the latest, at any parallelism.
 
 Checkpoint notifications are delivered on the caller's thread, never on the committer's: after
 ``checkpoint()`` returns, and for ``checkpoint_async()`` at the runner's next call once the
@@ -214,10 +215,11 @@ class LocalRunner:
     def run_epoch(
         self, records: Iterable[tuple[Any, Any]], watermark: int | None = None
     ) -> list[Any]:
-        """One epoch, as a Spark micro-batch: set the epoch's time (``watermark``, the clock's
-        processing time), process the records, fire the timers due, commit; the output."""
-        self.set_time(watermark)
-        out = self.process(records)
+        """One epoch, as a Spark micro-batch: move to the epoch's time (``watermark``, the
+        clock's processing time) and fire the timers it makes due, process the records, fire
+        the timers they set at or before that time, commit; the output."""
+        out = self.advance_time(watermark)
+        out.extend(self.process(records))
         out.extend(self.advance_time())
         self.checkpoint()
         return out

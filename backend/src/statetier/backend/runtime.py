@@ -7,12 +7,16 @@ local runner and the Spark integration share it.
 
 Per epoch (micro-batch) a runtime calls, on the thread that processes records::
 
-    instance.set_time(watermark, processing_time)   # the epoch's time, before its records
-    out = instance.process(records)                 # the epoch's records
-    out += instance.advance_time()                  # timers due at that time fire
+    out = instance.advance_time(watermark, processing_time)  # the epoch's time: due timers fire
+    out += instance.process(records)                # the epoch's records
+    out += instance.advance_time()                  # timers the records set at or before it
     instance.snapshot(epoch) / writer.prepare(...)  # timers are keyed state: in the snapshot
     ... commit the manifest ...
     instance.notify_checkpoint_complete(epoch)      # or notify_checkpoint_aborted(epoch)
+
+The epoch's watermark comes from earlier epochs' data, so its records arrived after it: as in
+Flink, the timers it makes due fire before them. ``set_time`` moves time without firing, for a
+host that wants Spark's ``transformWithState`` order (records first, then expired timers).
 
 ``end_of_input()`` fires every event-time timer (a batch run's last watermark).
 """
