@@ -440,3 +440,30 @@ def test_sessionization_emits_every_session_once_across_a_restart(tmp_path: Path
     out.extend(runner.end_of_input())
     runner.close()
     assert sorted(out) == sessions_oracle(events)
+
+
+def test_a_key_group_function_sets_timers_and_gets_on_timer_rows() -> None:
+    """The per-key-group form (what the Spark state host runs) uses the same service: it makes
+    a key current itself, and OperatorInstance.advance_time calls its on_timer."""
+    pa = pytest.importorskip("pyarrow")
+    from statetier.backend.spark.functions import KeyGroupFunction
+
+    class LastClick(KeyGroupFunction):
+        def open(self, context: RuntimeContext) -> None:
+            self.last = context.get_state(ValueStateDescriptor[int]("last"))
+
+        def process_key_group(self, key_group: int, records: Any, context: RuntimeContext) -> None:
+            users, stamps = records["user"].to_pylist(), records["ts"].to_pylist()
+            for user, ts in zip(users, stamps, strict=True):
+                context.keyed_state.set_current_key(user)
+                self.last.update(ts)
+                context.timer_service.register_event_time_timer(ts + 100)
+
+        def on_timer(self, timestamp: int, key: str, context: RuntimeContext) -> list[Any]:
+            return [(key, self.last.value(), timestamp)]
+
+    inst = OperatorInstance(LastClick, 0, 1, 16)  # type: ignore[arg-type]  # as the host does
+    table = pa.table({"user": ["u1", "u2", "u1"], "ts": [10, 20, 50]})
+    inst.function.process_key_group(0, table, inst.context)  # type: ignore[attr-defined]
+    assert inst.advance_time(watermark=149) == [("u1", 50, 110), ("u2", 20, 120)]
+    assert inst.advance_time(watermark=150) == [("u1", 50, 150)]
