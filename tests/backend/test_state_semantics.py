@@ -349,7 +349,10 @@ def test_duplicate_name_with_other_ttl_is_refused() -> None:
     b.get_state(ValueStateDescriptor[int]("v", ttl=StateTtlConfig(1000)))  # equal: fine
 
 
-ODD_NAMES = ["", " x", "x ", "a/b", ".", "..", "../up", "~7e", "%2F", "名前", "a\nb", "_timer"]
+ODD_NAMES = [
+    *["", " x", "x ", "a/b", ".", "..", "../up", "~7e", "%2F", "名前", "a\nb", "_timer"],
+    *["n" * 1000, "名" * 100],  # longer than a file name may be
+]
 
 
 @pytest.mark.parametrize("name", ODD_NAMES)
@@ -378,10 +381,10 @@ def test_any_string_is_a_state_name(name: str, tmp_path: Any) -> None:
 
 
 def test_state_dirs_of_different_names_differ() -> None:
-    names = [*ODD_NAMES, "~", "~2e", "%7E", "x", "X", "...", "~2e2e"]
+    names = [*ODD_NAMES, "~", "~2e", "%7E", "x", "X", "...", "~2e2e", "n" * 1001, "n" * 200]
     dirs = [state_dir(name) for name in names]
     assert len(set(dirs)) == len(names)
-    assert all("/" not in d and d.strip(".") for d in dirs)
+    assert all("/" not in d and d.strip(".") and len(d) <= 200 for d in dirs)
 
 
 def test_a_state_name_must_be_a_string() -> None:

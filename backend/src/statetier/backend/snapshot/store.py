@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ __all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole", "stat
 _MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
 _EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
 LEASE_NAME = "writer.json"
+MAX_STATE_DIR = 200  # characters of a state's directory segment before it is hashed
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,7 +99,10 @@ def state_dir(state: str) -> str:
     """
     quoted = urllib.parse.quote(state, safe="")
     if not quoted.strip(".") or "/" in state or state.startswith("~"):
-        return "~" + state.encode("utf-8", "surrogatepass").hex()
+        quoted = "~" + state.encode("utf-8", "surrogatepass").hex()
+    if len(quoted) > MAX_STATE_DIR:  # file systems limit a name to 255 bytes
+        digest = hashlib.sha256(state.encode("utf-8", "surrogatepass")).hexdigest()
+        return "~~" + digest  # "~" + hex never has a second "~"
     return quoted
 
 
