@@ -74,9 +74,13 @@ def oracle(events: list[tuple[str, int]]) -> list[Session]:
 
 
 def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="statetier-sessions-") as checkpoints:
+        return run(f"file://{checkpoints}")
+
+
+def run(uri: str) -> int:
     events = clicks()
     batches = [events[i : i + 8] for i in range(0, len(events), 8)]
-    uri = "file://" + tempfile.mkdtemp(prefix="statetier-sessions-")
     out: list[Any] = []
     runner = LocalRunner(Sessions, parallelism=2, checkpoint_uri=uri)
     seen = 0
