@@ -363,6 +363,17 @@ def test_default_max_parallelism_matches_flink_everywhere() -> None:
         compute_default_max_parallelism(0)
 
 
+@pytest.mark.parametrize("parallelism", [32769, 40000, 1 << 20])
+def test_a_parallelism_above_32768_is_refused_not_clamped(parallelism: int) -> None:
+    """Flink's KeyGroupRangeAssignment caps the max parallelism at 32768 (UPPER_BOUND) and
+    checks 1 <= parallelism <= max parallelism: a larger parallelism is an error, never a
+    silently smaller max parallelism."""
+    with pytest.raises(ValueError, match=rf"parallelism {parallelism} is above .*32768"):
+        compute_default_max_parallelism(parallelism)
+    with pytest.raises(ValueError, match=r"parallelism must be in 1\.\.max parallelism"):
+        key_group_range_for_operator(32768, parallelism, 0)
+
+
 # --------------------------------------------------------------------------- Spark SQL form
 
 

@@ -50,7 +50,7 @@ from statetier.backend.snapshot import (
 
 MAX_PARALLELISM = 16
 TTL_MS = 100
-KEYS: list[Any] = ["a", 7, ("t", 1), None]
+KEYS: list[Any] = ["a", 7, ("t", 1), (None, 2)]  # a bare None key is refused (Flink too)
 USER_KEYS: list[Any] = ["x", 3, ("u", 1)]
 KINDS = ("value", "list", "reducing", "aggregating", "map")
 
@@ -138,9 +138,11 @@ class Model:
             self.data[key] = (value, self.now)
         return value
 
-    def live_single(self, key: Any) -> Any:
+    def foldable_single(self, key: Any) -> Any:
+        """What an add folds into: Flink's getUnexpired (an expired value only when expired
+        values are returned)."""
         stored = self.data.get(key)
-        if stored is None or self.expired(stored[1]):
+        if stored is None or (self.expired(stored[1]) and not self.return_expired):
             return None
         return stored[0]
 
@@ -389,7 +391,7 @@ class KeyedStateMachine(RuleBasedStateMachine):
     def reducing_add(self, name: str, key: Any, dt: int, value: str) -> None:
         self.handle(name, key, dt).add(value)
         model = self.models[name]
-        current = model.live_single(key)
+        current = model.foldable_single(key)
         model.write_single(key, value if current is None else concat(current, value))
 
     @precondition(lambda self: self.focus in ("aggregating", "all"))
@@ -397,7 +399,7 @@ class KeyedStateMachine(RuleBasedStateMachine):
     def aggregating_add(self, name: str, key: Any, dt: int, value: int) -> None:
         self.handle(name, key, dt).add(value)
         model = self.models[name]
-        acc = model.live_single(key) or MeanText().create_accumulator()
+        acc = model.foldable_single(key) or MeanText().create_accumulator()
         model.write_single(key, MeanText().add(value, acc))
 
     @precondition(lambda self: self.focus in ("reducing", "aggregating", "all"))
@@ -510,8 +512,41 @@ TestKeyedStateAgainstModel.settings = SETTINGS
 # --------------------------------------------------------------------------- operator state
 
 
+def flink_round_robin(totals: dict[str, int], parallelism: int) -> dict[str, list[tuple[int, int]]]:
+    """Flink's RoundRobinOperatorStateRepartitioner.repartitionSplitState, step by step: per
+    state, (start, count) of each instance's part of the concatenated elements."""
+    result: dict[str, list[tuple[int, int]]] = {}
+    start_parallel_op = 0
+    for name in sorted(totals):
+        base_fraction, remainder = divmod(totals[name], parallelism)
+        new_start_parallel_op = start_parallel_op
+        parts = [(0, 0)] * parallelism
+        taken = 0
+        for i in range(parallelism):
+            parallel_op_idx = (i + start_parallel_op) % parallelism
+            number_to_assign = base_fraction
+            if remainder > 0:
+                number_to_assign += 1
+                remainder -= 1
+            elif remainder == 0:
+                new_start_parallel_op = parallel_op_idx
+                remainder -= 1
+            parts[parallel_op_idx] = (taken, number_to_assign)
+            taken += number_to_assign
+        start_parallel_op = new_start_parallel_op
+        result[name] = parts
+    return result
+
+
+SPLIT_NAMES = ("split", "split2")
+
+
 class OperatorStateMachine(RuleBasedStateMachine):
-    """Operator list state: even-split and union lists across rescales, against plain lists."""
+    """Operator list state: even-split and union lists across rescales, against plain lists.
+
+    The model follows Flink: at an unchanged parallelism every instance keeps its own lists;
+    otherwise even-split states are cut by Flink's round-robin repartitioning.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -519,63 +554,68 @@ class OperatorStateMachine(RuleBasedStateMachine):
         self.store = SnapshotStore(self.uri)
         self.epoch = 0
         self.instances = [OperatorStateBackend(0, 1)]
-        self.split: list[list[int]] = [[]]
+        self.split: dict[str, list[list[int]]] = {name: [[]] for name in SPLIT_NAMES}
         self.union: list[list[int]] = [[]]
 
-    def _lists(self, i: int) -> tuple[Any, Any]:
-        ops = self.instances[i]
-        return (
-            ops.get_list_state(ListStateDescriptor[int]("split")),
-            ops.get_union_list_state(ListStateDescriptor[int]("union")),
-        )
+    def _split(self, i: int, name: str) -> Any:
+        return self.instances[i].get_list_state(ListStateDescriptor[int](name))
+
+    def _union(self, i: int) -> Any:
+        return self.instances[i].get_union_list_state(ListStateDescriptor[int]("union"))
 
     def teardown(self) -> None:
         fs, root = fsspec.core.url_to_fs(self.uri)
         if fs.exists(root):
             fs.rm(root, recursive=True)
 
-    @rule(data=st.data(), values=st.lists(small_ints, max_size=4), union=st.booleans())
-    def add(self, data: st.DataObject, values: list[int], union: bool) -> None:
+    @rule(
+        data=st.data(),
+        values=st.lists(small_ints, max_size=4),
+        into=st.sampled_from([*SPLIT_NAMES, "union"]),
+    )
+    def add(self, data: st.DataObject, values: list[int], into: str) -> None:
         i = data.draw(st.integers(0, len(self.instances) - 1))
-        split_state, union_state = self._lists(i)
-        if union:
-            union_state.add_all(values)
+        if into == "union":
+            self._union(i).add_all(values)
             self.union[i].extend(values)
         else:
-            split_state.add_all(values)
-            self.split[i].extend(values)
+            self._split(i, into).add_all(values)
+            self.split[into][i].extend(values)
 
-    @rule(data=st.data())
-    def clear(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), name=st.sampled_from(SPLIT_NAMES))
+    def clear(self, data: st.DataObject, name: str) -> None:
         i = data.draw(st.integers(0, len(self.instances) - 1))
-        split_state, _ = self._lists(i)
-        split_state.clear()
-        self.split[i] = []
+        self._split(i, name).clear()
+        self.split[name][i] = []
 
     @rule(parallelism=st.integers(min_value=1, max_value=6))
     def rescale(self, parallelism: int) -> None:
         self.epoch += 1
         subtasks = [snapshot_subtask(self.store, self.epoch, None, ops) for ops in self.instances]
         commit_snapshot(self.store, self.epoch, subtasks)
-        all_split = [x for part in self.split for x in part]
         all_union = [x for part in self.union for x in part]
+        if parallelism != len(self.instances):
+            concatenated = {
+                name: [x for p in lists for x in p] for name, lists in self.split.items()
+            }
+            parts = flink_round_robin({n: len(c) for n, c in concatenated.items()}, parallelism)
+            self.split = {
+                name: [concatenated[name][start : start + n] for start, n in parts[name]]
+                for name in SPLIT_NAMES
+            }
         self.instances = []
         for i in range(parallelism):
             ops = OperatorStateBackend(i, parallelism)
             restore_operator_state(self.store, ops)
             self.instances.append(ops)
-        n = len(all_split)
-        self.split = [
-            all_split[i * n // parallelism : (i + 1) * n // parallelism] for i in range(parallelism)
-        ]
         self.union = [list(all_union) for _ in range(parallelism)]
 
     @invariant()
     def lists_match(self) -> None:
         for i in range(len(self.instances)):
-            split_state, union_state = self._lists(i)
-            assert split_state.get() == self.split[i]
-            assert union_state.get() == self.union[i]
+            for name in SPLIT_NAMES:
+                assert self._split(i, name).get() == self.split[name][i]
+            assert self._union(i).get() == self.union[i]
 
 
 TestOperatorStateAgainstModel = OperatorStateMachine.TestCase

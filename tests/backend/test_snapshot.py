@@ -100,7 +100,7 @@ KEYS: list[Any] = [
     ("user", 1),
     ("user", 2, b"x"),
     (),
-    None,
+    (None,),  # a bare None key is refused; a None field is fine
     "",
 ]
 
@@ -664,6 +664,68 @@ def test_operator_state_even_split_and_union(store: SnapshotStore, target: int) 
     assert max(sizes) - min(sizes) <= 1
     if target == 4:
         assert split == parts  # same parallelism: every instance gets its own back
+
+
+def _split_snapshot(store: SnapshotStore, lists: dict[str, list[list[int]]]) -> None:
+    """Commit even-split lists: state name -> the list of each instance."""
+    parallelism = len(next(iter(lists.values())))
+    subtasks = []
+    for i in range(parallelism):
+        ops = OperatorStateBackend(i, parallelism)
+        for name, per_instance in lists.items():
+            ops.get_list_state(ListStateDescriptor[int](name)).add_all(per_instance[i])
+        subtasks.append(snapshot_subtask(store, 1, None, ops))
+    commit_snapshot(store, 1, subtasks)
+
+
+def _restored_split(
+    store: SnapshotStore, names: list[str], parallelism: int
+) -> list[list[list[int]]]:
+    """Per state of ``names``, per instance: the restored list."""
+    restored: dict[str, list[list[int]]] = {name: [] for name in names}
+    for i in range(parallelism):
+        ops = OperatorStateBackend(i, parallelism)
+        restore_operator_state(store, ops)
+        for name in names:
+            restored[name].append(ops.get_list_state(ListStateDescriptor[int](name)).get())
+    return [restored[name] for name in names]
+
+
+def test_even_split_at_the_same_parallelism_gives_each_instance_its_own_lists(
+    store: SnapshotStore,
+) -> None:
+    """Flink's RoundRobinOperatorStateRepartitioner returns the previous assignment when the
+    parallelism is unchanged: a recovery moves no element (no source offset changes owner),
+    even when the lists are of very different lengths."""
+    offsets = [[1, 2, 3, 4, 5], [], [6]]
+    _split_snapshot(store, {"offsets": offsets})
+    assert _restored_split(store, ["offsets"], 3) == [offsets]
+
+
+def test_even_split_rescale_gives_the_remainder_to_the_first_and_rotates_it(
+    store: SnapshotStore,
+) -> None:
+    """Flink's repartitioning on a parallelism change: per state, contiguous parts of
+    total // p elements; the total % p longer parts go to the first instances of a rotation
+    that starts, for the next state (in name order), where the longer parts ended."""
+    a = [[0, 1, 2, 3, 4, 5, 6]]  # 7 elements to 3 instances: 3, 2, 2 from instance 0
+    b = [[10, 11, 12, 13, 14, 15, 16]]  # the next state starts at instance 1: 3, 2, 2
+    c = [[20, 21, 22, 23]]  # then at instance 2: 2 (instance 2), 1, 1
+    _split_snapshot(store, {"a": a, "b": b, "c": c})
+    got_a, got_b, got_c = _restored_split(store, ["a", "b", "c"], 3)
+    assert got_a == [[0, 1, 2], [3, 4], [5, 6]]
+    assert got_b == [[15, 16], [10, 11, 12], [13, 14]]
+    assert got_c == [[22], [23], [20, 21]]
+    totals = [sum(len(lists[i]) for lists in (got_a, got_b, got_c)) for i in range(3)]
+    assert totals == [6, 6, 6]  # the rotation keeps the instances' totals within one
+
+
+def test_even_split_rescale_of_a_single_state_favours_the_first_instances(
+    store: SnapshotStore,
+) -> None:
+    _split_snapshot(store, {"s": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]})
+    (got,) = _restored_split(store, ["s"], 4)
+    assert got == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10]]
 
 
 def test_operator_state_registration_errors(store: SnapshotStore) -> None:

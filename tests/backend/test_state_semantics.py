@@ -17,6 +17,7 @@ from statetier.backend import (
     MapStateDescriptor,
     MsgpackSerializer,
     NoCurrentKeyError,
+    NullKeyError,
     PickleSerializer,
     RawBytesSerializer,
     ReducingStateDescriptor,
@@ -29,6 +30,13 @@ from statetier.backend import (
     register_serializer,
 )
 from statetier.backend.serializers import serializer_by_id
+from statetier.backend.snapshot import (
+    SnapshotStore,
+    commit_snapshot,
+    restore_keyed_state,
+    snapshot_subtask,
+)
+from statetier.backend.snapshot.store import state_dir
 
 P = 128
 
@@ -257,7 +265,7 @@ def test_state_is_scoped_to_the_current_key() -> None:
     m = b.get_state(MapStateDescriptor("m"))
     r = b.get_state(ReducingStateDescriptor[int]("r", reduce_function=lambda a, c: a + c))
     agg = b.get_state(AggregatingStateDescriptor("a", aggregate_function=Average()))
-    keys: list[Any] = ["a", "b", 7, b"raw", ("t", 1), None]
+    keys: list[Any] = ["a", "b", 7, b"raw", ("t", 1), ("n", None)]
     for n, key in enumerate(keys):
         b.set_current_key(key)
         v.update(f"v{n}")
@@ -341,10 +349,62 @@ def test_duplicate_name_with_other_ttl_is_refused() -> None:
     b.get_state(ValueStateDescriptor[int]("v", ttl=StateTtlConfig(1000)))  # equal: fine
 
 
-@pytest.mark.parametrize("name", ["", " x", "x ", "a/b"])
-def test_bad_state_names(name: str) -> None:
-    with pytest.raises(ValueError, match="state name"):
-        ValueStateDescriptor[int](name)
+ODD_NAMES = [
+    *["", " x", "x ", "a/b", ".", "..", "../up", "~7e", "%2F", "名前", "a\nb", "_timer"],
+    *["n" * 1000, "名" * 100],  # longer than a file name may be
+]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_any_string_is_a_state_name(name: str, tmp_path: Any) -> None:
+    """Flink's StateDescriptor only requires a name (checkNotNull); uniqueness is the one rule.
+    Every such name checkpoints into its own files and restores."""
+    b = full_backend()
+    v = b.get_state(ValueStateDescriptor[int](name))
+    other = b.get_state(ValueStateDescriptor[int](name + "!"))
+    b.set_current_key("k")
+    v.update(1)
+    other.update(2)
+    store = SnapshotStore(f"file://{tmp_path}")
+    manifest = commit_snapshot(store, 1, [snapshot_subtask(store, 1, b)])
+    paths = [f.path for f in manifest.keyed_files]
+    assert len(set(paths)) == 2
+    for path in paths:  # every file stays inside the epoch's directory
+        segments = path.split("/")
+        assert segments[:3] == ["data", "epoch-0000000001", "w"] and len(segments) == 5
+        assert segments[3] not in ("", ".", "..")
+    restored = full_backend()
+    restore_keyed_state(store, restored)
+    restored.set_current_key("k")
+    assert restored.get_state(ValueStateDescriptor[int](name)).value() == 1
+    assert restored.get_state(ValueStateDescriptor[int](name + "!")).value() == 2
+
+
+def test_state_dirs_of_different_names_differ() -> None:
+    names = [*ODD_NAMES, "~", "~2e", "%7E", "x", "X", "...", "~2e2e", "n" * 1001, "n" * 200]
+    dirs = [state_dir(name) for name in names]
+    assert len(set(dirs)) == len(names)
+    assert all("/" not in d and d.strip(".") and len(d) <= 200 for d in dirs)
+
+
+def test_a_state_name_must_be_a_string() -> None:
+    with pytest.raises(TypeError, match="state name must be a str, got int 5"):
+        ValueStateDescriptor[int](5)  # type: ignore[arg-type]
+
+
+def test_a_none_key_is_refused_with_a_clear_error() -> None:
+    """Flink refuses a null key (KeyGroupRangeAssignment: "Assigned key must not be null!");
+    a None field inside a tuple key stays allowed (Spark's NULL in a composite key)."""
+    b = full_backend()
+    v = b.get_state(ValueStateDescriptor[int]("v"))
+    b.set_current_key("a")
+    v.update(1)
+    with pytest.raises(NullKeyError, match="key is None") as err:
+        b.set_current_key(None)
+    assert isinstance(err.value, ValueError)
+    assert b.current_key == "a" and v.value() == 1  # the previous key stays current
+    b.set_current_key(("a", None))
+    assert v.value() is None
 
 
 # --------------------------------------------------------------------------- errors

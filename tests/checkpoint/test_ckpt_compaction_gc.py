@@ -16,12 +16,12 @@ from statetier.backend.snapshot import (
     LocalCompactor,
     SnapshotStore,
 )
-from statetier.backend.snapshot.compaction import CompactionError, make_request
+from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.store import epoch_of
 from statetier.backend.snapshot.verify import verify_store
 
-from tests.checkpoint.ckpt_support import MAX_P, Location, dump_keyed, records
+from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
 
 
 def make(
@@ -147,3 +147,35 @@ def test_compactor_refuses_bad_input(location: Location) -> None:
     )
     with pytest.raises(CorruptFileError):
         compactor.compact(tampered)
+
+
+def test_maintenance_of_a_superseded_epoch_skips_compaction(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Maintenance jobs queue up behind a slow compaction when epochs are short. A job for an
+    epoch that a newer commit superseded must not compact that epoch's chains: retention, run
+    for the newer epochs meanwhile, may have deleted their files (it did, and every such job
+    logged a failed compaction with a traceback)."""
+    live = LocalRunner(
+        Accumulate,
+        1,
+        max_parallelism=MAX_P,
+        checkpoint_uri=f"file://{tmp_path}",
+        config=load_config({"checkpoint.retained": 2, "compaction.delta-trigger": 2}),
+    )
+    stale = None
+    for epoch in range(1, 7):
+        live.process(records(epoch, n=50))
+        manifest = live.checkpoint()
+        if stale is None and any(needs_compaction(c, 2, 1.0) for c in manifest.chains()):
+            stale = manifest  # due for compaction (and compacted by its own job, in time)
+        live.checkpointer.drain()  # type: ignore[union-attr]
+    assert stale is not None and stale.epoch <= 4
+    store = live.store
+    assert store is not None and store.epochs() == [5, 6]
+    assert any(not store.fs.exists(store.full_path(f.path)) for f in stale.files())
+    caplog.clear()
+    live.checkpointer._maintain(stale)  # type: ignore[union-attr]  # a job that waited too long
+    assert not [r for r in caplog.records if "maintenance" in r.getMessage()]
+    assert verify_store(store).ok
+    live.close()

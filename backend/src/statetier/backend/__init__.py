@@ -29,6 +29,7 @@ from statetier.backend.keyed_backend import (
 )
 from statetier.backend.keygroups import (
     KeyGroupRange,
+    NullKeyError,
     assign_to_key_group,
     compute_default_max_parallelism,
     key_group_range_for_operator,
@@ -85,6 +86,7 @@ __all__ = [
     "MapStateDescriptor",
     "MsgpackSerializer",
     "NoCurrentKeyError",
+    "NullKeyError",
     "OperatorStateBackend",
     "PickleSerializer",
     "RawBytesSerializer",

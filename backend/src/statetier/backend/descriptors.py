@@ -54,11 +54,13 @@ class AggregateFunction(Protocol[IN_contra, ACC, OUT_co]):
     def merge(self, a: ACC, b: ACC) -> ACC: ...
 
 
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or "/" in name or name.strip() != name:
-        raise ValueError(
-            f"state name must be a non-empty string without '/' or surrounding spaces, got {name!r}"
-        )
+def _check_name(name: object) -> None:
+    """A state name is any string: Flink only asks for a name (not null), unique per operator.
+
+    Checkpoint file names encode it (``snapshot.store.state_dir``), so no character is special.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a state name must be a str, got {type(name).__name__} {name!r}")
 
 
 @dataclasses.dataclass(eq=False)

@@ -29,6 +29,7 @@ from statetier.backend.keygroups import (
     KeyGroupRange,
     _xxh64,
     assign_to_key_group,
+    check_key,
     check_parallelism,
 )
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
@@ -54,9 +55,22 @@ from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
 from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
 
-__all__ = ["KeyGroupOutOfRangeError", "KeyedStateBackend", "StateRegistrationError"]
+__all__ = [
+    "EVENT_TIMER_STATE",
+    "PROCESSING_TIMER_STATE",
+    "KeyGroupOutOfRangeError",
+    "KeyedStateBackend",
+    "StateRegistrationError",
+]
 
 T = TypeVar("T")
+
+# The keyed states that hold timers (statetier.backend.timers), named as Flink names its timer
+# queues ("_timer_state/<domain>_<service>"). Being states, they spill, checkpoint, restore and
+# rescale with their key groups; users cannot register these two names.
+EVENT_TIMER_STATE = "_timer_state/event_user-timers"
+PROCESSING_TIMER_STATE = "_timer_state/processing_user-timers"
+RESERVED_STATE_NAMES = frozenset({EVENT_TIMER_STATE, PROCESSING_TIMER_STATE})
 
 
 class StateRegistrationError(ValueError):
@@ -195,6 +209,7 @@ class KeyedStateBackend:
             h = _xxh64(key.encode("utf-8"), SEED)
             key_group = (h if h <= _I64_MAX else h - _U64) % self.max_parallelism
         else:
+            check_key(key)
             key_group = assign_to_key_group(key, self.max_parallelism)
         slot = key_group - self._first
         if not 0 <= slot < self._slots:
@@ -233,6 +248,16 @@ class KeyedStateBackend:
 
     def get_state(self, descriptor: StateDescriptor) -> State:
         """The handle of ``descriptor``'s state, registering (and restoring) it on first use."""
+        if descriptor.name in RESERVED_STATE_NAMES:
+            raise StateRegistrationError(
+                f"state name {descriptor.name!r} is taken by statetier's timers (keyed state "
+                "too); choose another name"
+            )
+        return self.register_internal_state(descriptor)
+
+    def register_internal_state(self, descriptor: StateDescriptor) -> State:
+        """``get_state`` without the reserved-name check: for the runtime's own keyed state
+        (timers), which must spill, checkpoint and restore like user state."""
         name = descriptor.name
         existing = self.tables.get(name)
         if existing is not None:

@@ -13,7 +13,8 @@ can put every record in its key group without Python::
 
 Canonical bytes per type (the Spark column type that hashes the same in brackets):
 ``str`` UTF-8 (StringType), ``bytes`` as is (BinaryType), ``int`` 8 bytes little-endian
-(LongType: cast integer keys to bigint), ``None`` leaves the seed unchanged (NULL). Booleans are
+(LongType: cast integer keys to bigint), ``None`` leaves the seed unchanged (NULL; only as a
+field of a tuple key: keyed state refuses a bare ``None`` key, see :func:`check_key`). Booleans are
 refused: ``True == 1`` in Python but Spark hashes them differently. Python's built-in ``hash``
 is never used: it changes with PYTHONHASHSEED.
 """
@@ -31,7 +32,9 @@ __all__ = [
     "SEED",
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
+    "NullKeyError",
     "assign_to_key_group",
+    "check_key",
     "compute_default_max_parallelism",
     "key_group_range_for_operator",
     "key_hash",
@@ -47,6 +50,23 @@ _U64 = 1 << 64
 _I64_MAX = (1 << 63) - 1
 _LONG = struct.Struct("<q")
 _xxh64 = xxhash.xxh64_intdigest
+
+
+class NullKeyError(ValueError):
+    """A record's key is None: keyed state needs a key (Flink refuses a null key too)."""
+
+
+def check_key(key: object) -> None:
+    """Refuse a ``None`` key, as Flink does ("Assigned key must not be null!").
+
+    A None field inside a tuple key is fine (it hashes like Spark's NULL); a bare None would put
+    every keyless record into one key group and share one state among them by accident.
+    """
+    if key is None:
+        raise NullKeyError(
+            "a record's key is None: keyed state needs a key (filter out or replace null keys "
+            "before the keyed function, e.g. with coalesce)"
+        )
 
 
 def _hash_field(field: object, seed: int) -> int:
@@ -90,9 +110,19 @@ def assign_to_key_group(key: object, max_parallelism: int) -> int:
 
 
 def compute_default_max_parallelism(parallelism: int) -> int:
-    """Flink's default: 1.5x the parallelism rounded up to a power of two, in [128, 32768]."""
+    """Flink's default: 1.5x the parallelism rounded up to a power of two, in [128, 32768].
+
+    A parallelism above 32768 is refused rather than given a max parallelism below it: Flink
+    checks ``parallelism <= max parallelism <= 32768`` for every operator, since an instance
+    without a key group of its own cannot hold keyed state.
+    """
     if parallelism < 1:
         raise ValueError(f"parallelism must be at least 1, got {parallelism}")
+    if parallelism > UPPER_BOUND_MAX_PARALLELISM:
+        raise ValueError(
+            f"parallelism {parallelism} is above the largest max parallelism "
+            f"({UPPER_BOUND_MAX_PARALLELISM}): every instance needs at least one key group"
+        )
     wanted = parallelism + parallelism // 2
     rounded = 1 << max(wanted - 1, 0).bit_length()
     return min(max(rounded, DEFAULT_LOWER_BOUND_MAX_PARALLELISM), UPPER_BOUND_MAX_PARALLELISM)

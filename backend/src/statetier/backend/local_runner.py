@@ -1,9 +1,16 @@
 """Runs a keyed function on several operator instances in one process, epoch by epoch.
 
 This is the reference runtime: the demo, the docs and many tests use it, and the Spark
-integration does the same steps across executors. Each epoch routes records to the instance that
-owns their key group, processes them, snapshots every instance and commits the epoch's manifest.
-A runner started on a store with committed epochs resumes from the latest, at any parallelism.
+integration does the same steps across executors. Each epoch moves to the epoch's time
+(watermark, processing time from the runner's clock) and fires the timers due, routes records to
+the instance that owns their key group, processes them, fires the timers they set for a time
+already reached, snapshots every instance and commits the epoch's manifest; then the functions
+hear that the epoch is committed (or aborted). A runner started on a store with committed epochs
+resumes from the latest, at any parallelism.
+
+Checkpoint notifications are delivered on the caller's thread, never on the committer's: after
+``checkpoint()`` returns, and for ``checkpoint_async()`` at the runner's next call once the
+commit is done (Flink delivers them through the task's mailbox for the same reason).
 """
 
 from __future__ import annotations
@@ -16,12 +23,18 @@ from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.keygroups import (
     assign_to_key_group,
+    check_key,
     compute_default_max_parallelism,
     operator_index_for_key_group,
 )
 from statetier.backend.runtime import FunctionFactory, OperatorInstance
-from statetier.backend.snapshot import Checkpointer, CheckpointSettings, Manifest, SnapshotStore
-from statetier.backend.ttl import Clock
+from statetier.backend.snapshot import (
+    Checkpointer,
+    CheckpointSettings,
+    Manifest,
+    SnapshotStore,
+)
+from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["LocalRunner", "checkpoint_settings"]
 
@@ -67,6 +80,9 @@ class LocalRunner:
             max_parallelism = stored_max
         self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
         self.parallelism = parallelism
+        self.clock: Clock = clock or SystemClock()
+        # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
+        self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
         restore_epoch = self.last_epoch if epochs else None
         self.instances = [
             OperatorInstance(
@@ -76,7 +92,7 @@ class LocalRunner:
                 self.max_parallelism,
                 store=self.store,
                 restore_epoch=restore_epoch,
-                clock=clock,
+                clock=self.clock,
                 config=config,
             )
             for index in range(parallelism)
@@ -94,11 +110,12 @@ class LocalRunner:
         )
 
     def close(self) -> None:
-        """Release every instance's spill files."""
-        for instance in self.instances:
-            instance.close()
+        """Finish pending commits (and tell the functions), release every instance's spill files."""
         if self.checkpointer is not None:
             self.checkpointer.close()
+        self._notify_done()
+        for instance in self.instances:
+            instance.close()
 
     @property
     def restored_epoch(self) -> int:
@@ -114,36 +131,95 @@ class LocalRunner:
             key = record[0]
             index = owner.get(key)
             if index is None:
+                check_key(key)
                 kg = assign_to_key_group(key, max_p)
                 index = owner[key] = operator_index_for_key_group(max_p, p, kg)
             parts[index].append(record)
         return parts
 
     def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
-        """Process records without ending the epoch."""
+        """Process records without ending the epoch (no timer fires)."""
+        self._notify_done()
         out: list[Any] = []
         for instance, part in zip(self.instances, self.partition(records), strict=True):
             out.extend(instance.process(part))
         return out
 
+    # ------------------------------------------------------------------ time
+
+    def set_time(self, watermark: int | None = None, processing_time: int | None = None) -> None:
+        """Move every instance's time forward without firing (``processing_time`` None: the
+        runner's clock; ``watermark`` None: unchanged)."""
+        self._notify_done()
+        now = self.clock.now_ms() if processing_time is None else processing_time
+        for instance in self.instances:
+            instance.set_time(watermark, now)
+
+    def advance_time(
+        self, watermark: int | None = None, processing_time: int | None = None
+    ) -> list[Any]:
+        """Move time forward and fire every due timer, instance by instance; their output."""
+        self._notify_done()
+        now = self.clock.now_ms() if processing_time is None else processing_time
+        out: list[Any] = []
+        for instance in self.instances:
+            out.extend(instance.advance_time(watermark, now))
+        return out
+
+    def end_of_input(self) -> list[Any]:
+        """Fire every event-time timer (and the processing-time timers due now)."""
+        self._notify_done()
+        out: list[Any] = []
+        for instance in self.instances:
+            out.extend(instance.end_of_input())
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
     def checkpoint(self) -> Manifest:
-        """End the epoch: snapshot every instance, upload, commit; wait for the commit."""
-        return self.checkpoint_async().result()
+        """End the epoch: snapshot every instance, upload, commit; wait for the commit, then
+        tell the functions (``notify_checkpoint_complete``, or ``..._aborted`` and raise)."""
+        future = self.checkpoint_async()
+        try:
+            manifest = future.result()
+        finally:
+            self._notify_done()
+        return manifest
 
     def checkpoint_async(self) -> concurrent.futures.Future[Manifest]:
         """End the epoch: copy every instance's state out now, upload and commit it in the
         background (processing may go on); the future holds the committed manifest."""
         if self.checkpointer is None:
             raise RuntimeError("the runner has no checkpoint_uri")
+        self._notify_done()
         epoch = self.last_epoch + 1
         for instance in self.instances:
             instance.before_snapshot(epoch)
         future = self.checkpointer.begin(epoch)
         self.last_epoch = epoch
+        self._unnotified.append((epoch, future))
         return future
 
-    def run_epoch(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
-        """Process one epoch of records and commit it."""
-        out = self.process(records)
+    def _notify_done(self) -> None:
+        """Tell the functions the outcome of every finished epoch, in epoch order; an epoch
+        still committing holds back the ones after it."""
+        while self._unnotified and self._unnotified[0][1].done():
+            epoch, future = self._unnotified.pop(0)
+            failed = future.cancelled() or future.exception() is not None
+            for instance in self.instances:
+                if failed:
+                    instance.notify_checkpoint_aborted(epoch)
+                else:
+                    instance.notify_checkpoint_complete(epoch)
+
+    def run_epoch(
+        self, records: Iterable[tuple[Any, Any]], watermark: int | None = None
+    ) -> list[Any]:
+        """One epoch, as a Spark micro-batch: move to the epoch's time (``watermark``, the
+        clock's processing time) and fire the timers it makes due, process the records, fire
+        the timers they set at or before that time, commit; the output."""
+        out = self.advance_time(watermark)
+        out.extend(self.process(records))
+        out.extend(self.advance_time())
         self.checkpoint()
         return out

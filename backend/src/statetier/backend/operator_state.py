@@ -3,8 +3,10 @@
 Each operator instance keeps named lists of elements (offsets of a source, buffered records). On
 restore at another parallelism the elements of all instances are redistributed, as in Flink:
 
-- even-split (``get_list_state``): the concatenation of all instances' lists, cut into
-  ``parallelism`` contiguous parts of near-equal size; instance i gets part i.
+- even-split (``get_list_state``): restored at the parallelism it was written with, every
+  instance gets its own lists back (a recovery moves nothing, e.g. no source offsets). At
+  another parallelism, the concatenation of all instances' lists is cut into contiguous parts
+  of near-equal size, the longer parts rotated across the states (:func:`even_split_ranges`).
 - union (``get_union_list_state``): every instance gets all elements.
 
 Functions that use it implement :class:`CheckpointedFunction`: ``initialize_state`` runs on
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from statetier.backend.descriptors import ListStateDescriptor
@@ -29,7 +31,7 @@ __all__ = [
     "FunctionSnapshotContext",
     "OperatorStateBackend",
     "Redistribution",
-    "even_split",
+    "even_split_ranges",
 ]
 
 
@@ -72,12 +74,36 @@ class RegisteredListState:
     state: OperatorListState
 
 
-def even_split(elements: Sequence[Any], parallelism: int, index: int) -> list[Any]:
-    """Part ``index`` of ``elements`` cut into ``parallelism`` contiguous near-equal parts."""
-    total = len(elements)
-    start = index * total // parallelism
-    end = (index + 1) * total // parallelism
-    return list(elements[start:end])
+def even_split_ranges(sizes: Mapping[str, int], parallelism: int) -> dict[str, list[range]]:
+    """Per even-split state, the slice of its concatenated elements each instance gets.
+
+    Flink's round-robin repartitioning (``RoundRobinOperatorStateRepartitioner``): each state is
+    cut into contiguous parts of ``total // parallelism`` elements, and the ``total %
+    parallelism`` parts one element longer go to the first instances of a rotation. The
+    rotation of the next state starts where the longer parts ended, so over several states the
+    instances' totals stay within one element. States are taken in name order (Flink: its map's
+    order), so the assignment is deterministic.
+    """
+    assignment: dict[str, list[range]] = {}
+    start_op = 0
+    for name in sorted(sizes):
+        base, remainder = divmod(sizes[name], parallelism)
+        parts = [range(0)] * parallelism
+        offset, next_start = 0, start_op
+        for i in range(parallelism):
+            op = (start_op + i) % parallelism
+            count = base
+            if remainder > 0:
+                count += 1
+                remainder -= 1
+            elif remainder == 0:  # the longer parts are out: the next state starts here
+                next_start = op
+                remainder -= 1
+            parts[op] = range(offset, offset + count)
+            offset += count
+        assignment[name] = parts
+        start_op = next_start
+    return assignment
 
 
 class OperatorStateBackend:

@@ -1,8 +1,24 @@
 """An operator instance: one function, its keyed state for one key-group range, its operator state.
 
 This is the unit every runner drives, locally or in a Spark task: restore (optional), ``open``
-the function, feed it records of its own key groups, snapshot. Keeping it free of partitioning
-and committing lets the local runner and the Spark integration share it.
+the function, feed it records of its own key groups, move time and fire timers, snapshot, tell
+the function when its epoch is committed. Keeping it free of partitioning and committing lets the
+local runner and the Spark integration share it.
+
+Per epoch (micro-batch) a runtime calls, on the thread that processes records::
+
+    out = instance.advance_time(watermark, processing_time)  # the epoch's time: due timers fire
+    out += instance.process(records)                # the epoch's records
+    out += instance.advance_time()                  # timers the records set at or before it
+    instance.snapshot(epoch) / writer.prepare(...)  # timers are keyed state: in the snapshot
+    ... commit the manifest ...
+    instance.notify_checkpoint_complete(epoch)      # or notify_checkpoint_aborted(epoch)
+
+The epoch's watermark comes from earlier epochs' data, so its records arrived after it: as in
+Flink, the timers it makes due fire before them. ``set_time`` moves time without firing, for a
+host that wants Spark's ``transformWithState`` order (records first, then expired timers).
+
+``end_of_input()`` fires every event-time timer (a batch run's last watermark).
 """
 
 from __future__ import annotations
@@ -28,7 +44,8 @@ from statetier.backend.snapshot import (
     restore_operator_state,
     restored_bytes,
 )
-from statetier.backend.ttl import Clock
+from statetier.backend.timers import MAX_WATERMARK, TimeDomain, TimerService
+from statetier.backend.ttl import Clock, SystemClock
 
 if TYPE_CHECKING:
     from statetier.backend.spill import SpillManager
@@ -52,7 +69,8 @@ class OperatorInstance:
         config: StatetierConfig | None = None,
     ) -> None:
         key_groups = key_group_range_for_operator(max_parallelism, parallelism, index)
-        self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=clock)
+        self.clock: Clock = clock or SystemClock()
+        self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=self.clock)
         self.operator = OperatorStateBackend(index, parallelism)
         self.store = store
         # Snapshots of this instance: full, or deltas on the chains of its own range.
@@ -86,8 +104,12 @@ class OperatorInstance:
             from statetier.backend.spill.metrics import serve_metrics
 
             serve_metrics(config.metrics_port)
+        # After the restore: restored timers are indexed from their state.
+        self.timers = TimerService(self.keyed, self.clock.now_ms())
         self.function = factory()
-        self.context = RuntimeContext(self.keyed, self.operator, is_restored=restored)
+        self.context = RuntimeContext(
+            self.keyed, self.operator, is_restored=restored, timer_service=self.timers
+        )
         initialize = getattr(self.function, "initialize_state", None)
         if initialize is not None:
             initialize(FunctionInitializationContext(restored, self.operator, self.keyed))
@@ -105,6 +127,63 @@ class OperatorInstance:
             if result is not None:
                 out.extend(result)
         return out
+
+    # ------------------------------------------------------------------ time and timers
+
+    def set_time(self, watermark: int | None = None, processing_time: int | None = None) -> None:
+        """Move event time to ``watermark`` and processing time to ``processing_time`` (ms),
+        firing nothing. ``watermark`` None keeps it; ``processing_time`` None reads the clock.
+        Time only moves forward: a smaller value is ignored."""
+        if processing_time is None:
+            processing_time = self.clock.now_ms()
+        self.timers.advance(watermark, processing_time)
+
+    def advance_time(
+        self, watermark: int | None = None, processing_time: int | None = None
+    ) -> list[Any]:
+        """:meth:`set_time`, then fire every due timer; return what ``on_timer`` emitted.
+
+        Processing-time timers at or before the processing time fire first, then event-time
+        timers at or before the watermark, each domain in timestamp order (ties: key group, then
+        key bytes). Timers registered by ``on_timer`` fire in the same call when already due.
+        """
+        self.set_time(watermark, processing_time)
+        out: list[Any] = []
+        on_timer = getattr(self.function, "on_timer", None)
+        context = self.context
+        for domain in (TimeDomain.PROCESSING_TIME, TimeDomain.EVENT_TIME):
+            for timestamp, key in self.timers.due(domain):
+                if on_timer is None:
+                    continue
+                context.time_domain = domain
+                try:
+                    result = on_timer(timestamp, key, context)
+                    if result is not None:
+                        out.extend(result)  # inside: a generator runs only now
+                finally:
+                    context.time_domain = None
+        return out
+
+    def end_of_input(self) -> list[Any]:
+        """The input is exhausted (a batch run): fire every event-time timer, as Flink's final
+        ``Long.MAX_VALUE`` watermark does, and the processing-time timers due now."""
+        return self.advance_time(watermark=MAX_WATERMARK)
+
+    # ------------------------------------------------------------------ checkpoint listeners
+
+    def notify_checkpoint_complete(self, epoch: int) -> None:
+        """Epoch ``epoch``'s manifest is committed: tell the function (if it listens)."""
+        hook = getattr(self.function, "notify_checkpoint_complete", None)
+        if hook is not None:
+            hook(epoch)
+
+    def notify_checkpoint_aborted(self, epoch: int) -> None:
+        """Epoch ``epoch`` will not be committed: tell the function (if it listens)."""
+        hook = getattr(self.function, "notify_checkpoint_aborted", None)
+        if hook is not None:
+            hook(epoch)
+
+    # ------------------------------------------------------------------ snapshots
 
     def before_snapshot(self, epoch: int) -> None:
         """Let the function move its working data into state (``snapshot_state``)."""

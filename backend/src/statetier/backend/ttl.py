@@ -74,7 +74,7 @@ class StateVisibility(enum.Enum):
 
 
 class TtlMismatchError(ValueError):
-    """A state is restored with a TTL configuration other than the one it was written with."""
+    """A state is restored with TTL switched on or off relative to its checkpoint."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +110,8 @@ class StateTtlConfig:
         return timestamp_ms + self.ttl_ms <= now_ms
 
     def to_json(self) -> dict[str, Any]:
-        """The parts a restore must agree with (cleanup options may change freely)."""
+        """The settings a checkpoint records, for people and tools (a restore may change
+        them: only switching TTL on or off is refused)."""
         return {
             "ttl_ms": self.ttl_ms,
             "update_type": self.update_type.value,
@@ -121,11 +122,17 @@ class StateTtlConfig:
 def check_ttl_compatible(
     state_name: str, stored: dict[str, Any] | None, requested: StateTtlConfig | None
 ) -> None:
-    """Refuse a restore whose TTL setting differs from the checkpoint's (names both)."""
-    wanted = requested.to_json() if requested else None
-    if stored != wanted:
+    """Refuse a restore that switches TTL on or off (names both settings).
+
+    As in Flink, the TTL configuration "is not part of check- or savepoints": a restore may
+    change the duration, the update type or the visibility, and the restored timestamps are
+    judged by the new settings. Only switching TTL on or off is incompatible, because stored
+    values carry timestamps only when TTL is on.
+    """
+    if (stored is None) != (requested is None):
+        wanted = requested.to_json() if requested else None
         raise TtlMismatchError(
             f"state {state_name!r} was checkpointed with TTL {stored or 'disabled'} but is "
-            f"registered with TTL {wanted or 'disabled'}; TTL settings cannot change on "
+            f"registered with TTL {wanted or 'disabled'}; TTL cannot be switched on or off on "
             "restore (stored values carry timestamps only when TTL is on)"
         )

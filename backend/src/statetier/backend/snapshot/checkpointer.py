@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
 
 from statetier.backend import metrics as backend_metrics
@@ -33,7 +32,7 @@ from statetier.backend.snapshot.compaction import (
 from statetier.backend.snapshot.fencing import FencedError
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
-from statetier.backend.snapshot.store import SnapshotStore, WriterLease
+from statetier.backend.snapshot.store import SnapshotStore, WriterLease, state_dir
 from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
@@ -84,6 +83,7 @@ class Checkpointer:
         self._fenced: BaseException | None = None
         self._lock = threading.Lock()
         self._background_jobs: list[concurrent.futures.Future[None]] = []
+        self._last_committed = 0  # set on the committer thread, read by maintenance
 
     @property
     def lease(self) -> WriterLease:
@@ -144,6 +144,7 @@ class Checkpointer:
                     raise
                 raise CheckpointError(f"epoch {epoch} was not committed: {exc}") from exc
             backend_metrics.checkpoint_committed(time.monotonic() - started, size)
+            self._last_committed = manifest.epoch
             self._after_commit(manifest)
             return manifest
 
@@ -173,8 +174,12 @@ class Checkpointer:
         self._background_jobs.append(self._background.submit(self._maintain, manifest))
 
     def _maintain(self, manifest: Manifest) -> None:
+        """Compact the chains of ``manifest`` and apply retention. Jobs queue up when epochs are
+        shorter than a compaction: a job whose epoch a newer commit superseded compacts nothing
+        (retention, run by the jobs before it for newer epochs, may have deleted its files;
+        the newest epoch's job compacts what the writers carry on)."""
         try:
-            if self.settings.compaction:
+            if self.settings.compaction and manifest.epoch >= self._last_committed:
                 self.compact(manifest)
             if self.settings.retained > 0:
                 collect_garbage(self.store, self.settings.retained, protect=self.protected())
@@ -195,8 +200,9 @@ class Checkpointer:
                 continue
             if not needs_compaction(chain, self.settings.delta_trigger, self.settings.size_ratio):
                 continue
-            state_dir = urllib.parse.quote(chain.state, safe="")
-            output_dir = f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir}"
+            output_dir = (
+                f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir(chain.state)}"
+            )
             request = make_request(
                 self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
             )

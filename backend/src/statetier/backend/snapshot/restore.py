@@ -22,7 +22,11 @@ from statetier.backend.keyed_backend import (
     check_restored_compatible,
 )
 from statetier.backend.keygroups import KeyGroupRange
-from statetier.backend.operator_state import OperatorStateBackend, Redistribution, even_split
+from statetier.backend.operator_state import (
+    OperatorStateBackend,
+    Redistribution,
+    even_split_ranges,
+)
 from statetier.backend.snapshot.commit import SnapshotError
 from statetier.backend.snapshot.format import (
     Block,
@@ -181,10 +185,19 @@ def _fill_registered(backend: KeyedStateBackend, table: StateTable, state: Resto
 def restore_operator_state(
     store: SnapshotStore, backend: OperatorStateBackend, epoch: int | None = None
 ) -> Manifest:
-    """Redistribute the operator state of ``epoch`` to instance ``backend.index``."""
+    """Redistribute the operator state of ``epoch`` to instance ``backend.index``.
+
+    At the parallelism the snapshot was written with, even-split states are not redistributed:
+    the instance gets its own lists back, as Flink's repartitioner returns the previous
+    assignment when the parallelism is unchanged. Union states always go to everyone whole.
+    """
     manifest = store.manifest(epoch)
-    per_state: dict[str, tuple[Redistribution, str, list[bytes]]] = {}
     files = sorted(manifest.operator_files, key=lambda e: e.operator_index or 0)
+    same_parallelism = manifest.parallelism == backend.parallelism and [
+        f.operator_index for f in files
+    ] == list(range(backend.parallelism))
+    per_state: dict[str, tuple[Redistribution, str, list[bytes]]] = {}
+    own: dict[str, list[bytes]] = {}
     for entry, data in zip(files, store.read_many(files), strict=True):
         decoded = decode_operator_file(data, store.full_path(entry.path))
         for name, part in decoded.items():
@@ -193,9 +206,18 @@ def restore_operator_state(
             if known[0] is not mode:
                 raise SnapshotError(f"operator state {name!r} has mixed redistribution modes")
             known[2].extend(part["elements"])
+            if entry.operator_index == backend.index:
+                own[name] = list(part["elements"])
+    split_sizes = {
+        name: len(elements)
+        for name, (mode, _, elements) in per_state.items()
+        if mode is Redistribution.EVEN_SPLIT
+    }
+    ranges = even_split_ranges(split_sizes, backend.parallelism)
     for name, (mode, serializer_id, elements) in per_state.items():
         mine = elements
         if mode is Redistribution.EVEN_SPLIT:
-            mine = even_split(elements, backend.parallelism, backend.index)
+            cut = ranges[name][backend.index]
+            mine = own.get(name, []) if same_parallelism else elements[cut.start : cut.stop]
         backend.restored[name] = (mode, serializer_id, mine)
     return manifest

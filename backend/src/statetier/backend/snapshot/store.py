@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -44,11 +45,12 @@ from statetier.backend.snapshot.format import CorruptFileError, diagnose
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.retry import RetryPolicy, call_with_retry
 
-__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole"]
+__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole", "state_dir"]
 
 _MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
 _EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
 LEASE_NAME = "writer.json"
+MAX_STATE_DIR = 200  # characters of a state's directory segment before it is hashed
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +87,25 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
     os.replace(temp, path)
 
 
+def state_dir(state: str) -> str:
+    """The directory segment of a state's files: one per name, safe for any name.
+
+    State names are only required to be unique (as in Flink), so a name may be empty, ``.``,
+    ``..``, or contain ``/``. Most names are simply percent-quoted; a name that would quote to
+    an empty or dot-only segment, contains ``/`` or starts with ``~`` is written as ``~`` and
+    the hex of its UTF-8 bytes. Quoting never produces a leading ``~`` for the other names, so
+    two names never share a directory, and no segment is one a path check refuses (empty,
+    ``.``, ``..``, an encoded slash).
+    """
+    quoted = urllib.parse.quote(state, safe="")
+    if not quoted.strip(".") or "/" in state or state.startswith("~"):
+        quoted = "~" + state.encode("utf-8", "surrogatepass").hex()
+    if len(quoted) > MAX_STATE_DIR:  # file systems limit a name to 255 bytes
+        digest = hashlib.sha256(state.encode("utf-8", "surrogatepass")).hexdigest()
+        return "~~" + digest  # "~" + hex never has a second "~"
+    return quoted
+
+
 def epoch_of(name: str) -> int | None:
     """The epoch a data, operator or manifest file name belongs to."""
     found = _EPOCH_DIR.search(name) or _MANIFEST.search(name)
@@ -115,8 +136,7 @@ class SnapshotStore:
     def keyed_file_name(
         epoch: int, state: str, key_groups: KeyGroupRange | str, kind: str, owner: str = "w"
     ) -> str:
-        state_dir = urllib.parse.quote(state, safe="")
-        return f"data/epoch-{epoch:010d}/{owner}/{state_dir}/{key_groups}.{kind}.kgd"
+        return f"data/epoch-{epoch:010d}/{owner}/{state_dir(state)}/{key_groups}.{kind}.kgd"
 
     @staticmethod
     def operator_file_name(epoch: int, index: int, parallelism: int, owner: str = "w") -> str:

@@ -3,8 +3,9 @@
 They follow Flink's TTL decorators: an expired value found by a read is removed (cleanup on read)
 and returned once only with ``RETURN_EXPIRED_IF_NOT_CLEANED_UP``; ``ON_READ_AND_WRITE`` renews the
 timestamp of what a read returns; adding to a reducing or aggregating state ignores an expired
-accumulator. Every access also runs the state's incremental cleanup, which checks a few more
-entries of the whole state for expiry.
+accumulator unless the visibility returns expired values (then it folds into what ``get`` would
+return, as Flink does). Every access also runs the state's incremental cleanup, which checks a few
+more entries of the whole state for expiry.
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ class _TtlHandle:
             kg_map[ctx.key] = (value, now)
         return value
 
-    def _unexpired(self, now: int) -> Any:
-        """The current key's value if unexpired, for updates that must ignore expired ones."""
+    def _visible(self, now: int) -> Any:
+        """The value an ``add`` folds into: the unexpired one, or with
+        ``RETURN_EXPIRED_IF_NOT_CLEANED_UP`` also an expired one still stored (what ``get``
+        would return), as Flink's TTL reduce and aggregate functions do (``getUnexpired``)."""
         ctx = self._ctx
         stamped: Stamped | None = self._maps[ctx.index].get(ctx.key)
-        if stamped is None or self._ttl.expired(stamped[1], now):
+        if stamped is None or (self._ttl.expired(stamped[1], now) and not self._return_expired):
             return None
         return stamped[0]
 
@@ -128,7 +131,7 @@ class TtlReducingState(_TtlHandle, ReducingState[Any]):
     def add(self, value: Any) -> None:
         _check_not_none(value, "a reduced value")
         now = self._access()
-        current = self._unexpired(now)
+        current = self._visible(now)
         self._write(value if current is None else self._reduce(current, value), now)
 
 
@@ -145,7 +148,7 @@ class TtlAggregatingState(_TtlHandle, AggregatingState[Any, Any]):
 
     def add(self, value: Any) -> None:
         now = self._access()
-        accumulator = self._unexpired(now)
+        accumulator = self._visible(now)
         if accumulator is None:
             accumulator = self._fn.create_accumulator()
         self._write(self._fn.add(value, accumulator), now)
