@@ -12,10 +12,12 @@ Failures, as in the ForSt design: a gateway that cannot be reached, a job that f
 service side (workers lost, storage errors) or a deadline that passed is retried on the next
 endpoint up to ``compaction.retries`` times, all within ``compaction.timeout``; then
 ``compaction.failure-strategy`` applies: ``fallback`` compacts locally (same merge code),
-``fail`` raises. A request the service refuses (paths outside its allowed prefixes, a bad
-token, corrupt inputs) raises at once: that is a bug or an attack, not an outage, and running it
-locally would hide it. Only outputs of a succeeded job under the request's own output prefix
-are returned, so nothing a stray worker wrote can end up in a manifest.
+``fail`` raises. A request the service refuses (any 4xx but 408, 409 and 429: paths outside its
+allowed prefixes, a malformed field, a bad token, a job too big; or corrupt inputs) raises at
+once: that is a bug or an attack, not an outage, retrying it elsewhere cannot help and running
+it locally would hide it. A full queue (429) is an outage: the next endpoint is tried. Only
+outputs of a succeeded job under the request's own output prefix are returned, so nothing a
+stray worker wrote can end up in a manifest.
 """
 
 from __future__ import annotations
@@ -48,11 +50,18 @@ __all__ = [
     "ServiceError",
     "call_json",
     "compactor_for",
+    "refused",
 ]
 
 log = logging.getLogger(__name__)
 
 FINAL = frozenset({"succeeded", "failed", "aborted"})  # job states that end the wait
+RETRIED_4XX = frozenset({408, 409, 429})  # timeout, conflicting job id, queue full
+
+
+def refused(status: int) -> bool:
+    """Whether an answer says the request itself is wrong (never retried)."""
+    return 400 <= status < 500 and status not in RETRIED_4XX
 
 
 class ServiceError(RuntimeError):
@@ -195,7 +204,7 @@ class RemoteCompactor:
 
     def _run(self, endpoint: str, request: CompactionRequest, deadline: float) -> CompactionResult:
         status, body = self._call("POST", f"{endpoint}/v1/jobs", json.loads(request.to_json()))
-        if status in (400, 401, 403):
+        if refused(status):
             raise RemoteRefusedError(f"{endpoint} refused job {request.job_id}: {_message(body)}")
         if status not in (200, 202):
             raise ServiceError(f"submit answered {status}: {_message(body)}")
