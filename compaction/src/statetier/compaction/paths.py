@@ -27,7 +27,7 @@ from statetier.backend.snapshot.compaction import CompactionRequest
 __all__ = ["Location", "PathPolicy", "RefusedPathError", "parse_location"]
 
 _SCHEMES = ("s3", "file", "memory")
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?")  # S3 wants 3+; others less
 MAX_URL_LENGTH = 2048
 
 
