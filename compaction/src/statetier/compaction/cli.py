@@ -80,7 +80,7 @@ def _gateway(args: argparse.Namespace) -> int:
     try:
         settings = _gateway_settings(args)
         gateway = Gateway(settings)
-    except (ValueError, RefusedPathError) as exc:
+    except (ValueError, RefusedPathError, OSError) as exc:
         print(f"statetier-compaction gateway: {exc}", file=sys.stderr)
         return 2
     with contextlib.suppress(KeyboardInterrupt):
@@ -90,7 +90,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from statetier.compaction.paths import RefusedPathError
-    from statetier.compaction.worker import Worker, install_signal_handlers
+    from statetier.compaction.worker import RegistrationError, Worker, install_signal_handlers
 
     try:
         worker = Worker(
@@ -101,11 +101,15 @@ def _worker(args: argparse.Namespace) -> int:
             max_read_rate=args.max_read_rate,
             worker_id=args.worker_id,
         )
-    except (ValueError, RefusedPathError) as exc:
+    except (ValueError, RefusedPathError, OSError) as exc:
         print(f"statetier-compaction worker: {exc}", file=sys.stderr)
         return 2
     install_signal_handlers(worker)
-    worker.run()
+    try:
+        worker.run()
+    except RegistrationError as exc:
+        print(f"statetier-compaction worker: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -46,13 +46,17 @@ from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
 
-__all__ = ["JobDroppedError", "Worker"]
+__all__ = ["JobDroppedError", "RegistrationError", "Worker"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 4 << 20
 # The gateway bounds job sizes; a worker checks the shape of a job, not the gateway's limits.
 _SHAPE_ONLY = Limits(max_inputs=1 << 20, max_job_bytes=1 << 62)
+
+
+class RegistrationError(RuntimeError):
+    """The gateway refused to register this worker (a wrong or missing token, bad slots)."""
 
 
 class JobDroppedError(Exception):
@@ -167,7 +171,8 @@ class Worker:
     def register(self) -> None:
         status, body = self._call("POST", "/register", {"slots": self.slots})
         if status != 200:
-            raise RuntimeError(f"registering with {self.gateway} failed: {status} {body}")
+            message = body.get("message") if isinstance(body, dict) else body
+            raise RegistrationError(f"registering with {self.gateway} failed ({status}): {message}")
         self.heartbeat_interval = float(body.get("heartbeat_interval", 2.0))
         log.info("worker %s registered with %s", self.worker_id, self.gateway)
 
