@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -405,3 +406,42 @@ def test_the_merge_checks_for_cancellation_between_key_groups(tmp_path: Path) ->
         LocalCompactor(check=check).compact(request)
     assert len(calls) == 3  # stopped at the third key group of 16
     assert not Path(request.output_prefix.removeprefix("file://")).exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (("--max-inputs", "0"), "max-inputs and max-worker-slots must be at least 1"),
+        (("--max-job-bytes", "1k"), "max-job-bytes must be at least 1 MiB"),
+        (("--max-poll-wait", "nan"), "max-poll-wait must be in (0, 3600] seconds"),
+        (("--body-timeout", "0"), "body-timeout must be in (0, 3600] seconds"),
+        (("--max-queued", "-1"), "max-queued must be at least 1"),
+        (("--max-body-bytes", "lots"), "expected a size"),
+        (("--token-file", "/nonexistent/token"), "No such file"),
+    ],
+)
+def test_a_gateway_with_a_nonsense_limit_does_not_start(
+    tmp_path: Path, flags: tuple[str, str], why: str
+) -> None:
+    """One line naming the problem, exit status 2, no traceback."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "statetier.compaction.cli",
+            "gateway",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--allowed-prefix",
+            "s3://bucket/ckpt",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

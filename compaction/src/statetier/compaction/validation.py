@@ -31,6 +31,7 @@ from statetier.backend.snapshot.format import BASE, DELTA, FORMAT_VERSION
 __all__ = [
     "InvalidRequestError",
     "Limits",
+    "Done",
     "check_id",
     "parse_done",
     "parse_heartbeat",
@@ -71,6 +72,12 @@ class Limits:
     max_inputs: int = 256
     max_job_bytes: int = 4 << 30
     max_worker_slots: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_inputs < 1 or self.max_worker_slots < 1:
+            raise ValueError("max-inputs and max-worker-slots must be at least 1")
+        if self.max_job_bytes < 1 << 20:
+            raise ValueError("max-job-bytes must be at least 1 MiB")
 
 
 def parse_json(raw: bytes, field: str = "body") -> Any:
