@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError, call_json
-from statetier.backend.snapshot.compaction import CompactionRequest, LocalCompactor
+from statetier.backend.snapshot.compaction import (
+    CompactionError,
+    CompactionRequest,
+    LocalCompactor,
+)
 from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.compaction.worker import JobDroppedError
 from statetier.operator import compaction as operator_compaction
@@ -445,3 +449,23 @@ def test_a_gateway_with_a_nonsense_limit_does_not_start(
     )
     assert proc.returncode == 2 and why in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_worker_creates_directories_below_an_allowed_prefix_only(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """An output under an allowed prefix that does not exist (a volume not mounted) is not
+    created: the job fails as a service error and nothing appears above or at the prefix."""
+    present, missing = tmp_path / "present", tmp_path / "missing"
+    prefixes = [f"file://{present}", f"file://{missing}"]
+    gateway, _ = procs.gateway(prefixes, *FAST, "--max-attempts", "1")
+    procs.worker(gateway, prefixes)
+    (request,) = chain_requests(f"file://{present}/app", {}, keys=30, n=40)[:1]
+    elsewhere = dataclasses.replace(
+        request, job_id="elsewhere", output_prefix=f"file://{missing}/app/out"
+    )
+    client = RemoteCompactor([gateway], timeout=20, retries=0, failure_strategy="fail")
+    with pytest.raises(CompactionError, match="is not a directory on this worker"):
+        client.compact(elsewhere)
+    assert not missing.exists()
+    assert client.compact(request).outputs  # under the present prefix: created as needed

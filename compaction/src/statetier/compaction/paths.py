@@ -122,6 +122,16 @@ class PathPolicy:
             f"({', '.join(self.prefixes) or 'none configured'})"
         )
 
+    def root_of(self, url: str) -> str:
+        """The allowed prefix ``url`` lies under (the longest, if several)."""
+        location = self.check_url(url)
+        roots = [
+            (len(allowed.segments), text)
+            for allowed, text in zip(self._allowed, self.prefixes, strict=True)
+            if location.under(allowed)
+        ]
+        return max(roots)[1]
+
     def check_request(self, request: CompactionRequest) -> None:
         """Every input and the output prefix must be allowed."""
         if not self.prefixes:

@@ -36,6 +36,7 @@ import uuid
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.compaction_client import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
@@ -67,8 +68,11 @@ class _JobFiles:
     """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
-    def __init__(self, output_url: str, cancelled: threading.Event, max_read_rate: float) -> None:
+    def __init__(
+        self, output_url: str, root: str, cancelled: threading.Event, max_read_rate: float
+    ) -> None:
         self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+        self.root = root  # the allowed prefix the output lies under
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
         self.bytes_read = 0
@@ -115,9 +119,17 @@ class _JobFiles:
         fs.makedirs(path, exist_ok=exist_ok)
 
     def pipe_file(self, url: str, data: bytes) -> None:
-        """Write one output whole (creating its directory on a local filesystem)."""
+        """Write one output whole. On a local filesystem the directories below the allowed
+        prefix are created as needed, never the prefix itself or anything above it: a prefix
+        that does not exist on this worker (a volume not mounted) is a service error."""
         self.check()  # an aborted job writes nothing
         fs, path = fsspec.core.url_to_fs(url)
+        if isinstance(fs, LocalFileSystem):
+            root = fsspec.core.url_to_fs(self.root)[1]
+            if not os.path.isdir(root):
+                raise NotADirectoryError(
+                    f"the allowed prefix {self.root} is not a directory on this worker"
+                )
         put_whole(fs, path, data)
 
     def mv(self, source: str, target: str) -> None:
@@ -251,7 +263,8 @@ class Worker:
             request = parse_job(raw, _SHAPE_ONLY)
             self.policy.check_request(request)
             prefix = f"{request.output_prefix.rstrip('/')}/{request.job_id}-a{running.attempt}"
-            running.files = _JobFiles(prefix, running.cancelled, self.max_read_rate)
+            root = self.policy.root_of(request.output_prefix)
+            running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
