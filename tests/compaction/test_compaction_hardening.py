@@ -469,3 +469,13 @@ def test_a_worker_creates_directories_below_an_allowed_prefix_only(
         client.compact(elsewhere)
     assert not missing.exists()
     assert client.compact(request).outputs  # under the present prefix: created as needed
+
+
+@pytest.mark.parametrize("endpoint", ["not a url", "ftp://gw:21", "http://:8080", "gw:8080"])
+def test_a_client_refuses_an_endpoint_that_is_not_an_http_url(endpoint: str) -> None:
+    with pytest.raises(ValueError, match="endpoint"):
+        RemoteCompactor([endpoint])
+    client = RemoteCompactor(["http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="endpoint"):
+        client.add_endpoints(endpoint)
+    assert client.endpoints == ("http://127.0.0.1:1",)

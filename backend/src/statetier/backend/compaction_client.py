@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-from statetier.backend.config import StatetierConfig
+from statetier.backend.config import StatetierConfig, parse_endpoint
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     CompactionOutput,
@@ -142,12 +142,13 @@ class RemoteCompactor:
             return tuple(self._endpoints)
 
     def add_endpoints(self, *urls: str) -> None:
-        """Start sending to ``urls`` too (comma-separated text is split)."""
+        """Start sending to ``urls`` too (comma-separated text is split); each must be an
+        http(s)://host[:port] URL, as ``compaction.endpoints`` requires (ValueError)."""
+        checked = [u.rstrip("/") for text in urls for u in parse_endpoint(text)]
         with self._lock:
-            for text in urls:
-                for url in (u.strip().rstrip("/") for u in text.split(",")):
-                    if url and url not in self._endpoints:
-                        self._endpoints.append(url)
+            for url in checked:
+                if url not in self._endpoints:
+                    self._endpoints.append(url)
 
     def remove_endpoints(self, *urls: str) -> None:
         """Stop sending new jobs to ``urls``; jobs already there are still waited for."""
