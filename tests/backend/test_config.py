@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from statetier.backend.config import SETTINGS, ConfigError, load_config, render_markdown
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,3 +86,92 @@ def test_as_env_round_trips() -> None:
 def test_reference_page_is_generated_from_the_schema() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text()
     assert page == render_markdown(), "run `make docs` to regenerate docs/configuration.md"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("checkpoint.uri", "", "expected a URI"),  # the current directory
+        ("checkpoint.uri", None, "expected a URI string, got NoneType"),
+        ("checkpoint.uri", 42, "expected a URI string, got int"),
+        ("checkpoint.uri", "checkpoints", "expected a URI"),
+        ("checkpoint.uri", "/abs/without/scheme", "expected a URI"),
+        ("checkpoint.uri", "ftp://host/x", "scheme 'ftp' is not one of s3, file, memory"),
+        ("checkpoint.uri", "gopher://host/x", "scheme 'gopher'"),
+        ("checkpoint.uri", "S3://bucket/x", "scheme 'S3'"),
+        ("checkpoint.uri", "s3:/bucket", "expected a URI"),
+        ("checkpoint.uri", "s3://", "valid bucket name"),
+        ("checkpoint.uri", "s3:///bucket", "valid bucket name"),
+        ("checkpoint.uri", "file://tmp/ckpt", "is a relative path"),
+        ("checkpoint.uri", "file:///tmp/../etc", "'..' segments"),
+        ("checkpoint.uri", "memory://", "expected memory://name"),
+        ("compaction.endpoints", "not a url", "is not an http(s)://host[:port] URL"),
+        ("compaction.endpoints", "http://gw:8080, ftp://gw", "'ftp://gw' is not an http(s)"),
+        ("compaction.endpoints", "http://gw:99999", "Port out of range"),
+        ("compaction.endpoints", "http://gw:0", "no port 0"),
+        ("compaction.endpoints", "http://:8080", "is not an http(s)"),
+        ("compaction.token", "two words", "without spaces"),
+        ("memory.budget", "1.5", "a fraction of a byte"),
+        ("memory.budget", "0.5k", "must be 0 or between 1m and 1024t"),
+        ("memory.budget", "512", "must be 0 or between 1m and 1024t"),
+        ("memory.budget", -1, "must be 0 or between"),
+        ("memory.budget", "\u0664\u0662m", "ASCII digits"),  # Arabic-Indic 42
+        ("memory.budget", 1.5e9, "expected a size such as 512m, got float"),
+        ("spill.chunk-size", "1t", "must be between 64k and 1g"),
+        ("spill.chunk-size", 2**70, "must be between 64k and 1g"),
+        ("spill.chunk-size", "1k", "must be between 64k and 1g"),
+        ("spill.dirs", "relative/spill", "is a relative path"),
+        ("checkpoint.retained", "\u0663", "ASCII digits"),
+        ("checkpoint.retained", "1e3", "ASCII digits"),
+        ("checkpoint.retained", 10**9, "must be between 1 and 10000"),
+        ("spill.threshold", "nan", "expected a number in ASCII digits"),
+        ("spill.threshold", float("inf"), "expected a finite number"),
+        ("spill.threshold", 10**400, "expected a finite number"),
+        ("compaction.timeout", "inf", "expected a duration"),
+        ("compaction.timeout", "9" * 400, "expected a finite number"),
+        ("compaction.timeout", "\u0661\u0660s", "ASCII digits"),
+        ("compaction.delta-trigger", 10**6, "must be between 1 and 1000"),
+        ("host.result-timeout", "30d", "expected a duration"),
+    ],
+)
+def test_every_bad_value_is_refused_with_a_named_error(
+    name: str, value: object, fragment: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({name: value}, env={})
+    message = str(info.value)
+    assert f"(setting {name})" in message and fragment in message, message
+    env_name = SETTINGS_BY_NAME[name].env_var
+    if isinstance(value, str):  # the same value from the environment: the same refusal
+        with pytest.raises(ConfigError, match=re.escape(f"{env_name}={value!r}")):
+            load_config(env={env_name: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "parsed"),
+    [
+        ("checkpoint.uri", "s3://bucket/prefix/app", "s3://bucket/prefix/app"),
+        ("checkpoint.uri", "file:///var/lib/ckpt", "file:///var/lib/ckpt"),
+        ("checkpoint.uri", "file://./here", "file://./here"),
+        ("checkpoint.uri", "memory://t1", "memory://t1"),
+        (
+            "compaction.endpoints",
+            "http://gw:8080, https://gw2/base",
+            ("http://gw:8080", "https://gw2/base"),
+        ),
+        ("memory.budget", "1.5g", 3 << 29),
+        ("memory.budget", "64KiB", None),  # below the minimum: refused (see above)
+        ("memory.budget", "1m", 1 << 20),
+        ("memory.budget", 0, 0),
+        ("spill.chunk-size", "64k", 1 << 16),
+        ("checkpoint.retained", " 7 ", 7),
+        ("spill.threshold", "5e-1", 0.5),
+        ("compaction.timeout", "1.5m", 90.0),
+    ],
+)
+def test_good_values_still_parse(name: str, value: object, parsed: object) -> None:
+    if parsed is None:
+        with pytest.raises(ConfigError):
+            load_config({name: value}, env={})
+        return
+    assert load_config({name: value}, env={})[name] == parsed

@@ -4,9 +4,12 @@ interface speaks JSON-serializable requests and results."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
+from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.config import load_config
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import (
@@ -16,10 +19,12 @@ from statetier.backend.snapshot import (
     LocalCompactor,
     SnapshotStore,
 )
+from statetier.backend.snapshot.checkpointer import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.store import epoch_of
 from statetier.backend.snapshot.verify import verify_store
+from statetier.compaction.testing import free_port
 
 from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
 
@@ -179,3 +184,50 @@ def test_maintenance_of_a_superseded_epoch_skips_compaction(
     assert not [r for r in caplog.records if "maintenance" in r.getMessage()]
     assert verify_store(store).ok
     live.close()
+
+
+def _samples(name: str, outcome: str) -> float:
+    value = REGISTRY.get_sample_value(name, {"outcome": outcome})
+    return value or 0.0
+
+
+def test_a_failing_compactor_never_stops_retention(
+    location: Location, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compaction service that is down (a real client, an address nobody serves, no
+    fallback): every compaction fails, yet retention keeps 3 epochs and chains stay bounded."""
+    live = make(
+        location,
+        config={
+            "checkpoint.retained": 3,
+            "compaction.delta-trigger": 2,
+            "compaction.size-ratio": 100.0,
+        },
+    )
+    assert live.checkpointer is not None
+    live.checkpointer.compactor = RemoteCompactor(
+        [f"http://127.0.0.1:{free_port()}"], timeout=2, retries=0, failure_strategy="fail"
+    )
+    failed = _samples("statetier_compactions_total", "failed")
+    retained = _samples("statetier_retention_runs_total", "succeeded")
+    caplog.set_level(logging.INFO, logger="statetier.backend.snapshot.checkpointer")
+    longest = 0
+    for epoch in range(1, 16):
+        live.process(records(epoch))
+        manifest = live.checkpoint()
+        live.checkpointer.drain()
+        longest = max([longest, *(len(c.deltas) for c in manifest.chains())])
+    store = location.store()
+    assert store.epochs() == [13, 14, 15]
+    assert longest <= CUT_FACTOR * 2  # a chain compaction cannot shorten is cut
+    named = {f.path for e in store.epochs() for f in store.manifest(e).files()}
+    data = [n for n in store.list_files() if not n.startswith("manifests/")]
+    assert set(data) <= named | {n for n in data if (epoch_of(n) or 0) >= 13}
+    assert _samples("statetier_compactions_total", "failed") > failed
+    # (other tests' background maintenance may add to the process-wide counters meanwhile)
+    assert _samples("statetier_retention_runs_total", "succeeded") >= retained + 15
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("compaction of" in m and "failed" in m for m in messages)
+    for epoch in range(1, 16):
+        assert any(m.startswith(f"retention after epoch {epoch}:") for m in messages), epoch
+    assert restored(location) == dump_keyed(live)

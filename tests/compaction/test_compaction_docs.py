@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
+from statetier.compaction.cli import build_parser
 from statetier.compaction.metrics import DOCUMENTED
 from statetier.compaction.testing import Processes
 
@@ -25,3 +26,21 @@ def test_the_gateway_exports_every_documented_metric(procs: Processes, prefix: s
     for name in DOCUMENTED:
         assert any(s == name or s.startswith(name + "_") for s in samples), name
     assert all(s.startswith("statetier_compaction_") for s in samples)
+
+
+def test_docs_list_every_gateway_limit_and_the_sandbox_flag() -> None:
+    text = DOC.read_text()
+    gateway = next(
+        action
+        for action in build_parser()._subparsers._group_actions[0].choices.values()  # type: ignore[union-attr]
+        if action.prog.endswith("gateway")
+    )
+    flags = [
+        option
+        for action in gateway._actions
+        for option in action.option_strings
+        if option.startswith("--max-") or option.endswith("-timeout") or "insecure" in option
+    ]
+    assert len(flags) >= 12
+    for flag in flags:
+        assert f"`{flag}`" in text, f"{flag} missing from docs/compaction.md"

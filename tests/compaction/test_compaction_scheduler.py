@@ -12,6 +12,7 @@ from statetier.backend.snapshot.compaction import (
 from statetier.compaction.scheduler import (
     JobState,
     LeaseLostError,
+    QueueFullError,
     Scheduler,
     SchedulerSettings,
     UnknownWorkerError,
@@ -183,3 +184,40 @@ def test_finished_jobs_are_forgotten_after_the_retention() -> None:
     clock.now += 61
     s.expire()
     assert "j" not in s.jobs
+
+
+def test_finished_jobs_are_bounded_in_number_as_well_as_in_time() -> None:
+    clock = Clock()
+    s = make(clock, max_finished=3, finished_retention=3600.0)
+    for i in range(5):
+        s.submit(request(f"j{i}"))
+        clock.now += 1
+        s.abort(f"j{i}")
+    s.expire()
+    assert sorted(s.jobs) == ["j2", "j3", "j4"]  # the oldest finished ones went first
+    clock.now += 3601
+    s.expire()
+    assert s.jobs == {}
+
+
+def test_the_queue_bounds_are_checked_before_a_job_is_kept() -> None:
+    s = make(Clock(), max_queued=2, max_queued_per_tenant=1, max_tenant_bytes=1 << 20)
+    s.submit(request("a1", app="a"))
+    with pytest.raises(QueueFullError, match="max-queued-per-tenant"):
+        s.submit(request("a2", app="a"))
+    with pytest.raises(QueueFullError, match="max-tenant-bytes"):
+        s.submit(request("b1", size=(1 << 20) + 1, app="b"))
+    s.submit(request("b2", app="b"))
+    with pytest.raises(QueueFullError, match=r"\(max-queued\)"):
+        s.submit(request("c1", app="c"))
+    assert sorted(s.jobs) == ["a1", "b2"] and s.queued() == 2
+    assert s.submit(request("a1", app="a"))[1] is False  # a retried submit is no new job
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"max_queued": 0}, {"max_tenant_bytes": 10}, {"lease_ttl": 0.0}, {"max_attempts": 0}],
+)
+def test_nonsense_bounds_are_refused(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        SchedulerSettings(**settings)  # type: ignore[arg-type]

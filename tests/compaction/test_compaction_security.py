@@ -83,7 +83,11 @@ def test_the_shared_token_is_required(procs: Processes, seaweed: SeaweedFS, pref
     # a worker without the token cannot even register
     stranger = procs.worker(gateway, [prefix], env={"STATETIER_COMPACTION_TOKEN": ""})
     wait_for("the stranger to give up", lambda: stranger.poll() is not None, timeout=10)
-    assert stranger.returncode != 0
+    assert stranger.returncode == 3
+    logs = [p.read_text() for p in procs.workdir.glob("worker-*.log")]
+    refused = [text for text in logs if "registering with" in text]
+    assert refused and "failed (401): missing or wrong bearer token" in refused[0]
+    assert "Traceback" not in refused[0]  # one clear line, not a traceback
 
 
 def test_inputs_that_do_not_match_their_checksum_fail_the_job(

@@ -12,10 +12,12 @@ Failures, as in the ForSt design: a gateway that cannot be reached, a job that f
 service side (workers lost, storage errors) or a deadline that passed is retried on the next
 endpoint up to ``compaction.retries`` times, all within ``compaction.timeout``; then
 ``compaction.failure-strategy`` applies: ``fallback`` compacts locally (same merge code),
-``fail`` raises. A request the service refuses (paths outside its allowed prefixes, a bad
-token, corrupt inputs) raises at once: that is a bug or an attack, not an outage, and running it
-locally would hide it. Only outputs of a succeeded job under the request's own output prefix
-are returned, so nothing a stray worker wrote can end up in a manifest.
+``fail`` raises. A request the service refuses (any 4xx but 408, 409 and 429: paths outside its
+allowed prefixes, a malformed field, a bad token, a job too big; or corrupt inputs) raises at
+once: that is a bug or an attack, not an outage, retrying it elsewhere cannot help and running
+it locally would hide it. A full queue (429) is an outage: the next endpoint is tried. Only
+outputs of a succeeded job under the request's own output prefix are returned, so nothing a
+stray worker wrote can end up in a manifest.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
-from statetier.backend.config import StatetierConfig
+from statetier.backend.config import StatetierConfig, parse_endpoint
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     CompactionOutput,
@@ -48,11 +50,18 @@ __all__ = [
     "ServiceError",
     "call_json",
     "compactor_for",
+    "refused",
 ]
 
 log = logging.getLogger(__name__)
 
 FINAL = frozenset({"succeeded", "failed", "aborted"})  # job states that end the wait
+RETRIED_4XX = frozenset({408, 409, 429})  # timeout, conflicting job id, queue full
+
+
+def refused(status: int) -> bool:
+    """Whether an answer says the request itself is wrong (never retried)."""
+    return 400 <= status < 500 and status not in RETRIED_4XX
 
 
 class ServiceError(RuntimeError):
@@ -133,12 +142,13 @@ class RemoteCompactor:
             return tuple(self._endpoints)
 
     def add_endpoints(self, *urls: str) -> None:
-        """Start sending to ``urls`` too (comma-separated text is split)."""
+        """Start sending to ``urls`` too (comma-separated text is split); each must be an
+        http(s)://host[:port] URL, as ``compaction.endpoints`` requires (ValueError)."""
+        checked = [u.rstrip("/") for text in urls for u in parse_endpoint(text)]
         with self._lock:
-            for text in urls:
-                for url in (u.strip().rstrip("/") for u in text.split(",")):
-                    if url and url not in self._endpoints:
-                        self._endpoints.append(url)
+            for url in checked:
+                if url not in self._endpoints:
+                    self._endpoints.append(url)
 
     def remove_endpoints(self, *urls: str) -> None:
         """Stop sending new jobs to ``urls``; jobs already there are still waited for."""
@@ -195,7 +205,7 @@ class RemoteCompactor:
 
     def _run(self, endpoint: str, request: CompactionRequest, deadline: float) -> CompactionResult:
         status, body = self._call("POST", f"{endpoint}/v1/jobs", json.loads(request.to_json()))
-        if status in (400, 401, 403):
+        if refused(status):
             raise RemoteRefusedError(f"{endpoint} refused job {request.job_id}: {_message(body)}")
         if status not in (200, 202):
             raise ServiceError(f"submit answered {status}: {_message(body)}")

@@ -8,14 +8,19 @@ the compaction service load it without Spark installed.
 
 Sources, highest precedence first: values passed in code, Spark conf, environment, default.
 A bad value raises :class:`ConfigError` naming the setting, where the value came from and what
-is allowed.
+is allowed. Every value is checked where it is parsed: numbers in ASCII digits only (``int()``
+would take ``"٤٢"``), finite, within a sane range (a budget of ``1.5`` bytes or a chunk of
+``1t`` is a typo, not a wish); URIs with a served scheme and an absolute location; endpoints as
+http(s) URLs with a host.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -46,20 +51,40 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 <
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?", re.IGNORECASE)
+
+
+def _finite(value: float | int | str) -> float:
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError("expected a finite number") from None
+    if not math.isfinite(number):
+        raise ValueError("expected a finite number")
+    return number
+
+
 def parse_int(raw: object) -> int:
     if isinstance(raw, bool):
         raise ValueError("expected an integer, got a boolean")
     if isinstance(raw, int):
         return raw
-    return int(str(raw).strip())
+    text = str(raw).strip()
+    if not _INT.fullmatch(text):
+        raise ValueError("expected an integer in ASCII digits")
+    return int(text)
 
 
 def parse_float(raw: object) -> float:
     if isinstance(raw, bool):
         raise ValueError("expected a number, got a boolean")
     if isinstance(raw, (int, float)):
-        return float(raw)
-    return float(str(raw).strip())
+        return _finite(raw)
+    text = str(raw).strip()
+    if not _FLOAT.fullmatch(text):
+        raise ValueError("expected a number in ASCII digits")
+    return _finite(text)
 
 
 def parse_bool(raw: object) -> bool:
@@ -84,29 +109,125 @@ def parse_list(raw: object) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(raw).split(",") if part.strip())
 
 
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(?:i?b)?|(b)?)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?")
+
+
 def parse_size(raw: object) -> int:
-    """Bytes, with an optional binary unit: ``512m``, ``2g``, ``1073741824``, ``64KiB``."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
+    """Bytes, with an optional binary unit: ``512m``, ``2g``, ``1073741824``, ``64KiB``,
+    ``1.5g``; a fraction needs a unit (``1.5`` bytes is a typo)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError(f"expected a size such as 512m, got {type(raw).__name__}")
+    if isinstance(raw, int):
         return raw
-    text = str(raw).strip().lower().replace("ib", "").replace("i", "")
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgtb]?)b?", text)
+    match = _SIZE.fullmatch(raw.strip().lower())
     if not match:
-        raise ValueError("expected a size such as 512m, 2g or a number of bytes")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+        raise ValueError("expected a size such as 512m, 2g or a number of bytes (ASCII digits)")
+    number, unit = match.group(1), match.group(2) or ""
+    if "." in number and not unit:
+        raise ValueError("a fraction of a byte; give a unit (1.5g) or whole bytes")
+    if "." not in number:
+        return int(number) * _SIZE_UNITS[unit]
+    return int(_finite(number) * _SIZE_UNITS[unit])
 
 
 def parse_duration(raw: object) -> float:
     """Seconds, with an optional unit: ``500ms``, ``30s``, ``5m``, ``1h``, ``2.5``."""
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
-    text = str(raw).strip().lower()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|min|m|h)?", text)
+        return _finite(raw)
+    match = _DURATION.fullmatch(str(raw).strip().lower())
     if not match:
-        raise ValueError("expected a duration such as 500ms, 30s or 5m")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+        raise ValueError("expected a duration such as 500ms, 30s or 5m (ASCII digits)")
+    return _finite(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
+URI_SCHEMES = ("s3", "file", "memory")
+_BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?")  # S3 wants 3+; others less
+
+
+def parse_uri(raw: object) -> str:
+    """A checkpoint location: ``s3://bucket[/prefix]``, ``file:///absolute/path``,
+    ``memory://name``, or ``file://./dir`` (the one relative form, explicit about it: the
+    default). Anything else relative (``""``, ``dir``, ``file://dir``), another scheme or a
+    malformed URL (``s3:/bucket``) is refused rather than guessed at."""
+    if not isinstance(raw, str):
+        raise ValueError(f"expected a URI string, got {type(raw).__name__}")
+    text = raw.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise ValueError("expected a URI such as s3://bucket/prefix or file:///absolute/path")
+    if scheme not in URI_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is not one of {', '.join(URI_SCHEMES)} (lower case)")
+    if any(c.isspace() or c in "?#\\" for c in rest):
+        raise ValueError("a URI may not contain whitespace, '?', '#' or a backslash")
+    if scheme == "file" and not (rest.startswith("/") or rest.startswith("./")):
+        raise ValueError(f"{text!r} is a relative path; write file:///absolute/path")
+    if scheme == "s3" and not _BUCKET.fullmatch(rest.split("/", 1)[0]):
+        raise ValueError("expected s3://bucket/prefix with a valid bucket name")
+    if scheme == "memory" and not rest.strip("/"):
+        raise ValueError("expected memory://name")
+    if "/../" in f"/{rest}/" or "/./" in f"/{rest.removeprefix('./')}/":
+        raise ValueError("a URI may not contain '.' or '..' segments")
+    return text
+
+
+def parse_endpoint(raw: object) -> tuple[str, ...]:
+    """Comma-separated gateway URLs, each ``http(s)://host[:port][/path]``."""
+    endpoints = parse_list(raw)
+    for url in endpoints:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"endpoint {url!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint {url!r} is not an http(s)://host[:port] URL")
+        if port == 0 or parts.query or parts.fragment or parts.username or " " in url:
+            raise ValueError(f"endpoint {url!r}: no port 0, query, fragment or user info")
+    return endpoints
+
+
+def parse_token(raw: object) -> str:
+    """A bearer token: printable ASCII without spaces (it goes into an HTTP header)."""
+    text = parse_str(raw)
+    if len(text) > 4096 or not re.fullmatch(r"[\x21-\x7e]*", text):
+        raise ValueError("a token is up to 4096 printable ASCII characters without spaces")
+    return text
+
+
+def parse_dirs(raw: object) -> tuple[str, ...]:
+    """Comma-separated absolute directories."""
+    dirs = parse_list(raw)
+    for path in dirs:
+        if not os.path.isabs(path):
+            raise ValueError(f"{path!r} is a relative path; give an absolute directory")
+    return dirs
 
 
 # --------------------------------------------------------------------------- validators
+
+
+def zero_or_between(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = value == 0 or low <= value <= high
+        return None if ok else f"must be 0 or between {_human(low)} and {_human(high)}"
+
+    return check
+
+
+def _human(value: float) -> str:
+    for unit, size in (("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{unit}"
+    return f"{value:g}"
+
+
+def sizes_between(low: int, high: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = low <= value <= high
+        return None if ok else f"must be between {_human(low)} and {_human(high)}"
+
+    return check
 
 
 def at_least(low: float) -> Callable[[Any], str | None]:
@@ -186,9 +307,11 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "checkpoint.uri",
         "uri",
-        parse_str,
+        parse_uri,
         "file://./statetier-checkpoints",
-        "Where epoch checkpoints are written (s3://bucket/prefix, file:///path or memory://).",
+        "Where epoch checkpoints are written: s3://bucket/prefix, file:///absolute/path or "
+        "memory://name. The default, file://./ (the one relative form accepted), is the working "
+        "directory: local to each pod, for a laptop only.",
     ),
     Setting(
         "checkpoint.retained",
@@ -196,7 +319,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_int,
         3,
         "How many committed epochs are kept; files only older epochs reference are deleted.",
-        at_least(1),
+        between(1, 10000),
     ),
     Setting(
         "checkpoint.incremental",
@@ -225,10 +348,10 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "spill.dirs",
         "list",
-        parse_list,
+        parse_dirs,
         (),
-        "Comma-separated directories on local SSD for spilled key groups, used in rotation. "
-        "Empty: the executor's local dirs, else the system temp dir.",
+        "Comma-separated absolute directories on local SSD for spilled key groups, used in "
+        "rotation. Empty: the executor's local dirs, else the system temp dir.",
     ),
     Setting(
         "memory.budget",
@@ -236,8 +359,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_size,
         0,
         "Memory the state may use in this process. 0: the container limit (cgroup), else "
-        "physical memory.",
-        at_least(0),
+        "physical memory. Otherwise 1m to 1024t.",
+        zero_or_between(1 << 20, 1 << 50),
     ),
     Setting(
         "spill.threshold",
@@ -269,7 +392,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_duration,
         0.0,
         "Spill when the average gen-2 GC pause over the window passes this. 0 disables it.",
-        at_least(0),
+        between(0, 3600),
     ),
     Setting(
         "spill.check-interval",
@@ -277,7 +400,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_duration,
         1.0,
         "How often the memory monitor checks usage.",
-        at_least(0.01),
+        between(0.01, 3600),
     ),
     Setting(
         "spill.enabled",
@@ -292,7 +415,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_duration,
         60.0,
         "Window over which gen-2 GC pauses are averaged for spill.gc-pause-threshold.",
-        at_least(0.01),
+        between(0.01, 86400),
     ),
     Setting(
         "spill.size-weight",
@@ -307,15 +430,17 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "size",
         parse_size,
         64 << 20,
-        "Size of one mmap'd chunk file in a spill dir; space is reserved when it is created.",
-        at_least(1 << 16),
+        "Size of one mmap'd chunk file in a spill dir; space is reserved when it is created. "
+        "64k to 1g.",
+        sizes_between(1 << 16, 1 << 30),
     ),
     Setting(
         "compaction.endpoints",
         "list",
-        parse_list,
+        parse_endpoint,
         (),
-        "Comma-separated URLs of compaction gateways. Empty: compact locally.",
+        "Comma-separated http(s)://host[:port] URLs of compaction gateways. Empty: compact "
+        "locally.",
     ),
     Setting(
         "compaction.timeout",
@@ -323,7 +448,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_duration,
         300.0,
         "How long a remote compaction may take before the failure strategy applies.",
-        at_least(1),
+        between(1, 86400),
     ),
     Setting(
         "compaction.failure-strategy",
@@ -354,10 +479,11 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "compaction.token",
         "secret",
-        parse_str,
+        parse_token,
         "",
-        "Shared bearer token of the compaction service (client, gateway and workers). Empty: "
-        "none. Prefer the environment variable to a Spark conf key for a secret.",
+        "Shared bearer token of the compaction service (client, gateway and workers; printable "
+        "ASCII, no spaces). Empty: none (a gateway then refuses its API unless it runs "
+        "--insecure-no-token). Prefer the environment variable to a Spark conf key for a secret.",
     ),
     Setting(
         "compaction.delta-trigger",
@@ -365,7 +491,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_int,
         5,
         "Compact a range when this many delta files pile up on its base.",
-        at_least(1),
+        between(1, 1000),
     ),
     Setting(
         "compaction.size-ratio",
@@ -373,7 +499,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         parse_float,
         1.0,
         "Compact a range when its delta files add up to this fraction of its base's size.",
-        at_least(0.01),
+        between(0.01, 1e6),
     ),
     Setting(
         "host.idle-timeout",
@@ -382,7 +508,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         600.0,
         "Spark: how long an executor's state host keeps its warm key-group ranges without a "
         "task before it exits (state is then restored from the checkpoint).",
-        at_least(1),
+        between(1, 7 * 86400),
     ),
     Setting(
         "host.result-timeout",
@@ -392,7 +518,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Spark: how long the driver waits, after an epoch's job finished, for every range's "
         "snapshot (a state host writes it after its task returned); past it the epoch fails "
         "uncommitted and is re-run on restart. Bound it by the longest snapshot upload.",
-        at_least(1),
+        between(1, 7 * 86400),
     ),
     Setting(
         "host.liveness-timeout",

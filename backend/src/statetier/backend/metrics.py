@@ -6,6 +6,8 @@ owning code stays small:
 
 * checkpoints: :func:`checkpoint_committed` / :func:`checkpoint_failed` (duration, size,
   outcome, time of the last commit, for the "stale" alert);
+* the maintenance after a commit: :func:`compaction_done` (one chain compacted or failed) and
+  :func:`retention_done` (one retention run), separate because one never stops the other;
 * state locality: :func:`warm_hit` / :func:`cold_restore` (a key-group range found warm in the
   process, or restored from tier 2), for the warm-hit rate;
 * spill volumes: :func:`watch_spill_dirs` registers the spill directories; their capacity and
@@ -30,6 +32,8 @@ __all__ = [
     "checkpoint_committed",
     "checkpoint_failed",
     "cold_restore",
+    "compaction_done",
+    "retention_done",
     "warm_hit",
     "watch_spill_dirs",
 ]
@@ -59,14 +63,29 @@ COLD_RESTORES = Counter(
     "statetier_state_cold_restores",
     "Key-group ranges whose state had to be restored from tier 2 (ownership moved, restart).",
 )
+COMPACTIONS = Counter(
+    "statetier_compactions",
+    "Chains compacted after a commit, by outcome (succeeded, failed).",
+    ["outcome"],
+)
+RETENTION_RUNS = Counter(
+    "statetier_retention_runs",
+    "Retention runs after a commit, by outcome (succeeded, failed).",
+    ["outcome"],
+)
 for _outcome in ("committed", "failed"):
     CHECKPOINTS.labels(_outcome)
+for _outcome in ("succeeded", "failed"):
+    COMPACTIONS.labels(_outcome)
+    RETENTION_RUNS.labels(_outcome)
 
 METRIC_NAMES = (
     "statetier_checkpoint_duration_seconds",
     "statetier_checkpoint_size_bytes",
     "statetier_checkpoints_total",
     "statetier_checkpoint_last_success_timestamp_seconds",
+    "statetier_compactions_total",
+    "statetier_retention_runs_total",
     "statetier_state_warm_hits_total",
     "statetier_state_cold_restores_total",
     "statetier_spill_volume_capacity_bytes",
@@ -85,6 +104,16 @@ def checkpoint_committed(seconds: float, size_bytes: int) -> None:
 def checkpoint_failed() -> None:
     """One checkpoint that did not commit."""
     CHECKPOINTS.labels("failed").inc()
+
+
+def compaction_done(succeeded: bool) -> None:
+    """One chain's compaction after a commit finished (or failed)."""
+    COMPACTIONS.labels("succeeded" if succeeded else "failed").inc()
+
+
+def retention_done(succeeded: bool) -> None:
+    """One retention run after a commit finished (or failed)."""
+    RETENTION_RUNS.labels("succeeded" if succeeded else "failed").inc()
 
 
 def warm_hit(ranges: int = 1) -> None:

@@ -102,6 +102,7 @@ def run(
                     key_groups="0-15",
                     inputs=inputs,
                     output_prefix=f"{prefix}/data/out/{tag}",
+                    max_parallelism=16,
                 )
 
             client.compact(request("warmup"))  # worker and connections warm

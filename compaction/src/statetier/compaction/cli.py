@@ -2,8 +2,10 @@
 
 The operator starts them with exactly these flags (see statetier.operator.compaction). The
 shared token comes from ``STATETIER_COMPACTION_TOKEN`` (the backend's ``compaction.token``
-setting, so client, gateway and workers read one variable) or ``--token-file``. Object-storage
-credentials come from the usual AWS_* variables, as s3fs reads them.
+setting, so client, gateway and workers read one variable) or ``--token-file``; a gateway
+without one refuses its API unless started with ``--insecure-no-token`` (a sandbox).
+Object-storage credentials come from the usual AWS_* variables, as s3fs reads them. Every bound
+of the gateway is a flag with a default (docs/compaction.md lists them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -28,41 +31,85 @@ def _token(args: argparse.Namespace) -> str:
     return os.environ.get(TOKEN_ENV, "")
 
 
-def _gateway(args: argparse.Namespace) -> int:
-    from statetier.compaction.gateway import Gateway, GatewaySettings, serve
-    from statetier.compaction.scheduler import SchedulerSettings
+def _size(text: str) -> int:
+    from statetier.backend.config import parse_size
 
-    settings = GatewaySettings(
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _gateway_settings(args: argparse.Namespace) -> Any:
+    from statetier.compaction.gateway import GatewaySettings
+    from statetier.compaction.scheduler import SchedulerSettings
+    from statetier.compaction.validation import Limits
+
+    return GatewaySettings(
         allowed_prefixes=tuple(args.allowed_prefix),
         token=_token(args),
+        insecure=args.insecure_no_token,
         scheduler=SchedulerSettings(
             worker_policy=args.worker_policy,
             job_policy=args.scheduling_policy,
             lease_ttl=args.lease_ttl,
             stall_timeout=args.stall_timeout,
             max_attempts=args.max_attempts,
+            max_queued=args.max_queued,
+            max_queued_per_tenant=args.max_queued_per_tenant,
+            max_tenant_bytes=args.max_tenant_bytes,
+        ),
+        limits=Limits(
+            max_inputs=args.max_inputs,
+            max_job_bytes=args.max_job_bytes,
+            max_worker_slots=args.max_worker_slots,
         ),
         heartbeat_interval=args.heartbeat_interval,
+        max_poll_wait=args.max_poll_wait,
         target_queue_per_worker=args.target_queue_per_worker,
+        max_body_bytes=args.max_body_bytes,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
     )
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from statetier.compaction.gateway import Gateway, serve
+    from statetier.compaction.paths import RefusedPathError
+
+    try:
+        settings = _gateway_settings(args)
+        gateway = Gateway(settings)
+    except (ValueError, RefusedPathError, OSError) as exc:
+        print(f"statetier-compaction gateway: {exc}", file=sys.stderr)
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(Gateway(settings), args.host, args.port))
+        asyncio.run(serve(gateway, args.host, args.port))
     return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from statetier.compaction.worker import Worker, install_signal_handlers
+    from statetier.compaction.paths import RefusedPathError
+    from statetier.compaction.worker import RegistrationError, Worker, install_signal_handlers
 
-    worker = Worker(
-        args.gateway,
-        allowed_prefixes=tuple(args.allowed_prefix),
-        slots=args.concurrency,
-        token=_token(args),
-        max_read_rate=args.max_read_rate,
-        worker_id=args.worker_id,
-    )
+    try:
+        worker = Worker(
+            args.gateway,
+            allowed_prefixes=tuple(args.allowed_prefix),
+            slots=args.concurrency,
+            token=_token(args),
+            max_read_rate=args.max_read_rate,
+            worker_id=args.worker_id,
+        )
+    except (ValueError, RefusedPathError, OSError) as exc:
+        print(f"statetier-compaction worker: {exc}", file=sys.stderr)
+        return 2
     install_signal_handlers(worker)
-    worker.run()
+    try:
+        worker.run()
+    except RegistrationError as exc:
+        print(f"statetier-compaction worker: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -92,6 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--heartbeat-interval", type=float, default=2.0)
     gw.add_argument("--stall-timeout", type=float, default=300.0, help="seconds without progress")
     gw.add_argument("--max-attempts", type=int, default=3)
+    gw.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve the API without a token (a sandbox only: anyone reaching the port can "
+        "register as a worker and receive jobs)",
+    )
+    limits = gw.add_argument_group("limits")
+    limits.add_argument("--max-body-bytes", type=_size, default=1 << 20)
+    limits.add_argument("--header-timeout", type=float, default=10.0, help="seconds")
+    limits.add_argument("--body-timeout", type=float, default=10.0, help="seconds")
+    limits.add_argument("--max-poll-wait", type=float, default=20.0, help="seconds")
+    limits.add_argument("--max-inputs", type=int, default=256, help="input files per job")
+    limits.add_argument("--max-job-bytes", type=_size, default=4 << 30, help="input bytes/job")
+    limits.add_argument("--max-worker-slots", type=int, default=64)
+    limits.add_argument("--max-queued", type=int, default=1000, help="queued jobs in all")
+    limits.add_argument("--max-queued-per-tenant", type=int, default=100)
+    limits.add_argument(
+        "--max-tenant-bytes", type=_size, default=64 << 30, help="queued+running input bytes"
+    )
     gw.set_defaults(func=_gateway)
 
     wk = sub.add_parser("worker", parents=[common], help="run a compaction worker")

@@ -19,31 +19,55 @@ Workers::
 
 Plus ``/healthz`` (the process answers), ``/readyz`` (at least one worker is alive, so a
 submitted job can run) and ``/metrics``. Workers pull their jobs by long polling, so a worker
-needs no address the gateway can reach: pods behind any network setup work. Every API call but
-the probes and metrics needs ``Authorization: Bearer <token>`` when a token is configured.
-Requests whose paths are outside the allowed prefixes are refused with 403 and the reason.
+needs no address the gateway can reach: pods behind any network setup work.
+
+Security: every API call but the probes, metrics and stats needs ``Authorization: Bearer
+<token>``. A gateway started without a token refuses those calls (401, saying how to set one),
+because whoever registers as a worker receives jobs and their storage paths; only
+``insecure=True`` (``--insecure-no-token``, for a sandbox) serves them without one. Paths outside
+the allowed prefixes are refused with 403 and the reason; every malformed body or parameter
+with 400 naming the field (see :mod:`statetier.compaction.validation`); a full queue with 429.
+
+Bounds: the request body size, the time to send the headers of a first request and the body of
+any, idle keep-alive connections, poll waits, the jobs and input bytes queued per tenant and in
+all (see :class:`GatewaySettings` and docs/compaction.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
+from statetier.backend.snapshot.compaction import CompactionResult
 from statetier.compaction.metrics import GatewayMetrics
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.scheduler import (
     Job,
+    JobState,
     LeaseLostError,
+    QueueFullError,
     Scheduler,
     SchedulerSettings,
     UnknownWorkerError,
+)
+from statetier.compaction.validation import (
+    InvalidRequestError,
+    Limits,
+    check_id,
+    parse_done,
+    parse_heartbeat,
+    parse_job,
+    parse_json,
+    parse_slots,
+    parse_wait,
 )
 
 __all__ = ["Gateway", "GatewaySettings"]
@@ -52,29 +76,50 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/v1/stats")  # counts only, no job data
-_JOB_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+NO_TOKEN = (
+    "this gateway has no token: set STATETIER_COMPACTION_TOKEN (or --token-file) on the "
+    "gateway, its workers and clients, or start it with --insecure-no-token in a sandbox"
+)
 
 
+@dataclasses.dataclass(frozen=True)
 class GatewaySettings:
-    def __init__(
-        self,
-        allowed_prefixes: tuple[str, ...],
-        token: str = "",
-        scheduler: SchedulerSettings | None = None,
-        heartbeat_interval: float = 2.0,
-        max_poll_wait: float = 20.0,
-        target_queue_per_worker: int = 4,
-    ) -> None:
-        self.target_queue_per_worker = target_queue_per_worker
-        self.allowed_prefixes = allowed_prefixes
-        self.token = token
-        self.scheduler = scheduler or SchedulerSettings()
-        self.heartbeat_interval = heartbeat_interval
-        self.max_poll_wait = max_poll_wait
+    """Everything a gateway is started with; every bound has a default (docs/compaction.md)."""
+
+    allowed_prefixes: tuple[str, ...]
+    token: str = ""
+    insecure: bool = False  # serve the API without a token (a sandbox)
+    scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    heartbeat_interval: float = 2.0
+    max_poll_wait: float = 20.0
+    target_queue_per_worker: int = 4
+    max_body_bytes: int = 1 << 20
+    header_timeout: float = 10.0  # a new connection must send a request's headers by then
+    body_timeout: float = 10.0  # and a request its whole body
+    keepalive_timeout: float = 30.0  # an idle kept-alive connection is closed after it
+
+    def __post_init__(self) -> None:
+        for name in (
+            "heartbeat_interval",
+            "max_poll_wait",
+            "header_timeout",
+            "body_timeout",
+            "keepalive_timeout",
+        ):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ValueError(f"{name.replace('_', '-')} must be in (0, 3600] seconds")
+        if not 1 << 10 <= self.max_body_bytes <= 1 << 30:
+            raise ValueError("max-body-bytes must be between 1 KiB and 1 GiB")
+        if self.token and self.insecure:
+            raise ValueError("a token and --insecure-no-token contradict each other")
 
 
-def _error(status: int, kind: str, message: str) -> web.Response:
-    return web.json_response({"error": kind, "message": message}, status=status)
+def _error(status: int, kind: str, message: str, field: str | None = None) -> web.Response:
+    body = {"error": kind, "message": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
 
 
 class Gateway:
@@ -88,11 +133,15 @@ class Gateway:
         self._wakeups: dict[str, asyncio.Event] = {}
         self._finished = asyncio.Event()  # set (and replaced) whenever a job finishes
         self._expiry: asyncio.Task[None] | None = None
+        self.started: weakref.WeakSet[Any] = weakref.WeakSet()  # transports past their headers
 
     # ------------------------------------------------------------------ app
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=16 << 20)
+        app = web.Application(
+            middlewares=[self._auth, self._invalid],
+            client_max_size=self.settings.max_body_bytes,
+        )
         app.add_routes(
             [
                 web.get("/healthz", self.healthz),
@@ -133,13 +182,47 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.transport is not None:
+            self.started.add(request.transport)
+        if request.path in _OPEN_PATHS or self.settings.insecure:
+            return await handler(request)
         token = self.settings.token
-        if token and request.path not in _OPEN_PATHS:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                self.metrics.refused.labels("token").inc()
-                return _error(401, "unauthorized", "missing or wrong bearer token")
+        if not token:
+            self.metrics.refused.labels("token").inc()
+            return _error(401, "unauthorized", NO_TOKEN)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            self.metrics.refused.labels("token").inc()
+            return _error(401, "unauthorized", "missing or wrong bearer token")
         return await handler(request)
+
+    @web.middleware
+    async def _invalid(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A malformed body or parameter is the caller's fault: 400 naming the field."""
+        try:
+            return await handler(request)
+        except InvalidRequestError as exc:
+            self.metrics.refused.labels("invalid").inc()
+            return _error(400, "invalid", str(exc), exc.field)
+
+    async def _body(self, request: web.Request) -> Any:
+        """The parsed JSON body, read within ``body_timeout``: a client that announces a
+        body and never sends it does not hold the connection (408)."""
+        if not request.can_read_body:
+            return {}
+        try:
+            raw = await asyncio.wait_for(request.read(), self.settings.body_timeout)
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(
+                text=json.dumps(
+                    {
+                        "error": "timeout",
+                        "message": f"body not received within {self.settings.body_timeout:g}s",
+                    }
+                ),
+                content_type="application/json",
+            ) from None
+        return parse_json(raw)
 
     # ------------------------------------------------------------------ events
 
@@ -198,16 +281,7 @@ class Gateway:
     # ------------------------------------------------------------------ client API
 
     async def submit(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.read()
-            job_request = CompactionRequest.from_json(body)
-            if not job_request.job_id or not set(job_request.job_id) <= _JOB_ID_CHARS:
-                raise ValueError("job_id must be 1..128 of [A-Za-z0-9._-]")
-            if len(job_request.job_id) > 128 or not job_request.inputs:
-                raise ValueError("job_id too long, or no inputs")
-        except (ValueError, TypeError, KeyError) as exc:
-            self.metrics.refused.labels("invalid").inc()
-            return _error(400, "invalid", f"not a compaction request: {exc}")
+        job_request = parse_job(await self._body(request), self.settings.limits)
         try:
             self.policy.check_request(job_request)
         except RefusedPathError as exc:
@@ -215,6 +289,9 @@ class Gateway:
             return _error(403, "refused", str(exc))
         try:
             job, created = self.scheduler.submit(job_request)
+        except QueueFullError as exc:
+            self.metrics.refused.labels("queue_full").inc()
+            return _error(429, "queue_full", str(exc))
         except ValueError as exc:
             return _error(409, "conflict", str(exc))
         self._schedule()
@@ -222,6 +299,10 @@ class Gateway:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         state = request.query.get("state")
+        if state is not None and state not in {s.value for s in JobState}:
+            raise InvalidRequestError(
+                "state", f"must be one of {', '.join(s.value for s in JobState)}"
+            )
         jobs = [j.view() for j in self.scheduler.jobs.values() if state is None or j.state == state]
         return web.json_response({"jobs": jobs})
 
@@ -232,13 +313,10 @@ class Gateway:
         """A job's status; ``?wait=S`` holds the answer until the job finishes or S seconds
         pass, so a waiting client learns of the result at once, with one call instead of many
         polls."""
+        wait = parse_wait(request.query.get("wait"), 0.0, self.settings.max_poll_wait)
         job = self._job(request)
         if job is None:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
-        try:
-            wait = min(float(request.query.get("wait", "0")), self.settings.max_poll_wait)
-        except ValueError:
-            return _error(400, "invalid", "wait must be a number of seconds")
         await self._until_finished(job, wait)
         return web.json_response(job.view())
 
@@ -260,11 +338,11 @@ class Gateway:
     # ------------------------------------------------------------------ worker API
 
     async def register(self, request: web.Request) -> web.Response:
-        body = await _json(request)
-        worker_id = request.match_info["worker_id"]
-        self.scheduler.register(worker_id, int(body.get("slots", 1)))
+        slots = parse_slots(await self._body(request), self.settings.limits)
+        worker_id = check_id(request.match_info["worker_id"], "worker_id")
+        self.scheduler.register(worker_id, slots)
         self._wakeups.setdefault(worker_id, asyncio.Event())
-        log.info("worker %s joined (%s slots)", worker_id, body.get("slots", 1))
+        log.info("worker %s joined (%s slots)", worker_id, slots)
         self._schedule()
         return web.json_response(
             {
@@ -276,7 +354,8 @@ class Gateway:
 
     async def poll(self, request: web.Request) -> web.Response:
         worker_id = request.match_info["worker_id"]
-        wait = min(float(request.query.get("wait", "10")), self.settings.max_poll_wait)
+        wait = parse_wait(request.query.get("wait"), 10.0, self.settings.max_poll_wait)
+        await self._body(request)  # read (and bound) whatever was sent; a poll needs nothing
         event = self._wakeups.setdefault(worker_id, asyncio.Event())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -304,9 +383,8 @@ class Gateway:
         )
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        progress = parse_heartbeat(await self._body(request), self.settings.limits)
         worker_id = request.match_info["worker_id"]
-        progress = {str(k): int(v) for k, v in dict(body.get("progress") or {}).items()}
         try:
             drop = self.scheduler.heartbeat(worker_id, progress)
         except UnknownWorkerError:
@@ -314,12 +392,11 @@ class Gateway:
         return web.json_response({"drop": drop})
 
     async def done(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        answer = parse_done(await self._body(request))
         worker_id, job_id = request.match_info["worker_id"], request.match_info["job_id"]
-        result = None
-        error, error_kind = body.get("error"), str(body.get("error_kind") or "service")
-        if body.get("result") is not None:
-            result = CompactionResult.from_json(json.dumps(body["result"]))
+        result: CompactionResult | None = answer.result
+        error, error_kind = answer.error, answer.error_kind
+        if result is not None:
             try:  # a worker must not name files outside the prefixes either
                 for output in result.outputs:
                     self.policy.check_url(output.url, "output")
@@ -327,7 +404,7 @@ class Gateway:
                 result, error, error_kind = None, str(exc), "request"
         try:
             job = self.scheduler.complete(
-                worker_id, job_id, int(body.get("attempt", 0)), result, error, error_kind
+                worker_id, job_id, answer.attempt, result, error, error_kind
             )
         except LeaseLostError as exc:
             return _error(409, "lease_lost", str(exc))
@@ -343,24 +420,39 @@ class Gateway:
         return web.json_response({"ok": True})
 
 
-async def _json(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    body = await request.json()
-    return dict(body) if isinstance(body, dict) else {}
+def _header_deadline(gateway: Gateway, factory: Callable[[], Any]) -> Callable[[], Any]:
+    """A protocol factory that closes a connection whose first request's headers did not
+    arrive within ``header_timeout`` (aiohttp has no such limit: a client that connects and
+    sends nothing, or half a header, would hold the connection for good)."""
+    loop = asyncio.get_running_loop()
+
+    def check(protocol: Any) -> None:
+        transport = protocol.transport
+        if transport is not None and transport not in gateway.started:
+            log.info("closing a connection that sent no request headers in time")
+            transport.close()
+
+    def make() -> Any:
+        protocol = factory()
+        loop.call_later(gateway.settings.header_timeout, check, protocol)
+        return protocol
+
+    return make
 
 
 async def serve(gateway: Gateway, host: str, port: int) -> None:
     """Run until cancelled; prints the URL once listening (tests and the CLI read it)."""
-    runner = web.AppRunner(gateway.app())
+    if not gateway.settings.token and not gateway.settings.insecure:
+        log.warning("%s; until then every API call is refused", NO_TOKEN)
+    runner = web.AppRunner(gateway.app(), keepalive_timeout=gateway.settings.keepalive_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server: Any = site._server
-    sockets = server.sockets if server is not None else []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_header_deadline(gateway, runner.server), host, port)
+    bound = server.sockets[0].getsockname()[1] if server.sockets else port
     print(f"http://{host}:{bound}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
+        server.close()
         await runner.cleanup()

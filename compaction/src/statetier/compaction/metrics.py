@@ -29,7 +29,7 @@ DOCUMENTED: tuple[str, ...] = tuple(
     )
 )
 OUTCOMES = ("succeeded", "failed", "aborted")
-REFUSALS = ("path", "token", "invalid")
+REFUSALS = ("path", "token", "invalid", "queue_full")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -61,7 +61,9 @@ class GatewayMetrics:
             "Running attempts that lost their lease (dead, stalled or leaving worker, error).",
         )
         self.refused = self._counter(
-            "requests_refused", "Requests refused, by reason (path, token, invalid).", "reason"
+            "requests_refused",
+            "Requests refused, by reason (path, token, invalid, queue_full).",
+            "reason",
         )
         for outcome in OUTCOMES:  # every labelled series exported from the start, at zero
             self.finished.labels(outcome)

@@ -14,6 +14,12 @@ design's "remaining input files", in bytes), ties in round-robin order. Which jo
 arrival order; ``fair`` round-robins between tenants (the checkpoint location a job writes to),
 so one application with many compactions cannot starve the others.
 
+Bounds: a job is refused (:class:`QueueFullError`, the gateway's 429) when the queue holds
+``max_queued`` jobs, or its tenant already has ``max_queued_per_tenant`` jobs queued or
+``max_tenant_bytes`` input bytes queued or running, so one application cannot fill the
+gateway's memory or the workers' time. Finished jobs are kept ``finished_retention`` seconds,
+at most ``max_finished`` of them (oldest dropped first), for late status calls.
+
 Time comes from an injected clock, so every rule here is tested deterministically.
 """
 
@@ -32,6 +38,7 @@ __all__ = [
     "Job",
     "JobState",
     "LeaseLostError",
+    "QueueFullError",
     "Scheduler",
     "SchedulerSettings",
     "UnknownWorkerError",
@@ -58,6 +65,10 @@ class LeaseLostError(RuntimeError):
     """A worker answered for a job it no longer holds (lease expired, revoked or aborted)."""
 
 
+class QueueFullError(RuntimeError):
+    """The queue, or the tenant's share of it, is full: submit again later or elsewhere."""
+
+
 class UnknownWorkerError(KeyError):
     """A worker the scheduler does not know (it expired, or the gateway restarted)."""
 
@@ -77,8 +88,19 @@ class SchedulerSettings:
     stall_timeout: float = 300.0
     max_attempts: int = 3
     finished_retention: float = 3600.0
+    max_finished: int = 10000
+    max_queued: int = 1000
+    max_queued_per_tenant: int = 100
+    max_tenant_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
+        for name in ("max_attempts", "max_finished", "max_queued", "max_queued_per_tenant"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.max_tenant_bytes < 1 << 20:
+            raise ValueError("max-tenant-bytes must be at least 1 MiB")
+        if not 0 < self.lease_ttl <= 3600 or not 0 < self.stall_timeout <= 86400:
+            raise ValueError("lease-ttl must be in (0, 3600] and stall-timeout in (0, 86400]")
         if self.worker_policy not in WORKER_POLICIES:
             raise ValueError(f"worker policy must be one of {', '.join(WORKER_POLICIES)}")
         if self.job_policy not in JOB_POLICIES:
@@ -187,11 +209,32 @@ class Scheduler:
                 raise ValueError(f"job {request.job_id} exists with a different request")
             return existing, False
         job = Job(request, self.clock(), tenant_of(request))
+        self._check_room(job)
         self.jobs[job.job_id] = job
         self._enqueue(job, front=False)
         job.history.append("queued")
         self.on_event("submitted", job)
         return job, True
+
+    def _check_room(self, job: Job) -> None:
+        limits = self.settings
+        if self.queued() >= limits.max_queued:
+            raise QueueFullError(f"the queue holds {limits.max_queued} jobs (max-queued)")
+        queue = self._queues.get(job.tenant) or ()
+        if len(queue) >= limits.max_queued_per_tenant:
+            raise QueueFullError(
+                f"tenant {job.tenant} has {len(queue)} jobs queued (max-queued-per-tenant)"
+            )
+        pending = sum(
+            j.bytes_total
+            for j in self.jobs.values()
+            if j.tenant == job.tenant and not j.state.terminal
+        )
+        if pending + job.bytes_total > limits.max_tenant_bytes:
+            raise QueueFullError(
+                f"tenant {job.tenant} has {pending} input bytes queued or running; this job's "
+                f"{job.bytes_total} would pass {limits.max_tenant_bytes} (max-tenant-bytes)"
+            )
 
     def _enqueue(self, job: Job, front: bool) -> None:
         queue = self._queues.get(job.tenant)
@@ -420,12 +463,14 @@ class Scheduler:
                         job,
                         f"no progress on {worker.worker_id} for {self.settings.stall_timeout:g}s",
                     )
-        for job_id, job in list(self.jobs.items()):
-            if (
-                job.state.terminal
-                and job.finished_at is not None
-                and now - job.finished_at > self.settings.finished_retention
-            ):
+        finished = sorted(
+            (j.finished_at, j.job_id)
+            for j in self.jobs.values()
+            if j.state.terminal and j.finished_at is not None
+        )
+        extra = len(finished) - self.settings.max_finished
+        for index, (finished_at, job_id) in enumerate(finished):
+            if index < extra or now - finished_at > self.settings.finished_retention:
                 del self.jobs[job_id]
         return happened
 

@@ -84,11 +84,18 @@ class SeaweedFS:
 
 
 class Processes:
-    """Gateways and workers started with ``statetier-compaction``; all stopped on exit."""
+    """Gateways and workers started with ``statetier-compaction``; all stopped on exit.
 
-    def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
+    Tests are a sandbox on loopback: a gateway started without a token (none in ``env`` or the
+    call's ``env``) is given ``--insecure-no-token``, unless ``sandbox=False`` asks for the
+    production default (refuse the API without a token), which the security tests check."""
+
+    def __init__(
+        self, workdir: Path, env: dict[str, str] | None = None, *, sandbox: bool = True
+    ) -> None:
         self.workdir = workdir
         self.env = {**os.environ, **(env or {})}
+        self.sandbox = sandbox
         self.procs: list[subprocess.Popen[Any]] = []
 
     def __enter__(self) -> Self:
@@ -121,6 +128,9 @@ class Processes:
         """Start a gateway; returns its URL once it listens."""
         args = ["gateway", "--host", "127.0.0.1", "--port", str(port)]
         args += [a for p in prefixes for a in ("--allowed-prefix", p)]
+        token = {**self.env, **(env or {})}.get("STATETIER_COMPACTION_TOKEN", "")
+        if self.sandbox and not token and "--token-file" not in extra:
+            args.append("--insecure-no-token")
         proc = self._spawn([*args, *extra], f"gateway-{len(self.procs)}", env)
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()

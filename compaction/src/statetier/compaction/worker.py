@@ -4,7 +4,13 @@ The worker registers, long-polls the gateway for jobs while it has a free slot, 
 a thread with :class:`~statetier.backend.snapshot.compaction.LocalCompactor` (the same code as
 local compaction), reading and writing through fsspec. A heartbeat thread renews its leases and
 reports how many input bytes each job has read; jobs the gateway says to drop (aborted, or
-given to another worker) stop at their next read and write nothing.
+given to another worker) stop at their next read or key group of the merge and write nothing,
+so the slot is free again within a heartbeat interval of the abort.
+
+Each job is checked again here before anything is read: its fields (the same validation as the
+gateway's) and every URL against the worker's own allowed prefixes. The directories an output on
+``file://`` needs are created under the output prefix, which the check placed inside an allowed
+prefix; object stores need none.
 
 Outputs go under ``<output prefix>/<job id>-a<attempt>/``: every attempt has its own names, so
 an attempt that dies half-way or loses its lease can never overwrite or be mistaken for the
@@ -30,20 +36,28 @@ import uuid
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.compaction_client import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
-    CompactionRequest,
     LocalCompactor,
 )
 from statetier.backend.snapshot.format import CorruptFileError
+from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
+from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
 
-__all__ = ["JobDroppedError", "Worker"]
+__all__ = ["JobDroppedError", "RegistrationError", "Worker"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 4 << 20
+# The gateway bounds job sizes; a worker checks the shape of a job, not the gateway's limits.
+_SHAPE_ONLY = Limits(max_inputs=1 << 20, max_job_bytes=1 << 62)
+
+
+class RegistrationError(RuntimeError):
+    """The gateway refused to register this worker (a wrong or missing token, bad slots)."""
 
 
 class JobDroppedError(Exception):
@@ -54,8 +68,11 @@ class _JobFiles:
     """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
-    def __init__(self, output_url: str, cancelled: threading.Event, max_read_rate: float) -> None:
+    def __init__(
+        self, output_url: str, root: str, cancelled: threading.Event, max_read_rate: float
+    ) -> None:
         self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+        self.root = root  # the allowed prefix the output lies under
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
         self.bytes_read = 0
@@ -70,7 +87,8 @@ class _JobFiles:
         with self._count:
             self.bytes_read += count
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise :class:`JobDroppedError` once the job is cancelled (reads, merge, writes)."""
         if self.cancelled.is_set():
             raise JobDroppedError()
 
@@ -78,11 +96,11 @@ class _JobFiles:
         if self.max_read_rate > 0:
             due = self._started + self.bytes_read / self.max_read_rate
             while (now := time.monotonic()) < due:
-                self._check()
+                self.check()
                 time.sleep(min(0.05, due - now))
 
     def cat_file(self, url: str) -> bytes:
-        self._check()
+        self.check()
         fs, path = fsspec.core.url_to_fs(url)
         if self.max_read_rate <= 0:
             data: bytes = fs.cat_file(path)
@@ -101,9 +119,18 @@ class _JobFiles:
         fs.makedirs(path, exist_ok=exist_ok)
 
     def pipe_file(self, url: str, data: bytes) -> None:
-        self._check()  # an aborted job writes nothing
+        """Write one output whole. On a local filesystem the directories below the allowed
+        prefix are created as needed, never the prefix itself or anything above it: a prefix
+        that does not exist on this worker (a volume not mounted) is a service error."""
+        self.check()  # an aborted job writes nothing
         fs, path = fsspec.core.url_to_fs(url)
-        fs.pipe_file(path, data)
+        if isinstance(fs, LocalFileSystem):
+            root = fsspec.core.url_to_fs(self.root)[1]
+            if not os.path.isdir(root):
+                raise NotADirectoryError(
+                    f"the allowed prefix {self.root} is not a directory on this worker"
+                )
+        put_whole(fs, path, data)
 
     def mv(self, source: str, target: str) -> None:
         fs, path = fsspec.core.url_to_fs(source)
@@ -156,7 +183,8 @@ class Worker:
     def register(self) -> None:
         status, body = self._call("POST", "/register", {"slots": self.slots})
         if status != 200:
-            raise RuntimeError(f"registering with {self.gateway} failed: {status} {body}")
+            message = body.get("message") if isinstance(body, dict) else body
+            raise RegistrationError(f"registering with {self.gateway} failed ({status}): {message}")
         self.heartbeat_interval = float(body.get("heartbeat_interval", 2.0))
         log.info("worker %s registered with %s", self.worker_id, self.gateway)
 
@@ -223,25 +251,27 @@ class Worker:
     # ------------------------------------------------------------------ jobs
 
     def _start(self, item: dict[str, Any]) -> None:
-        request = CompactionRequest.from_json(json.dumps(item["request"]))
-        running = _Running(request.job_id, int(item["attempt"]))
+        running = _Running(str(item["job_id"]), int(item["attempt"]))
         with self._lock:
-            self._running[request.job_id] = running
-        self._pool.submit(self._execute, request, running)
+            self._running[running.job_id] = running
+        self._pool.submit(self._execute, item["request"], running)
 
-    def _execute(self, request: CompactionRequest, running: _Running) -> None:
+    def _execute(self, raw: Any, running: _Running) -> None:
         answer: dict[str, Any] = {"attempt": running.attempt}
+        job_id = running.job_id
         try:
+            request = parse_job(raw, _SHAPE_ONLY)
             self.policy.check_request(request)
             prefix = f"{request.output_prefix.rstrip('/')}/{request.job_id}-a{running.attempt}"
-            running.files = _JobFiles(prefix, running.cancelled, self.max_read_rate)
-            compactor = LocalCompactor(filesystem=running.files)
+            root = self.policy.root_of(request.output_prefix)
+            running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
+            compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
             answer["result"] = json.loads(result.to_json())
             log.info(
                 "job %s attempt %d: %d bytes in, %d out, %.3f s",
-                request.job_id,
+                job_id,
                 running.attempt,
                 running.files.bytes_read,
                 sum(o.size for o in result.outputs),
@@ -249,24 +279,30 @@ class Worker:
             )
         except JobDroppedError:
             answer = {}
-        except (RefusedPathError, CorruptFileError, CompactionError, FileNotFoundError) as exc:
+        except (
+            RefusedPathError,
+            InvalidRequestError,
+            CorruptFileError,
+            CompactionError,
+            FileNotFoundError,
+        ) as exc:
             answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="request")
         except Exception as exc:  # storage trouble: the gateway retries elsewhere
-            log.exception("job %s failed", request.job_id)
+            log.exception("job %s failed", job_id)
             answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="service")
         finally:
             with self._free:
-                self._running.pop(request.job_id, None)
+                self._running.pop(job_id, None)
                 self._free.notify_all()
         if not answer:
             return
         try:
-            status, body = self._call("POST", f"/jobs/{request.job_id}/done", answer)
+            status, body = self._call("POST", f"/jobs/{job_id}/done", answer)
         except OSError as exc:
-            log.warning("could not report job %s: %s", request.job_id, exc)
+            log.warning("could not report job %s: %s", job_id, exc)
             return
         if status == 409:
-            log.warning("result of job %s discarded: %s", request.job_id, body.get("message"))
+            log.warning("result of job %s discarded: %s", job_id, body.get("message"))
         elif status == 200:
             self.completed += 1
 

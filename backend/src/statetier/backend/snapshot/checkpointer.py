@@ -38,6 +38,7 @@ from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
 
 log = logging.getLogger(__name__)
+CUT_FACTOR = 3  # a chain that failed compaction is cut at this many times the delta trigger
 
 
 class CheckpointError(RuntimeError):
@@ -174,17 +175,37 @@ class Checkpointer:
         self._background_jobs.append(self._background.submit(self._maintain, manifest))
 
     def _maintain(self, manifest: Manifest) -> None:
-        """Compact the chains of ``manifest`` and apply retention. Jobs queue up when epochs are
-        shorter than a compaction: a job whose epoch a newer commit superseded compacts nothing
-        (retention, run by the jobs before it for newer epochs, may have deleted its files;
-        the newest epoch's job compacts what the writers carry on)."""
-        try:
-            if self.settings.compaction and manifest.epoch >= self._last_committed:
+        """Compaction, then retention, each on its own: a failed compaction (a gateway down, a
+        refused request) leaves its chain as it is for the next commit to try again, and never
+        stops retention, which would let files pile up without bound. Neither fails an epoch.
+        Jobs queue up when epochs are shorter than a compaction: a job whose epoch a newer
+        commit superseded compacts nothing (retention, run by the jobs before it for newer
+        epochs, may have deleted its files; the newest epoch's job compacts what the writers
+        carry on)."""
+        if self.settings.compaction and manifest.epoch >= self._last_committed:
+            try:
                 self.compact(manifest)
-            if self.settings.retained > 0:
-                collect_garbage(self.store, self.settings.retained, protect=self.protected())
-        except Exception:  # never fails an epoch: the next commit retries
-            log.exception("checkpoint maintenance after epoch %d failed", manifest.epoch)
+            except Exception:  # planning itself failed (reading the chains): retried next time
+                log.exception("compaction after epoch %d failed", manifest.epoch)
+                backend_metrics.compaction_done(False)
+        if self.settings.retained > 0:
+            self._retain(manifest.epoch)
+
+    def _retain(self, epoch: int) -> None:
+        try:
+            report = collect_garbage(self.store, self.settings.retained, protect=self.protected())
+        except Exception:  # storage trouble: the next commit's retention deletes the rest
+            log.exception("retention after epoch %d failed", epoch)
+            backend_metrics.retention_done(False)
+            return
+        backend_metrics.retention_done(True)
+        log.info(
+            "retention after epoch %d: kept epochs %s, deleted %d files (%d bytes)",
+            epoch,
+            report.retained_epochs,
+            len(report.deleted_manifests) + len(report.deleted_files),
+            report.freed_bytes,
+        )
 
     def protected(self) -> set[str]:
         """Files the writers' next manifests will name (some are not committed yet)."""
@@ -206,7 +227,21 @@ class Checkpointer:
             request = make_request(
                 self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
             )
-            result = self.compactor.compact(request)
+            try:
+                result = self.compactor.compact(request)
+            except Exception as exc:  # this chain stays as it is; the others go on
+                log.warning(
+                    "compaction of %s %s after epoch %d failed (the chain is kept and retried "
+                    "at the next commit): %s",
+                    chain.state,
+                    chain.key_groups,
+                    manifest.epoch,
+                    exc,
+                )
+                backend_metrics.compaction_done(False)
+                self._cut_if_too_long(writer, chain.state, len(chain.deltas))
+                continue
+            backend_metrics.compaction_done(True)
             output = result.outputs[0]
             name = output.url[len(self.store.uri) + 1 :]
             base = FileEntry(
@@ -221,6 +256,19 @@ class Checkpointer:
             if writer.replace_prefix(chain.state, chain.files, base):
                 done += 1
         return done
+
+    def _cut_if_too_long(self, writer: SubtaskWriter, state: str, deltas: int) -> None:
+        """A chain that failed compaction keeps growing; past ``CUT_FACTOR`` times the trigger
+        its next snapshot is a full base instead, so files stay bounded even when compaction
+        keeps failing (retention then deletes the old chain with its epochs)."""
+        if deltas >= CUT_FACTOR * self.settings.delta_trigger:
+            writer.cut(state)
+            log.warning(
+                "chain of %s has %d deltas and could not be compacted: the next snapshot "
+                "writes a full base",
+                state,
+                deltas,
+            )
 
     def drain(self) -> None:
         """Wait for background compaction and retention to finish."""

@@ -28,7 +28,7 @@ import json
 import operator
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import fsspec
@@ -147,10 +147,21 @@ def make_request(
 
 
 class LocalCompactor:
-    """Compacts in this process, reading and writing through fsspec."""
+    """Compacts in this process, reading and writing through fsspec.
 
-    def __init__(self, filesystem: Any = None, **storage_options: Any) -> None:
+    ``check`` is called between key groups of the merge and may raise to stop it: a service
+    worker passes its job's cancellation, so an aborted job stops within one key group's merge
+    instead of running to the end."""
+
+    def __init__(
+        self,
+        filesystem: Any = None,
+        *,
+        check: Callable[[], None] | None = None,
+        **storage_options: Any,
+    ) -> None:
         self.filesystem = filesystem  # used for every URL when given (the store's own)
+        self.check = check
         self.storage_options = storage_options
 
     def _fs(self, url: str) -> tuple[Any, str]:
@@ -177,7 +188,7 @@ class LocalCompactor:
         }
         files = [(DataFileReader(d, i.url), d) for i, d in zip(request.inputs, datas, strict=True)]
         builder = DataFileBuilder(header)
-        parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files)
+        parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files, self.check)
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
         fs, path = self._fs(url)
         out = b"".join(parts)
@@ -202,7 +213,10 @@ class LocalCompactor:
 
 
 def merge_chain(
-    builder: DataFileBuilder, key_groups: KeyGroupRange, files: list[tuple[DataFileReader, bytes]]
+    builder: DataFileBuilder,
+    key_groups: KeyGroupRange,
+    files: list[tuple[DataFileReader, bytes]],
+    check: Callable[[], None] | None = None,
 ) -> Iterator[bytes | memoryview]:
     """The bytes of the new base of a chain (base first, then deltas in epoch order) over
     ``key_groups``, part by part as ``builder`` lays them out.
@@ -218,6 +232,8 @@ def merge_chain(
     touched = {kg for reader, _ in deltas for kg in reader.index}
     yield builder.head
     for key_group in key_groups:
+        if check is not None:
+            check()
         if key_group in touched:
             keys, values = _merge_key_group(key_group, base, deltas)
             if keys:

@@ -94,6 +94,12 @@ class SubtaskWriter:
         with self._lock:
             self._chains = {}
 
+    def cut(self, state: str) -> None:
+        """Forget one state's chain: its next snapshot writes a full base (a chain compaction
+        could not shorten must not grow without bound)."""
+        with self._lock:
+            self._chains.pop(state, None)
+
     def chains(self) -> dict[str, list[FileEntry]]:
         with self._lock:
             return {name: list(files) for name, files in self._chains.items()}

@@ -1,0 +1,268 @@
+"""The JSON bodies and parameters of the gateway API, parsed strictly and bounded.
+
+Everything a client or worker sends is checked here before the scheduler or a merge sees it:
+types (a boolean is not a number), ranges, lengths and unknown fields. A violation raises
+:class:`InvalidRequestError` naming the field, which the gateway answers with 400; nothing a
+caller sends can reach a code path that fails with a 500. The worker re-checks each job with the
+same function: it does not trust the gateway to have done it.
+
+The bounds that protect the service (job size, number of inputs, key groups) are
+:class:`Limits`, settings of the gateway with defaults sized for real checkpoints: a chain has a
+base and ``compaction.delta-trigger`` deltas, far below the limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+from statetier.backend.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from statetier.backend.snapshot.compaction import (
+    CompactionInput,
+    CompactionOutput,
+    CompactionRequest,
+    CompactionResult,
+)
+from statetier.backend.snapshot.format import BASE, DELTA, FORMAT_VERSION
+
+__all__ = [
+    "InvalidRequestError",
+    "Limits",
+    "Done",
+    "check_id",
+    "parse_done",
+    "parse_heartbeat",
+    "parse_job",
+    "parse_json",
+    "parse_slots",
+    "parse_wait",
+]
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,127}")
+_KEY_GROUPS = re.compile(r"([0-9]{1,5})-([0-9]{1,5})")
+_MAX_INT = (1 << 63) - 1
+_MAX_TEXT = 4096
+_REQUEST_FIELDS = {
+    "job_id",
+    "state",
+    "key_groups",
+    "inputs",
+    "output_prefix",
+    "format_version",
+    "max_parallelism",
+}
+_INPUT_FIELDS = {"url", "size", "crc32", "kind", "epoch"}
+
+
+class InvalidRequestError(ValueError):
+    """A request body or parameter is malformed or out of bounds; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-job bounds (gateway settings; see docs/compaction.md)."""
+
+    max_inputs: int = 256
+    max_job_bytes: int = 4 << 30
+    max_worker_slots: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_inputs < 1 or self.max_worker_slots < 1:
+            raise ValueError("max-inputs and max-worker-slots must be at least 1")
+        if self.max_job_bytes < 1 << 20:
+            raise ValueError("max-job-bytes must be at least 1 MiB")
+
+
+def parse_json(raw: bytes, field: str = "body") -> Any:
+    """JSON text; nesting too deep to parse is as invalid as broken syntax."""
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(field, f"not valid JSON ({type(exc).__name__})") from None
+
+
+def _object(value: Any, field: str, allowed: set[str] | None = None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequestError(field, f"must be a JSON object, got {_kind(value)}")
+    if allowed is not None:
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise InvalidRequestError(f"{field}.{unknown[0]}", "unknown field")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number"
+    )
+
+
+def _int(value: Any, field: str, low: int = 0, high: int = _MAX_INT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(field, f"must be an integer, got {_kind(value)}")
+    if not low <= value <= high:
+        raise InvalidRequestError(field, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def _text(value: Any, field: str, limit: int = _MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(field, f"must be a string, got {_kind(value)}")
+    if not value or len(value) > limit:
+        raise InvalidRequestError(field, f"must be 1 to {limit} characters")
+    return value
+
+
+def check_id(value: Any, field: str) -> str:
+    """A job or worker id: it becomes part of output names, so a strict alphabet."""
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise InvalidRequestError(
+            field, "must be 1 to 128 of [A-Za-z0-9._-], starting with a letter or digit"
+        )
+    return value
+
+
+def _input(value: Any, field: str) -> CompactionInput:
+    item = _object(value, field, _INPUT_FIELDS)
+    for name in _INPUT_FIELDS:
+        if name not in item:
+            raise InvalidRequestError(f"{field}.{name}", "is required")
+    kind = item["kind"]
+    if kind not in (BASE, DELTA):
+        raise InvalidRequestError(f"{field}.kind", f"must be {BASE} or {DELTA}")
+    return CompactionInput(
+        url=_text(item["url"], f"{field}.url"),
+        size=_int(item["size"], f"{field}.size"),
+        crc32=_int(item["crc32"], f"{field}.crc32", 0, 0xFFFFFFFF),
+        kind=kind,
+        epoch=_int(item["epoch"], f"{field}.epoch"),
+    )
+
+
+def _key_groups(value: Any, max_parallelism: int) -> str:
+    text = _text(value, "key_groups", 16)
+    match = _KEY_GROUPS.fullmatch(text)
+    if not match:
+        raise InvalidRequestError("key_groups", f"must be start-end in ASCII digits, got {text!r}")
+    start, end = int(match.group(1)), int(match.group(2))
+    if not start <= end < max_parallelism:
+        raise InvalidRequestError(
+            "key_groups",
+            f"{text!r} is not a range within the max parallelism {max_parallelism}",
+        )
+    return f"{start}-{end}"
+
+
+def parse_job(body: Any, limits: Limits) -> CompactionRequest:
+    """A compaction request, every field checked and the whole job bounded by ``limits``."""
+    raw = _object(body, "body", _REQUEST_FIELDS)
+    for name in ("job_id", "state", "key_groups", "inputs", "output_prefix", "max_parallelism"):
+        if name not in raw:
+            raise InvalidRequestError(name, "is required")
+    max_p = _int(raw["max_parallelism"], "max_parallelism", 1, UPPER_BOUND_MAX_PARALLELISM)
+    inputs = raw["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidRequestError("inputs", "must be a non-empty array")
+    if len(inputs) > limits.max_inputs:
+        raise InvalidRequestError("inputs", f"more than {limits.max_inputs} files in one job")
+    parsed = [_input(item, f"inputs[{i}]") for i, item in enumerate(inputs)]
+    if parsed[0].kind != BASE:
+        raise InvalidRequestError("inputs[0].kind", "the first input must be a base")
+    total = sum(i.size for i in parsed)
+    if total > limits.max_job_bytes:
+        raise InvalidRequestError(
+            "inputs", f"{total} bytes in one job, more than the limit {limits.max_job_bytes}"
+        )
+    return CompactionRequest(
+        job_id=check_id(raw["job_id"], "job_id"),
+        state=_text(raw["state"], "state", 1024),
+        key_groups=_key_groups(raw["key_groups"], max_p),
+        inputs=parsed,
+        output_prefix=_text(raw["output_prefix"], "output_prefix"),
+        format_version=_int(
+            raw.get("format_version", FORMAT_VERSION), "format_version", 1, FORMAT_VERSION
+        ),
+        max_parallelism=max_p,
+    )
+
+
+def parse_slots(body: Any, limits: Limits) -> int:
+    raw = _object(body, "body", {"slots"})
+    return _int(raw.get("slots", 1), "slots", 1, limits.max_worker_slots)
+
+
+def parse_heartbeat(body: Any, limits: Limits) -> dict[str, int]:
+    raw = _object(body, "body", {"progress"})
+    progress = _object(raw.get("progress") or {}, "progress")
+    if len(progress) > limits.max_worker_slots:
+        raise InvalidRequestError("progress", f"more than {limits.max_worker_slots} jobs")
+    return {
+        check_id(job, "progress"): _int(done, f"progress.{job}") for job, done in progress.items()
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A worker's answer for one attempt."""
+
+    attempt: int
+    result: CompactionResult | None
+    error: str | None
+    error_kind: str
+
+
+def _result(value: Any) -> CompactionResult:
+    raw = _object(value, "result", {"job_id", "outputs", "entries"})
+    outputs = raw.get("outputs")
+    if not isinstance(outputs, list) or not outputs or len(outputs) > 16:
+        raise InvalidRequestError("result.outputs", "must be an array of 1 to 16 outputs")
+    parsed = []
+    for i, item in enumerate(outputs):
+        field = f"result.outputs[{i}]"
+        out = _object(item, field, {"url", "size", "crc32"})
+        parsed.append(
+            CompactionOutput(
+                url=_text(out.get("url"), f"{field}.url"),
+                size=_int(out.get("size"), f"{field}.size"),
+                crc32=_int(out.get("crc32"), f"{field}.crc32", 0, 0xFFFFFFFF),
+            )
+        )
+    return CompactionResult(
+        job_id=check_id(raw.get("job_id"), "result.job_id"),
+        outputs=parsed,
+        entries=_int(raw.get("entries", 0), "result.entries"),
+    )
+
+
+def parse_done(body: Any) -> Done:
+    raw = _object(body, "body", {"attempt", "result", "error", "error_kind"})
+    attempt = _int(raw.get("attempt"), "attempt", 1, 1 << 20)
+    if raw.get("result") is not None:
+        return Done(attempt, _result(raw["result"]), None, "service")
+    error = raw.get("error")
+    kind = raw.get("error_kind", "service")
+    if kind not in ("request", "service"):
+        raise InvalidRequestError("error_kind", "must be request or service")
+    return Done(attempt, None, _text(error, "error", 1 << 16)[:_MAX_TEXT], kind)
+
+
+def parse_wait(text: str | None, default: float, cap: float) -> float:
+    """``?wait=S``: a finite, non-negative number of seconds, capped at ``cap``."""
+    if text is None:
+        return min(default, cap)
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidRequestError(
+            "wait", f"must be a number of seconds, got {text[:40]!r}"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequestError("wait", f"must be a finite number >= 0, got {text[:40]!r}")
+    return min(value, cap)
