@@ -132,6 +132,10 @@ def test_reference_page_is_generated_from_the_schema() -> None:
         ("compaction.timeout", "\u0661\u0660s", "ASCII digits"),
         ("compaction.delta-trigger", 10**6, "must be between 1 and 1000"),
         ("host.result-timeout", "30d", "expected a duration"),
+        ("host.bind-address", "executor-1.example", "must be an IP address"),
+        ("host.port", "65536", "must be between 0 and 65535"),
+        ("host.registry-port", -1, "must be between 0 and 65535"),
+        ("host.liveness-timeout", "0s", "must be"),
     ],
 )
 def test_every_bad_value_is_refused_with_a_named_error(

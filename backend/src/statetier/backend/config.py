@@ -17,6 +17,7 @@ http(s) URLs with a host.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import re
@@ -242,6 +243,17 @@ def between(low: float, high: float) -> Callable[[Any], str | None]:
         return None if low <= value <= high else f"must be between {low:g} and {high:g}"
 
     return check
+
+
+def ip_address_or_empty(value: Any) -> str | None:
+    """An IP address literal (a listening address is never a name to resolve), or empty."""
+    if value == "":
+        return None
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "must be an IP address (such as 10.0.0.5 or ::1) or empty"
+    return None
 
 
 def one_of(*choices: str) -> Callable[[Any], str | None]:
@@ -538,6 +550,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Spark: the address an executor's state host listens on for tasks of other executors. "
         "Empty: the pod's IP on Kubernetes, else the address that routes to the driver; with a "
         "local master, 127.0.0.1. Never a wildcard unless set so.",
+        ip_address_or_empty,
     ),
     Setting(
         "host.port",
