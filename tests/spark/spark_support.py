@@ -155,3 +155,24 @@ def host_pids() -> set[int]:
 
 
 __all__ = ["pc"]
+
+
+class HostDiesInSnapshot(VectorWordCount):
+    """Kills its state host while snapshotting range 0 of epoch 2 (after the task returned its
+    outputs, before the range's result exists), once: the marker file says it happened."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.partition: int | None = None
+
+    def process_key_group(
+        self, key_group: int, records: Any, context: RuntimeContext
+    ) -> Iterable[tuple[str, int]]:
+        self.partition = current_task().partition_id
+        return super().process_key_group(key_group, records, context)
+
+    def snapshot_state(self, context: Any) -> None:
+        if context.checkpoint_id == 2 and self.partition == 0 and not os.path.exists(self.marker):
+            with open(self.marker, "w"):
+                pass
+            os.kill(os.getpid(), 9)

@@ -137,8 +137,8 @@ class StateHost:
         self.warm = 0
         self.restored = 0
         self.server = Server(secret, self._connection, "statetier-host")
-        self.server.bind_unix(socket_path)
         self.server.bind_tcp(bind, port)
+        self.server.bind_unix(socket_path)  # last: tasks take its presence for readiness
         self.info = HostInfo(
             host_id=self.host_id,
             pid=os.getpid(),

@@ -1,0 +1,65 @@
+"""State hosts that fail: at start (the error names the cause) and after their task (the driver
+notices at once and runs the epoch again; nothing is lost or counted twice)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from statetier.backend.spark import StatefulPipeline
+
+from tests.spark.spark_support import (
+    HostDiesInSnapshot,
+    VectorWordCount,
+    expected_counts,
+    zipf_words,
+)
+from tests.spark.test_spark_pipeline import collecting, make
+
+
+def test_a_host_that_cannot_start_names_the_cause(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: the host cannot bind it
+    pipeline = make(
+        pipelines,
+        VectorWordCount,
+        f"file://{tmp_path}/ckpt",
+        2,
+        **{"host.bind-address": "192.0.2.1"},
+    )
+    df = spark.createDataFrame([(w,) for w in zipf_words(200, 50, 1)], "word string")
+    with pytest.raises(Exception) as info:
+        pipeline.run(df)
+    message = str(info.value)
+    assert "the statetier state host did not start" in message
+    assert "exited with status 1" in message
+    assert "Cannot assign requested address" in message  # from the host's own log
+    assert ".sock.log" in message  # where the whole log is
+    assert pipeline.store.epochs() == []  # nothing committed
+
+
+def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    factory = functools.partial(HostDiesInSnapshot, str(tmp_path / "killed-once"))
+    pipeline = make(pipelines, factory, f"file://{tmp_path}/ckpt", 2)
+    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    sink = collecting(outputs)
+    seconds = []
+    for epoch, words in enumerate(batches, start=1):
+        started = time.monotonic()
+        df = spark.createDataFrame([(w,) for w in words], "word string")
+        report = pipeline.run_epoch(df, epoch, sink)
+        seconds.append(time.monotonic() - started)
+        assert report.epoch == epoch
+    assert (tmp_path / "killed-once").exists()  # the host did die in epoch 2's snapshot
+    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
+    assert seconds[1] < 30  # noticed at once (its registry connection closed), no timeout
+    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
+    assert pipeline.store.epochs() == [1, 2, 3]
+    assert outputs == expected_counts(batches)
