@@ -27,7 +27,7 @@ def main() -> None:
             "metrics.port": port,
             "spill.enabled": str(spill).lower(),
             "spill.dirs": str(workdir / "spill"),
-            "memory.budget": "8m",
+            "memory.budget": "1m",
             "spill.check-interval": "0.01",
         },
         env={},

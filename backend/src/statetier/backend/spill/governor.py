@@ -92,8 +92,9 @@ class MemoryGovernor:
         with cls._shared_lock:
             governor = cls._shared.get(key)
             if governor is None or governor.closed:
-                # the runtime's memory now, before this governor's state: its allowance
-                settings = dataclasses.replace(settings, allowance=read_rss())
+                # the runtime's memory now, before this governor's state: the allowance's floor,
+                # raised at the first check to the non-state memory then
+                settings = dataclasses.replace(settings, allowance=read_rss(), calibrate=True)
                 governor = cls(
                     SpillStorage(list(dirs), config.spill_chunk_size),
                     MemoryMonitor(settings),

@@ -20,6 +20,7 @@ __all__ = [
     "LOADS",
     "LOAD_SECONDS",
     "METRIC_NAMES",
+    "RUNTIME_ALLOWANCE",
     "SPILLED_BYTES",
     "SPILLS",
     "SPILL_ERRORS",
@@ -67,6 +68,10 @@ GC_PAUSE = Histogram(
 )
 MEMORY_BUDGET = Gauge("statetier_memory_budget_bytes", "Memory budget of the spill monitor.")
 PROCESS_RSS = Gauge("statetier_process_rss_bytes", "Resident set size at the last check.")
+RUNTIME_ALLOWANCE = Gauge(
+    "statetier_runtime_allowance_bytes",
+    "The process's non-state memory (runtime and working memory) the budget does not cover.",
+)
 
 # Names as scraped (counters get _total, histograms _bucket/_sum/_count).
 METRIC_NAMES = (
@@ -82,6 +87,7 @@ METRIC_NAMES = (
     "statetier_gc_gen2_pause_seconds",
     "statetier_memory_budget_bytes",
     "statetier_process_rss_bytes",
+    "statetier_runtime_allowance_bytes",
 )
 
 _served: list[int] = []  # the port, once started

@@ -5,10 +5,11 @@ FLIP-50 watches the JVM heap and GC pauses; the Python equivalents are:
 - **Budget**: ``memory.budget`` if set, else the container's limit (cgroup v2 ``memory.max``,
   cgroup v1 ``memory.limit_in_bytes``; "max" or the v1 "unlimited" value mean none), else the
   machine's physical memory.
-- **Usage**: anonymous RSS, less the runtime's own memory (the *allowance*: what the process
-  held when its governor started, before any state; so the budget is what the state may take
-  and the process stays within budget plus allowance), minus a *credit* for memory freed by
-  spills. Why not RSS alone:
+- **Usage**: anonymous RSS, less the runtime's own memory (the *allowance*: the process's
+  non-state memory when it first holds state, that is its RSS then less the state's heap
+  estimate: interpreter, libraries, one batch's working memory; so the budget is what the state
+  may take and the process stays within budget plus allowance), minus a *credit* for memory
+  freed by spills. Why not RSS alone:
   CPython rarely returns freed memory to the OS (pymalloc keeps its arenas), so after a spill RSS
   stays flat although the memory is free for reuse; the monitor would keep spilling until
   nothing is left. So a spill adds the heap bytes it freed to the credit, and the credit is used
@@ -152,9 +153,11 @@ class MonitorSettings:
     gc_pause_threshold: float = 0.0
     gc_window: float = 60.0
     check_interval: float = 1.0
-    # the runtime's own memory (interpreter, libraries) before any state: measured by the
-    # process's governor when it starts; RSS beyond it is what the budget is for
+    # the runtime's own memory (interpreter, libraries, a batch's working memory): RSS beyond
+    # it is what the budget is for. ``calibrate``: raised at the first check that sees state to
+    # the process's non-state memory then (RSS less the state's heap estimate)
     allowance: int = 0
+    calibrate: bool = False
 
 
 class Trigger(enum.Enum):
@@ -200,6 +203,8 @@ class MemoryMonitor:
         self._rss = rss
         self._clock = clock
         self.credit = 0  # heap bytes freed by spills that RSS still holds
+        self.allowance = settings.allowance
+        self._calibrated = not settings.calibrate
         self._last_rss = rss()
         self._last_heap = 0
         self.tracker = GcPauseTracker.acquire()
@@ -250,7 +255,11 @@ class MemoryMonitor:
         credit = self.credit - max(0, self._last_rss - rss) - max(0, heap_state - self._last_heap)
         self.credit = max(0, credit)
         self._last_rss, self._last_heap = rss, heap_state
-        used = rss - self.credit - s.allowance
+        if not self._calibrated and heap_state > 0:
+            self._calibrated = True
+            self.allowance = max(self.allowance, rss - heap_state)
+            metrics.RUNTIME_ALLOWANCE.set(self.allowance)
+        used = rss - self.credit - self.allowance
         if s.gc_pause_threshold > 0 and heap_state > 0:
             verdict = self._gc_verdict(now, heap_state, used, rss)
             if verdict is not None:
@@ -287,7 +296,7 @@ class MemoryMonitor:
         return Verdict("none", "", 0, used, rss)
 
     def _allowance_note(self) -> str:
-        allowance = self.settings.allowance
+        allowance = self.allowance
         return f"; RSS less a runtime allowance of {_mib(allowance)}" if allowance else ""
 
     def _gc_verdict(self, now: float, heap_state: int, used: int, rss: int) -> Verdict | None:
