@@ -1,9 +1,14 @@
 """kopf handlers that reconcile CompactionService resources.
 
-One reconciliation applies the three owned objects (create if absent, merge-patch if they
-drifted from the spec, leave alone otherwise) and then writes the status. Deployment events
-refresh the status too, so Ready follows the rollout without polling. Deletion needs no
-finalizer: the owned objects carry owner references and the garbage collector removes them.
+One reconciliation applies the three owned objects with server-side apply (field manager
+``statetier-operator``, forced, as a controller owns what it creates) and then writes the
+status. There is no hand comparison of specs: the apiserver merges, defaults and canonicalises
+(``"0.5"`` CPU is stored as ``500m``, ``env: []`` vanishes), and an apply that changes nothing
+changes nothing, so a Deployment's status updates never turn into writes. Applying is create-or-
+update in one request, so the reconcile handler and the Deployment-event handler can both apply
+without racing to a 409. Deployment events refresh the status too, so conditions follow the
+rollout without polling. Deletion needs no finalizer: the owned objects carry owner references
+and the garbage collector removes them, a moment after their owner is gone.
 """
 
 from __future__ import annotations
@@ -24,29 +29,30 @@ def _path(obj: Obj) -> str:
     group_version = obj["apiVersion"]
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     plural = {"Deployment": "deployments", "Service": "services"}[obj["kind"]]
-    return f"{prefix}/namespaces/{meta['namespace']}/{plural}"
+    return f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
 
 
 def _cs_path(namespace: str, name: str) -> str:
     return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
 
+def _version(obj: Obj | None) -> Any:
+    """What changes when the apiserver changed the object's desired state: a Deployment's
+    generation (its status writes leave it alone), a Service's resourceVersion."""
+    if obj is None:
+        return None
+    meta = obj["metadata"]
+    return meta.get("generation") if obj.get("kind") == "Deployment" else meta["resourceVersion"]
+
+
 async def _apply(api: kube.ApiClient, desired: Obj) -> str:
-    """Create ``desired`` or merge-patch it into place; returns created/updated/unchanged."""
-    collection = _path(desired)
-    url = f"{collection}/{desired['metadata']['name']}"
-    current = await api.get(url)
-    if current is None:
-        await api.create(collection, desired)
+    """Server-side apply ``desired``; returns created/updated/unchanged for the event."""
+    url = _path(desired)
+    before = _version(await api.get(url))
+    created, after = await api.apply(url, desired)
+    if created:
         return "created"
-    wanted = {
-        "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences")},
-        "spec": desired["spec"],
-    }
-    if compaction.is_subset(wanted, current):
-        return "unchanged"
-    await api.merge_patch(url, wanted)
-    return "updated"
+    return "unchanged" if _version(after) == before else "updated"
 
 
 async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:

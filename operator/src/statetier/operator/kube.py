@@ -1,10 +1,12 @@
 """A small async Kubernetes API client for the objects the operator owns.
 
-kopf watches and patches the resources it handles, but the operator also creates Deployments
-and Services, patches the status of a CompactionService when its Deployments change, and reads
-objects. This client does that with the very credentials kopf logged in with (see
-:func:`remember`), over aiohttp, which kopf already depends on: no second Kubernetes library and
-no second login path to keep in step.
+kopf watches and patches the resources it handles, but the operator also applies Deployments
+and Services (server-side apply, field manager ``statetier-operator``), patches the status of a
+CompactionService when its Deployments change, and reads objects. Every write names the field
+manager, so ``metadata.managedFields`` says ``statetier-operator`` (not ``Python``, which is what
+an apiserver makes of aiohttp's User-Agent). This client does that with the very credentials
+kopf logged in with (see :func:`remember`), over aiohttp, which kopf already depends on: no
+second Kubernetes library and no second login path to keep in step.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 import aiohttp
 import kopf
 
-__all__ = ["ApiClient", "ApiError", "client", "remember"]
+__all__ = ["FIELD_MANAGER", "ApiClient", "ApiError", "client", "remember"]
 
 Obj = dict[str, Any]
+
+FIELD_MANAGER = "statetier-operator"
+_USER_AGENT = f"{FIELD_MANAGER}/0.1.0"
 
 _connection: kopf.ConnectionInfo | None = None
 _client: ApiClient | None = None
@@ -87,7 +92,7 @@ class ApiClient:
 
     def __init__(self, conn: kopf.ConnectionInfo) -> None:
         self._base = conn.server.rstrip("/")
-        self._headers = {"Accept": "application/json"}
+        self._headers = {"Accept": "application/json", "User-Agent": _USER_AGENT}
         if conn.token:
             self._headers["Authorization"] = f"{conn.scheme or 'Bearer'} {conn.token}"
         self._ssl = _ssl_context(conn)
@@ -96,6 +101,12 @@ class ApiClient:
     async def _request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Obj | None:
+        result = await self._exchange(method, path, body, content_type)
+        return result[1] if result is not None else None
+
+    async def _exchange(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Obj] | None:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
@@ -114,16 +125,22 @@ class ApiClient:
             if response.status >= 400:
                 message = data.get("message", "") if isinstance(data, dict) else str(data)
                 raise ApiError(response.status, f"{method} {path}: {message}")
-            return data if isinstance(data, dict) else {}
+            return response.status, data if isinstance(data, dict) else {}
 
     async def get(self, path: str) -> Obj | None:
         return await self._request("GET", path)
 
-    async def create(self, path: str, body: Obj) -> Obj:
-        return await self._request("POST", path, body) or {}
-
     async def merge_patch(self, path: str, patch: Obj) -> Obj:
-        return await self._request("PATCH", path, patch, "application/merge-patch+json") or {}
+        url = f"{path}?fieldManager={FIELD_MANAGER}"
+        return await self._request("PATCH", url, patch, "application/merge-patch+json") or {}
+
+    async def apply(self, path: str, body: Obj) -> tuple[bool, Obj]:
+        """Server-side apply of ``body`` at ``path`` (the object's URL), forcing ownership of
+        the fields it sets, as a controller does with what it owns; (created?, the object)."""
+        url = f"{path}?fieldManager={FIELD_MANAGER}&force=true"
+        result = await self._exchange("PATCH", url, body, "application/apply-patch+yaml")
+        assert result is not None  # only a GET answers None
+        return result[0] == 201, result[1]
 
     async def close(self) -> None:
         if self._session is not None:

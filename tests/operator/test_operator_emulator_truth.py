@@ -1,0 +1,207 @@
+"""The emulator's model of what a real apiserver and control plane do to stored objects.
+
+Pure functions, checked against values a real kube-apiserver gives (quantities as
+``resource.Quantity.String()`` prints them, field ownership as server-side apply keeps it),
+plus the wire behaviour kubectl depends on (``/openapi/v3``, strict field validation).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from statetier.operator.testing import apply as ssa
+from statetier.operator.testing import controllers, pruning, typed
+from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import compaction_service_manifest as _manifest
+
+from tests.operator.conftest import CRDS
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("0.5", "500m"),
+        ("1024Mi", "1Gi"),
+        ("1536Mi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        (1, "1"),
+        (2.5, "2500m"),
+        ("1000m", "1"),
+        ("2000", "2k"),
+        ("100Ki", "100Ki"),
+        ("1e3", "1e3"),
+        ("128974848", "128974848"),
+        ("0", "0"),
+    ],
+)
+def test_quantities_are_canonical(given: Any, stored: str) -> None:
+    assert typed.canonical_quantity(given) == stored
+
+
+def test_typed_round_trip_drops_empty_lists_and_bad_quantities_are_refused() -> None:
+    container = {"name": "c", "env": [], "args": [], "resources": {"requests": {"cpu": "0.5"}}}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "d", "labels": {}},
+        "spec": {"template": {"spec": {"containers": [container], "volumes": []}}},
+    }
+    stored = typed.round_trip(deployment)
+    assert stored["spec"]["template"]["spec"] == {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m"}}}]
+    }
+    assert "labels" not in stored["metadata"]
+    container["resources"] = {"limits": {"memory": "lots"}}
+    with pytest.raises(typed.QuantityError):
+        typed.round_trip(deployment)
+
+
+def _deployment(image: str, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "labels": {"a": "1"}},
+        "spec": {
+            "replicas": replicas,
+            "template": {"spec": {"containers": [{"name": "c", "image": image}]}},
+        },
+    }
+
+
+def test_server_side_apply_owns_merges_conflicts_and_removes() -> None:
+    first = ssa.apply(None, _deployment("i:1"), "op", force=False)
+    (entry,) = first["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == ("op", "Apply")
+    assert entry["fieldsV1"]["f:spec"]["f:replicas"] == {}
+    # Someone scales by hand: they now own replicas.
+    scaled = json.loads(json.dumps(first))
+    scaled["spec"]["replicas"] = 7
+    scaled = ssa.record_update(first, scaled, "kubectl", None)
+    assert {e["manager"] for e in scaled["metadata"]["managedFields"]} == {"op", "kubectl"}
+    with pytest.raises(ssa.ApplyConflictError, match=r'conflict with "kubectl": \.spec\.replicas'):
+        ssa.apply(scaled, _deployment("i:1"), "op", force=False)
+    taken = ssa.apply(scaled, _deployment("i:1"), "op", force=True)
+    assert taken["spec"]["replicas"] == 1
+    assert {e["manager"] for e in taken["metadata"]["managedFields"]} == {"op"}
+    # The same apply again changes nothing, not even managedFields.
+    assert ssa.apply(taken, _deployment("i:1"), "op", force=True) == taken
+    # A field the manager stops applying is removed.
+    smaller = _deployment("i:2")
+    del smaller["metadata"]["labels"]
+    result = ssa.apply(taken, smaller, "op", force=True)
+    assert result["metadata"].get("labels", {}) == {}
+    assert result["spec"]["template"]["spec"]["containers"] == [{"name": "c", "image": "i:2"}]
+
+
+@pytest.mark.parametrize("repeat", range(5))  # removal order once depended on set order
+def test_applying_a_changed_list_key_replaces_the_item(repeat: int) -> None:
+    def service(port: int) -> dict[str, Any]:
+        ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "s"},
+            "spec": {"ports": ports},
+        }
+
+    moved = ssa.apply(
+        ssa.apply(None, service(8080), "op", force=True), service(8081), "op", force=True
+    )
+    assert moved["spec"]["ports"] == service(8081)["spec"]["ports"]
+
+
+def test_manager_name_comes_from_the_query_or_the_user_agent() -> None:
+    assert ssa.manager_name({"fieldManager": "x"}, "Python/3.11 aiohttp/3.12") == "x"
+    assert ssa.manager_name({}, "Python/3.11 aiohttp/3.12") == "Python"
+
+
+def test_pruning_of_undeclared_fields() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer"},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                    "map": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            }
+        },
+    }
+    obj = {
+        "metadata": {"name": "x"},
+        "spec": {"a": 1, "b": 2, "free": {"any": 1}, "map": {"k": "v"}},
+    }
+    assert pruning.prune(obj, schema) == [".spec.b"]
+    assert obj["spec"] == {"a": 1, "free": {"any": 1}, "map": {"k": "v"}}
+
+
+def test_deployment_controller_status_before_and_after_pods_are_ready() -> None:
+    deployment: dict[str, Any] = {
+        "metadata": {"name": "d", "generation": 1},
+        "spec": {"replicas": 2},
+    }
+    status = controllers.deployment_status(deployment)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert status["observedGeneration"] == 1 and status["unavailableReplicas"] == 2
+    assert "readyReplicas" not in status
+    assert conditions == {
+        "Available": ("False", "MinimumReplicasUnavailable"),
+        "Progressing": ("True", "NewReplicaSetCreated"),
+    }
+    deployment["status"] = {**status, "readyReplicas": 2}
+    status = controllers.deployment_status(deployment)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Progressing"] == ("True", "NewReplicaSetAvailable")
+    assert conditions["Available"] == ("True", "MinimumReplicasAvailable")
+    # After the deadline without progress, the rollout is reported failed.
+    deployment["status"] = controllers.deployment_status({**deployment, "status": {}})
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=601)
+    stalled = controllers.deployment_status(deployment, later)
+    progressing = next(c for c in stalled["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path_factory.mktemp("truth"), operator=False) as box:
+        box.kubectl("apply", "-f", str(CRDS))
+        yield box
+
+
+def test_kubectl_validates_on_the_server_without_validate_false(apiserver: Sandbox) -> None:
+    """kubectl reads /openapi/v3, sends fieldValidation=Strict, and the unknown field is
+    refused, naming it; the same field is pruned for a client that does not ask."""
+    body = json.loads(_manifest("strict"))
+    body["spec"]["workerz"] = {"min": 1}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert 'strict decoding error: unknown field "spec.workerz"' in out
+    created = apiserver.send(
+        "POST",
+        "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices",
+        body,
+        "application/json",
+    )
+    assert "workerz" not in created["spec"] and created["spec"]["workers"]["min"] == 1
+
+
+def test_a_crd_whose_rule_fails_on_its_default_is_refused(
+    apiserver: Sandbox, tmp_path: Any
+) -> None:
+    crd = (CRDS / "compactionservice.yaml").read_text()
+    crd = crd.replace(
+        '"!has(self.min) || !has(self.max) || self.min <= self.max"', "self.min <= self.max"
+    )
+    crd = crd.replace("compactionservices.statetier.io", "compactionservices.example.com")
+    crd = crd.replace("group: statetier.io", "group: example.com")
+    path = tmp_path / "crd.yaml"
+    path.write_text(crd)
+    out = apiserver.kubectl("apply", "-f", str(path), check=False)
+    assert (
+        'properties[workers].default: Invalid value: "object": no such key: min evaluating '
+        "rule: workers.min must not exceed workers.max"
+    ) in out
