@@ -13,6 +13,7 @@ and the garbage collector removes them, a moment after their owner is gone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, cast
 
@@ -53,6 +54,28 @@ async def _apply(api: kube.ApiClient, desired: Obj) -> str:
     if created:
         return "created"
     return "unchanged" if _version(after) == before else "updated"
+
+
+async def _apply_all(api: kube.ApiClient, objects: list[Obj]) -> list[str]:
+    """Apply the owned objects concurrently (they do not depend on each other); what changed."""
+    outcomes = await asyncio.gather(*(_apply(api, desired) for desired in objects))
+    return [
+        f"{desired['kind']} {desired['metadata']['name']} {outcome}"
+        for desired, outcome in zip(objects, outcomes, strict=True)
+        if outcome != "unchanged"
+    ]
+
+
+def _edited_by_others(deployment: Obj) -> bool:
+    """Whether a field manager other than the operator (``kubectl scale``, ``kubectl edit``)
+    owns part of the Deployment's spec: the one sign of drift a watch event carries. The
+    Deployment controller's status writes are no such sign, so they cause no writes."""
+    return any(
+        entry.get("manager") != kube.FIELD_MANAGER
+        and entry.get("subresource") != "status"
+        and "f:spec" in (entry.get("fieldsV1") or {})
+        for entry in (deployment.get("metadata") or {}).get("managedFields") or []
+    )
 
 
 async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
@@ -114,12 +137,8 @@ async def reconcile(
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
         api = kube.client()
-        changes = []
         try:
-            for desired in compaction.desired_objects(raw):
-                outcome = await _apply(api, desired)
-                if outcome != "unchanged":
-                    changes.append(f"{desired['kind']} {desired['metadata']['name']} {outcome}")
+            changes = await _apply_all(api, compaction.desired_objects(raw))
             await refresh_status(namespace, name, raw)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
@@ -154,13 +173,19 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
     "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": compaction.MANAGED_BY}
 )
 async def deployment_changed(
-    labels: kopf.Labels, namespace: str | None, logger: kopf.Logger, **_: Any
+    type: str | None,  # kopf passes the event type under this name
+    body: kopf.Body,
+    labels: kopf.Labels,
+    namespace: str | None,
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     """A Deployment of a CompactionService changed or went away.
 
-    Edits by hand (replicas, image) and deletions are put back, as any controller does with
-    what it owns; then the status follows the Deployment's. When the CompactionService itself
-    is gone or going, nothing is recreated: the Deployments are being garbage-collected.
+    Edits by hand (replicas, image: another field manager now owns part of the spec) and
+    deletions are put back by applying again, as any controller does with what it owns; then
+    the status follows the Deployment's. When the CompactionService itself is gone or going,
+    nothing is recreated: the Deployments are being garbage-collected.
     """
     owner = labels.get(compaction.SERVICE_LABEL)
     if not owner or not namespace:
@@ -171,15 +196,12 @@ async def deployment_changed(
         if cs is None or cs["metadata"].get("deletionTimestamp"):
             return
         spec = compaction.with_defaults(cs.get("spec"))
-        if not compaction.spec_problems(spec):
-            for desired in compaction.desired_objects(cs):
-                outcome = await _apply(api, desired)
-                if outcome != "unchanged":
-                    message = f"{desired['kind']} {desired['metadata']['name']} {outcome} (drift)"
-                    kopf.info(
-                        kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message
-                    )
-                    logger.info("reconciled %s/%s: %s", namespace, owner, message)
+        drifted = type == "DELETED" or _edited_by_others(dict(body))
+        if drifted and not compaction.spec_problems(spec):
+            for change in await _apply_all(api, compaction.desired_objects(cs)):
+                message = f"{change} (drift)"
+                kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
+                logger.info("reconciled %s/%s: %s", namespace, owner, message)
         await refresh_status(namespace, owner, cs)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()
