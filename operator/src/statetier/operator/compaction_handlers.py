@@ -25,18 +25,6 @@ Obj = dict[str, Any]
 RESOURCE = "compactionservice"
 
 
-def _path(obj: Obj) -> str:
-    meta = obj["metadata"]
-    group_version = obj["apiVersion"]
-    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    plural = {"Deployment": "deployments", "Service": "services"}[obj["kind"]]
-    return f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
-
-
-def _cs_path(namespace: str, name: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-
-
 def _version(obj: Obj | None) -> Any:
     """What changes when the apiserver changed the object's desired state: a Deployment's
     generation (its status writes leave it alone), a Service's resourceVersion."""
@@ -46,17 +34,16 @@ def _version(obj: Obj | None) -> Any:
     return meta.get("generation") if obj.get("kind") == "Deployment" else meta["resourceVersion"]
 
 
-async def _apply(api: kube.ApiClient, desired: Obj) -> str:
+async def _apply(api: kube.Kube, desired: Obj) -> str:
     """Server-side apply ``desired``; returns created/updated/unchanged for the event."""
-    url = _path(desired)
-    before = _version(await api.get(url))
-    created, after = await api.apply(url, desired)
+    before = _version(await api.read(desired))
+    created, after = await api.apply(desired)
     if created:
         return "created"
     return "unchanged" if _version(after) == before else "updated"
 
 
-async def _apply_all(api: kube.ApiClient, objects: list[Obj]) -> list[str]:
+async def _apply_all(api: kube.Kube, objects: list[Obj]) -> list[str]:
     """Apply the owned objects concurrently (they do not depend on each other); what changed."""
     outcomes = await asyncio.gather(*(_apply(api, desired) for desired in objects))
     return [
@@ -80,15 +67,17 @@ def _edited_by_others(deployment: Obj) -> bool:
 
 async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
     """Recompute the status from the owned Deployments and write it if it changed."""
-    api = kube.client()
-    cs = body if body is not None else await api.get(_cs_path(namespace, name))
+    api = await kube.client()
+    cs = body if body is not None else await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
     spec = compaction.with_defaults(cs.get("spec"))
     problems = compaction.spec_problems(spec)
     names = compaction.names(name)
-    gateway = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['gateway']}")
-    workers = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['workers']}")
+    gateway, workers = await asyncio.gather(
+        api.read_deployment(namespace, names["gateway"]),
+        api.read_deployment(namespace, names["workers"]),
+    )
     old = dict(cs.get("status") or {})
     worker_status = (workers or {}).get("status") or {}
     desired = 0 if problems else compaction.desired_workers(spec)
@@ -114,7 +103,7 @@ async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> 
     metrics.WORKERS_DESIRED.labels(namespace, name).set(desired)
     metrics.WORKERS_CURRENT.labels(namespace, name).set(status["workers"]["current"])
     if {k: old.get(k) for k in status} != status:
-        await api.merge_patch(_cs_path(namespace, name) + "/status", {"status": status})
+        await api.patch_compaction_service(namespace, name, {"status": status}, status=True)
     return status
 
 
@@ -136,7 +125,7 @@ async def reconcile(
             await refresh_status(namespace, name, raw)
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
-        api = kube.client()
+        api = await kube.client()
         try:
             changes = await _apply_all(api, compaction.desired_objects(raw))
             await refresh_status(namespace, name, raw)
@@ -190,9 +179,9 @@ async def deployment_changed(
     owner = labels.get(compaction.SERVICE_LABEL)
     if not owner or not namespace:
         return
-    api = kube.client()
+    api = await kube.client()
     try:
-        cs = await api.get(_cs_path(namespace, owner))
+        cs = await api.read_compaction_service(namespace, owner)
         if cs is None or cs["metadata"].get("deletionTimestamp"):
             return
         spec = compaction.with_defaults(cs.get("spec"))

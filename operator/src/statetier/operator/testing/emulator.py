@@ -516,7 +516,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
         write = _Write(
             manager=ssa.manager_name(query, raw.headers.get("User-Agent", "")),
             strict=query.get("fieldValidation") == "Strict",
-            force=query.get("force") == "true",
+            force=query.get("force", "").lower() in ("true", "1"),
         )
         async with self._lock:
             if method == "POST" and parsed.name is None:
