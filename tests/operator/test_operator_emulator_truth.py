@@ -205,3 +205,26 @@ def test_a_crd_whose_rule_fails_on_its_default_is_refused(
         'properties[workers].default: Invalid value: "object": no such key: min evaluating '
         "rule: workers.min must not exceed workers.max"
     ) in out
+
+
+def test_webhook_selectors_are_honoured() -> None:
+    """namespaceSelector (on the namespace's labels, which include kubernetes.io/metadata.name
+    as the apiserver sets it) and objectSelector decide whether a webhook is called."""
+    from statetier.operator.testing.emulator import ApiEmulator
+
+    emulator = ApiEmulator()
+    ns = emulator.read_object("", "namespaces", None, "default")
+    assert ns is not None and ns["metadata"]["labels"] == {"kubernetes.io/metadata.name": "default"}
+    hook = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}
+            ]
+        },
+        "objectSelector": {"matchLabels": {"statetier.io/enabled": "true"}},
+    }
+    opted_in = {"namespace": "default", "labels": {"statetier.io/enabled": "true"}}
+    assert emulator._hook_selects(hook, {"metadata": opted_in})
+    assert not emulator._hook_selects(hook, {"metadata": {**opted_in, "namespace": "kube-system"}})
+    assert not emulator._hook_selects(hook, {"metadata": {"namespace": "default"}})
+    assert emulator._hook_selects({}, {"metadata": {"namespace": "kube-system"}})

@@ -155,6 +155,28 @@ def _spec(**workers: int) -> dict[str, Any]:
     )
 
 
+def test_pods_take_the_service_account_and_pull_secrets_of_the_spec() -> None:
+    body = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {
+            **_spec(min=1, max=2),
+            "serviceAccountName": "compaction-s3",
+            "imagePullSecrets": [{"name": "registry"}],
+        },
+    }
+    pods = [
+        o["spec"]["template"]["spec"]
+        for o in compaction.desired_objects(body)
+        if o["kind"] == "Deployment"
+    ]
+    assert [p["serviceAccountName"] for p in pods] == ["compaction-s3", "compaction-s3"]
+    assert [p["imagePullSecrets"] for p in pods] == [[{"name": "registry"}]] * 2
+    plain = compaction.desired_objects({**body, "spec": _spec(min=1, max=2)})
+    assert all(
+        "serviceAccountName" not in o["spec"].get("template", {}).get("spec", {}) for o in plain
+    )
+
+
 @pytest.mark.parametrize(
     ("workers", "expected"),
     [

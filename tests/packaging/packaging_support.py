@@ -28,7 +28,10 @@ ALL_ON: dict[str, Any] = {
     "certManager": {"enabled": True},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "grafana": {"dashboards": {"enabled": True}},
-    "webhooks": {"namespaceSelector": {"matchLabels": {"statetier.io/webhooks": "enabled"}}},
+    "webhooks": {
+        "namespaceSelector": {"matchLabels": {"statetier.io/webhooks": "enabled"}},
+        "objectSelector": {"matchLabels": {"statetier.io/enabled": "true"}},
+    },
     "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
 }
 

@@ -337,3 +337,102 @@ def test_packaged_chart_carries_the_linked_crds(tmp_path: Path) -> None:
     assert {d["metadata"]["name"] for d in crds} == {
         d["metadata"]["name"] for d in render({}) if d["kind"] == "CustomResourceDefinition"
     }
+
+
+def test_chart_works_as_a_subchart() -> None:
+    """A parent chart passes ``global``; the values schema must not refuse it."""
+    docs = render({"global": {"imageRegistry": "registry.example.com"}})
+    assert find(docs, "Deployment")
+
+
+def _hooks(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        hook["name"]: hook
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for hook in find(docs, kind)["webhooks"]
+    }
+
+
+def test_webhooks_select_the_watched_namespaces_and_the_opt_in_label() -> None:
+    watched = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+        ]
+    }
+    hooks = _hooks(render({"watchNamespaces": ["a", "b"]}))
+    assert {h["namespaceSelector"] == watched for h in hooks.values()} == {True}
+    assert not [h for h in hooks.values() if "objectSelector" in h]
+    assert not [h for h in _hooks(render({})).values() if "namespaceSelector" in h]
+    opt_in = {"matchLabels": {"statetier.io/enabled": "true"}}
+    hooks = _hooks(render({"watchNamespaces": ["a", "b"], "webhooks": {"objectSelector": opt_in}}))
+    assert hooks["mutate-sparkapplication.statetier.io"]["objectSelector"] == opt_in
+    assert hooks["validate-sparkapplication.statetier.io"]["objectSelector"] == opt_in
+    assert "objectSelector" not in hooks["validate-compactionservice.statetier.io"]
+    # An explicit namespaceSelector wins for the SparkApplication webhooks.
+    hooks = _hooks(render(ALL_ON))
+    assert hooks["mutate-sparkapplication.statetier.io"]["namespaceSelector"] == {
+        "matchLabels": {"statetier.io/webhooks": "enabled"}
+    }
+    assert hooks["validate-compactionservice.statetier.io"]["namespaceSelector"]["matchExpressions"]
+
+
+def test_webhook_replicas_are_kept_up_ready_and_spread() -> None:
+    docs = render({})
+    pod = find(docs, "Deployment")["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    budget = find(docs, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    container = pod["spec"]["containers"][0]
+    assert container["readinessProbe"]["tcpSocket"]["port"] == "webhooks"
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
+    single = render({"replicaCount": 1})
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
+    no_hooks = find(render({"webhooks": {"enabled": False}}), "Deployment")
+    probe = no_hooks["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz"
+
+
+def test_aggregated_roles_let_namespace_users_view_and_edit_compaction_services() -> None:
+    roles = {
+        d["metadata"]["name"]: d
+        for d in render({})
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(("-view", "-edit"))
+    }
+    view, edit = roles["statetier-view"], roles["statetier-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert "create" in {v for r in edit["rules"] for v in r["verbs"]}
+    assert not [
+        d
+        for d in render({"rbac": {"aggregateToViewEdit": False}})
+        if d["metadata"]["name"] in roles
+    ]
+
+
+def test_readme_values_table_is_generated_and_current() -> None:
+    """The README's values table is what charts/values_table.py generates from the schema and
+    values.yaml: every value has a row, with its default and description."""
+    script = REPO / "charts" / "values_table.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    readme = (CHART / "README.md").read_text()
+    for key in ("webhooks.objectSelector", "podDisruptionBudget.minAvailable", "global"):
+        assert f"| `{key}` |" in readme
+    assert "| `replicaCount` | integer | `2` |" in readme
+    # The generator itself: a stale table is replaced by the current one.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("values_table", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stale = readme.replace(
+        "| `replicaCount` | integer | `2` |", "| `replicaCount` | integer | `3` |"
+    )
+    assert module.rendered(stale) == readme

@@ -197,6 +197,10 @@ def _pod_spec(spec: Obj, container: Obj) -> Obj:
         pod["tolerations"] = list(scheduling["tolerations"])
     if scheduling.get("priorityClassName"):
         pod["priorityClassName"] = scheduling["priorityClassName"]
+    if spec.get("serviceAccountName"):  # workload identity for the object store
+        pod["serviceAccountName"] = spec["serviceAccountName"]
+    if spec.get("imagePullSecrets"):
+        pod["imagePullSecrets"] = [{"name": s["name"]} for s in spec["imagePullSecrets"]]
     return pod
 
 

@@ -382,6 +382,24 @@ def _selector_matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+def _label_selector_matches(labels: dict[str, str], selector: Obj | None) -> bool:
+    """A metav1.LabelSelector (matchLabels and matchExpressions); empty selects everything."""
+    if not selector:
+        return True
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and key in labels and labels[key] in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
 def _field_matches(obj: Obj, selector: str) -> bool:
     for term in filter(None, (t.strip() for t in selector.split(","))):
         negate = "!=" in term
@@ -787,6 +805,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     def _insert(self, key: tuple[str, str], obj: Obj) -> Obj:
         meta = obj.setdefault("metadata", {})
+        if key == ("", "namespaces"):  # the apiserver labels every namespace with its name
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
         meta.setdefault("generation", 1)
@@ -1196,7 +1216,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
         plural = f"{'mutating' if mutating else 'validating'}webhookconfigurations"
         for config in self.list_objects("admissionregistration.k8s.io", plural):
             for hook in config.get("webhooks") or []:
-                if self._hook_matches(hook, rdef, operation):
+                if self._hook_matches(hook, rdef, operation) and self._hook_selects(hook, obj):
                     obj = await self._call_webhook(hook, rdef, obj, old, operation, mutating)
         return obj
 
@@ -1215,6 +1235,18 @@ class ApiEmulator(kmock.KubernetesEmulator):
             ):
                 return True
         return False
+
+    def _hook_selects(self, hook: Obj, obj: Obj) -> bool:
+        """The webhook's namespaceSelector (on the namespace's labels) and objectSelector."""
+        meta = obj.get("metadata") or {}
+        if not _label_selector_matches(meta.get("labels") or {}, hook.get("objectSelector")):
+            return False
+        namespace = meta.get("namespace")
+        if not namespace or not hook.get("namespaceSelector"):
+            return True
+        ns = self._store[("", "namespaces")].get(("", namespace)) or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {}
+        return _label_selector_matches(labels, hook.get("namespaceSelector"))
 
     async def _call_webhook(
         self,
