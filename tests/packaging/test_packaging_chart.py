@@ -436,3 +436,26 @@ def test_readme_values_table_is_generated_and_current() -> None:
         "| `replicaCount` | integer | `2` |", "| `replicaCount` | integer | `3` |"
     )
     assert module.rendered(stale) == readme
+
+
+def test_backend_pod_monitor_selects_opted_in_drivers_and_executors() -> None:
+    """The webhook labels the driver and executor pods of an opted-in application; the
+    PodMonitor selects exactly those (the driver exports the checkpoint metrics)."""
+    from statetier.operator import annotations as ann
+    from statetier.operator import sparkapp
+
+    monitor = next(
+        d
+        for d in render(ALL_ON)
+        if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-executors")
+    )
+    selector = monitor["spec"]["selector"]
+    app = {"metadata": {"annotations": {"statetier.io/enabled": "true"}}, "spec": {}}
+    result = sparkapp.mutate(app, ann.parse(app["metadata"]["annotations"]), None)
+    for role in ("driver", "executor"):
+        labels = {**result.spec_changes[role]["labels"], "spark-role": role}
+        assert selector["matchLabels"].items() <= labels.items(), role
+        (expression,) = selector["matchExpressions"]
+        assert expression["key"] == "spark-role" and role in expression["values"]
+    relabeled = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert {"application", "spark_role"} <= relabeled
