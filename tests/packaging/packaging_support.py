@@ -33,6 +33,12 @@ ALL_ON: dict[str, Any] = {
         "objectSelector": {"matchLabels": {"statetier.io/enabled": "true"}},
     },
     "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+    "networkPolicy": {
+        "enabled": True,
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+    },
 }
 
 

@@ -459,3 +459,57 @@ def test_backend_pod_monitor_selects_opted_in_drivers_and_executors() -> None:
         assert expression["key"] == "spark-role" and role in expression["values"]
     relabeled = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
     assert {"application", "spark_role"} <= relabeled
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted: dict[str, str] = selector.get("matchLabels", {})
+    return wanted.items() <= labels.items()
+
+
+def test_network_policies_let_exactly_the_right_pods_in() -> None:
+    """The peers and targets of the NetworkPolicies are the labels the pods really carry: the
+    operator's, the gateway and worker pods the operator creates, the opted-in Spark pods."""
+    from statetier.operator import annotations as ann
+    from statetier.operator import compaction, sparkapp
+
+    docs = render(ALL_ON)
+    policies = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+    }
+    operator_pod = find(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    operator = policies[("statetier", "statetier")]
+    assert _selects(operator["podSelector"], operator_pod)
+    assert {p["port"] for rule in operator["ingress"] for p in rule["ports"]} == {
+        "webhooks",
+        "metrics",
+    }
+    body = {
+        "metadata": {"name": "c", "namespace": "spark-jobs", "uid": "u"},
+        "spec": compaction.with_defaults(
+            {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
+        ),
+    }
+    gateway, _, workers = compaction.desired_objects(body)  # Deployment, Service, Deployment
+    gateway_pod = gateway["spec"]["template"]["metadata"]["labels"]
+    worker_pod = workers["spec"]["template"]["metadata"]["labels"]
+    app = {"metadata": {"annotations": {"statetier.io/enabled": "true"}}, "spec": {}}
+    mutation = sparkapp.mutate(app, ann.parse(app["metadata"]["annotations"]), None)
+    spark_pod = mutation.spec_changes["executor"]["labels"]
+    for namespace in ALL_ON["watchNamespaces"]:
+        to_gateway = policies[(namespace, "statetier-compaction-gateway")]
+        to_workers = policies[(namespace, "statetier-compaction-workers")]
+        assert _selects(to_gateway["podSelector"], gateway_pod)
+        assert not _selects(to_gateway["podSelector"], worker_pod)
+        assert _selects(to_workers["podSelector"], worker_pod) and to_workers["ingress"] == []
+        (rule,) = to_gateway["ingress"]
+        peers = rule["from"]
+        assert any(_selects(p.get("podSelector", {}), spark_pod) for p in peers)
+        assert any(_selects(p.get("podSelector", {}), worker_pod) for p in peers)
+        assert any(
+            "namespaceSelector" in p and _selects(p.get("podSelector", {}), operator_pod)
+            for p in peers
+        )
+        assert not any(p == {"podSelector": {}} for p in peers)  # not everybody
+    assert not [d for d in render({}) if d["kind"] == "NetworkPolicy"]
