@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from statetier.operator.testing import apply as ssa
 from statetier.operator.testing import controllers, pruning, typed
 from statetier.operator.testing.processes import Sandbox
 from statetier.operator.testing.processes import compaction_service_manifest as _manifest
 
-from tests.operator.conftest import CRDS
+from tests.operator.conftest import CRDS, SPARK_CRD
 
 
 @pytest.mark.parametrize(
@@ -228,3 +229,32 @@ def test_webhook_selectors_are_honoured() -> None:
     assert not emulator._hook_selects(hook, {"metadata": {**opted_in, "namespace": "kube-system"}})
     assert not emulator._hook_selects(hook, {"metadata": {"namespace": "default"}})
     assert emulator._hook_selects({}, {"metadata": {"namespace": "kube-system"}})
+
+
+def test_the_openapi_schema_of_a_custom_resource_is_enforced(apiserver: Sandbox) -> None:
+    body = json.loads(_manifest("bounds", workers={"min": 1, "max": 0}))
+    body["spec"]["scheduling"] = {"policy": "random"}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert "spec.workers.max: Invalid value: 0" in out
+    assert 'spec.scheduling.policy: Invalid value: "random"' in out
+    del body["spec"]["image"]
+    body["spec"]["workers"] = {}
+    body["spec"]["scheduling"] = {}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert "spec.image: Required value" in out
+    assert (
+        apiserver.get("/apis/statetier.io/v1alpha1/namespaces/default/compactionservices/bounds")
+        is None
+    )
+
+
+def test_a_crd_of_a_protected_group_needs_the_approval_annotation(
+    apiserver: Sandbox, tmp_path: Any
+) -> None:
+    fixture = yaml.safe_load(SPARK_CRD.read_text())
+    del fixture["metadata"]["annotations"]["api-approved.kubernetes.io"]
+    path = tmp_path / "crd.yaml"
+    path.write_text(yaml.safe_dump(fixture))
+    out = apiserver.kubectl("apply", "-f", str(path), check=False)
+    assert 'protected groups must have approval annotation "api-approved.kubernetes.io"' in out
+    assert "created" in apiserver.kubectl("apply", "-f", str(SPARK_CRD))

@@ -22,7 +22,8 @@ paths and answers every resource request itself, fixing these gaps:
   node's ``default`` (:mod:`.cel_rules`), else the CRD is refused as kube-apiserver refuses it;
 * custom resources: unknown fields pruned (refused under ``?fieldValidation=Strict``, which
   kubectl sends after reading ``/openapi/v3``, see :mod:`.openapi`), schema defaults applied,
-  CEL rules evaluated after mutating and before validating admission, as the apiserver orders it;
+  the OpenAPI schema enforced (:mod:`.schema_check`), CEL rules evaluated, all after mutating
+  and before validating admission, as the apiserver orders it;
 * built-in objects come back from the typed round trip (:mod:`.typed`): quantities canonical,
   empty lists gone;
 * server-side apply and ``metadata.managedFields`` (:mod:`.apply`), the field manager named by
@@ -37,8 +38,8 @@ paths and answers every resource request itself, fixing these gaps:
   apiserver would.
 
 What it does not do: Pods and the kubelet (a Deployment's Pods are never ready unless a test
-reports them ready through the status subresource), authentication, RBAC, OpenAPI validation
-of types and formats (only CEL rules and unknown fields), protobuf.
+reports them ready through the status subresource), authentication, RBAC, OpenAPI ``format``
+checks, protobuf.
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ import kmock
 import yaml
 from kmock._internal import rendering  # the Request type of RawHandler._handle
 from statetier.operator.testing import apply as ssa
-from statetier.operator.testing import cel_rules, controllers, openapi, pruning, typed
+from statetier.operator.testing import (
+    cel_rules,
+    controllers,
+    openapi,
+    pruning,
+    schema_check,
+    typed,
+)
 from statetier.operator.testing.patching import (
     PatchError,
     PatchTestFailedError,
@@ -950,7 +958,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
         return await self._admit(rdef, obj, old, operation, mutating=False)
 
     def _structural(self, rdef: ResourceDef, obj: Obj, write: _Write, old: Obj | None) -> Obj:
-        """Unknown fields pruned (refused if Strict), defaults applied, built-ins round-tripped."""
+        """Unknown fields pruned (refused if Strict), defaults applied, the OpenAPI schema
+        checked, built-ins round-tripped."""
         if rdef.schema is not None:
             dropped = pruning.prune(obj, rdef.schema)
             if dropped and write.strict:
@@ -962,6 +971,9 @@ class ApiEmulator(kmock.KubernetesEmulator):
                     f"{rdef.kind}: strict decoding error: {fields}",
                 )
             _apply_defaults(obj, rdef.schema)
+            broken = schema_check.problems(rdef.schema, obj)
+            if broken:
+                raise ApiError(422, "Invalid", self._invalid(rdef, obj, ", ".join(broken)))
         if rdef.group in ("", "apps"):
             try:
                 obj = typed.round_trip(obj)
