@@ -258,3 +258,25 @@ def test_a_crd_of_a_protected_group_needs_the_approval_annotation(
     out = apiserver.kubectl("apply", "-f", str(path), check=False)
     assert 'protected groups must have approval annotation "api-approved.kubernetes.io"' in out
     assert "created" in apiserver.kubectl("apply", "-f", str(SPARK_CRD))
+
+
+def test_built_ins_get_the_apiservers_defaults_which_the_applier_does_not_own(
+    apiserver: Sandbox,
+) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "defaulted"},
+        "spec": {"selector": {"a": "b"}, "ports": [{"name": "http", "port": 80}]},
+    }
+    path = "/api/v1/namespaces/default/services/defaulted?fieldManager=tester"
+    stored = apiserver.send("PATCH", path, service, "application/apply-patch+yaml")
+    spec = stored["spec"]
+    assert spec["type"] == "ClusterIP" and spec["clusterIP"].startswith("10.96.")
+    assert spec["ports"] == [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]
+    (entry,) = stored["metadata"]["managedFields"]
+    owned = entry["fieldsV1"]["f:spec"]
+    assert "f:clusterIP" not in owned and "f:type" not in owned
+    assert set(owned) == {"f:selector", "f:ports"}
+    again = apiserver.send("PATCH", path, service, "application/apply-patch+yaml")
+    assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]

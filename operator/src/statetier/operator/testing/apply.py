@@ -51,6 +51,8 @@ def manager_name(query: dict[str, str], user_agent: str) -> str:
 
 def _key(item: Obj, field: str) -> str:
     key = {k: item[k] for k in _LIST_KEYS[field] if k in item}
+    if field == "ports":  # the protocol is part of a port's key, TCP when not given
+        key.setdefault("protocol", "TCP")
     return "k:" + json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 

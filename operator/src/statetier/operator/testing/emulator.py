@@ -24,8 +24,9 @@ paths and answers every resource request itself, fixing these gaps:
   kubectl sends after reading ``/openapi/v3``, see :mod:`.openapi`), schema defaults applied,
   the OpenAPI schema enforced (:mod:`.schema_check`), CEL rules evaluated, all after mutating
   and before validating admission, as the apiserver orders it;
-* built-in objects come back from the typed round trip (:mod:`.typed`): quantities canonical,
-  empty lists gone;
+* built-in objects get the apiserver's defaults (:mod:`.defaults`: strategy, probe timings,
+  cluster IP, ...) and come back from the typed round trip (:mod:`.typed`): quantities
+  canonical, empty lists gone;
 * server-side apply and ``metadata.managedFields`` (:mod:`.apply`), the field manager named by
   ``?fieldManager`` or the User-Agent;
 * finalizers, ``deletionTimestamp``, and garbage collection of dependents by
@@ -68,6 +69,7 @@ from statetier.operator.testing import apply as ssa
 from statetier.operator.testing import (
     cel_rules,
     controllers,
+    defaults,
     openapi,
     pruning,
     schema_check,
@@ -862,12 +864,13 @@ class ApiEmulator(kmock.KubernetesEmulator):
             obj.pop("status", None)
         if rdef.plural == "customresourcedefinitions":
             _check_crd(obj)
+        config = copy.deepcopy(obj)
         obj = await self._admitted(rdef, obj, None, "CREATE", write)
-        obj = (
-            ssa.apply(None, obj, write.manager, force=True)
-            if applied
-            else (ssa.record_update(None, obj, write.manager, None))
-        )
+        if applied:  # the applier owns what it applied, not what defaulting added
+            owned = ssa.apply(None, config, write.manager, force=True)
+            obj.setdefault("metadata", {})["managedFields"] = owned["metadata"]["managedFields"]
+        else:
+            obj = ssa.record_update(None, obj, write.manager, None)
         if rdef.plural == "customresourcedefinitions":
             self._establish(obj)
         created = self._insert((rdef.group, rdef.plural), obj)
@@ -975,6 +978,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
             if broken:
                 raise ApiError(422, "Invalid", self._invalid(rdef, obj, ", ".join(broken)))
         if rdef.group in ("", "apps"):
+            defaults.apply_builtin_defaults(obj)
             try:
                 obj = typed.round_trip(obj)
             except typed.QuantityError as exc:
