@@ -1,4 +1,10 @@
-"""CompactionService end to end: kubectl -> emulator -> real kopf operator -> Deployments."""
+"""CompactionService end to end: kubectl -> emulator -> real kopf operator -> Deployments.
+
+The emulator behaves as a real control plane here: the Deployment controller reports status
+within a second of every change (no Pod is ever ready unless a test plays the kubelet), the
+garbage collector removes dependents a moment after their owner, and built-in objects come
+back from their typed round trip (quantities canonical, empty lists gone).
+"""
 
 from __future__ import annotations
 
@@ -27,22 +33,21 @@ def _condition(cs: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in cs["status"]["conditions"] if c["type"] == kind)
 
 
-def _play_deployment_controller(box: Sandbox, name: str, ready: int) -> None:
-    """The emulator runs no controllers: report the Deployment as a controller would."""
-    current = box.get(f"{DEPLOY}/{name}")
-    replicas = current["spec"]["replicas"]
+def _play_kubelet(box: Sandbox, name: str, ready: int) -> None:
+    """There are no Pods: report ``ready`` of them ready, as the kubelet would; the emulator's
+    Deployment controller derives the rest of the status (conditions, availability)."""
     box.send(
         "PATCH",
         f"{DEPLOY}/{name}/status",
-        {
-            "status": {
-                "observedGeneration": current["metadata"]["generation"],
-                "replicas": replicas,
-                "readyReplicas": min(ready, replicas),
-                "availableReplicas": min(ready, replicas),
-            }
-        },
+        {"status": {"readyReplicas": ready, "availableReplicas": ready}},
     )
+
+
+def _reported(box: Sandbox, name: str) -> bool:
+    """The Deployment controller has reported on the Deployment's current generation."""
+    deployment = box.get(f"{DEPLOY}/{name}")
+    status = deployment.get("status") or {}
+    return bool(status.get("observedGeneration") == deployment["metadata"]["generation"])
 
 
 def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) -> None:
@@ -73,7 +78,7 @@ def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) 
     assert status["workers"]["desired"] == 1
     assert _condition(cs, "Ready")["status"] == "False"
     assert _condition(cs, "Ready")["reason"] == "GatewayUnavailable"
-    assert _condition(cs, "Degraded")["reason"] == "Progressing"
+    assert _condition(cs, "Degraded")["status"] == "False"
     events = sandbox.wait("Reconciled event", lambda: _events(sandbox, "compaction"))
     assert any(
         reason == "Reconciled" and "Deployment compaction-workers created" in message
@@ -85,7 +90,7 @@ def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) 
     assert row.split()[:4] == [
         "compaction",
         "http://compaction-gateway.default.svc:8080",
-        "0",
+        "1",  # the Deployment controller reports the worker Pod (never ready: no kubelet)
         "False",
     ]
 
@@ -93,8 +98,8 @@ def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) 
 def test_ready_and_degraded_follow_the_deployments(sandbox: Sandbox) -> None:
     sandbox.kubectl("apply", "-f", "-", stdin=_manifest("ready", workers={"min": 2, "max": 3}))
     sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/ready-workers"))
-    _play_deployment_controller(sandbox, "ready-gateway", ready=1)
-    _play_deployment_controller(sandbox, "ready-workers", ready=2)
+    _play_kubelet(sandbox, "ready-gateway", ready=1)
+    _play_kubelet(sandbox, "ready-workers", ready=2)
     cs = sandbox.wait(
         "Ready=True",
         lambda: (
@@ -105,7 +110,7 @@ def test_ready_and_degraded_follow_the_deployments(sandbox: Sandbox) -> None:
     assert _condition(cs, "Degraded")["status"] == "False"
     assert cs["status"]["workers"]["ready"] == 2 and cs["status"]["gateway"]["ready"] == 1
     # A worker goes away: below the minimum of 2 -> Degraded with a reason.
-    _play_deployment_controller(sandbox, "ready-workers", ready=1)
+    _play_kubelet(sandbox, "ready-workers", ready=1)
     cs = sandbox.wait(
         "Degraded=True",
         lambda: (
@@ -164,19 +169,27 @@ def test_scale_subresource_is_clamped_to_bounds(sandbox: Sandbox) -> None:
     )
     scale = sandbox.get(f"{CS}/scl/scale")
     assert scale["spec"]["replicas"] == 10  # what was asked; the status says what is desired
-    _play_deployment_controller(sandbox, "scl-workers", ready=4)
+    _play_kubelet(sandbox, "scl-workers", ready=4)
     sandbox.wait(
         "status replicas", lambda: sandbox.get(f"{CS}/scl/scale")["status"]["replicas"] == 4
     )
     assert "app.kubernetes.io/instance=scl" in sandbox.get(f"{CS}/scl/scale")["status"]["selector"]
 
 
-def test_invalid_bounds_are_rejected_by_the_validating_webhook(sandbox: Sandbox) -> None:
+def test_invalid_bounds_are_rejected_by_the_crd_rule(sandbox: Sandbox) -> None:
+    """The CRD's CEL rule refuses min > max before any validating webhook is called, as on a
+    real apiserver; the webhook's own message for it is never seen."""
     out = sandbox.kubectl(
         "apply", "-f", "-", stdin=_manifest("bad", workers={"min": 5, "max": 2}), check=False
     )
-    assert "denied the request" in out and "workers.min (5) exceeds workers.max (2)" in out
+    assert 'spec.workers: Invalid value: "object": workers.min must not exceed workers.max' in out
+    assert "denied the request" not in out
     assert sandbox.get(f"{CS}/bad") is None
+    # Only one bound given: the other is defaulted (max 4) before the rule runs.
+    out = sandbox.kubectl(
+        "apply", "-f", "-", stdin=_manifest("bad", workers={"min": 6}), check=False
+    )
+    assert "workers.min must not exceed workers.max" in out
 
 
 def test_drift_is_put_back(sandbox: Sandbox) -> None:
@@ -197,12 +210,13 @@ def test_delete_removes_owned_objects(sandbox: Sandbox) -> None:
     sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/gone-workers"))
     sandbox.kubectl("delete", "compactionservice", "gone")
     assert sandbox.get(f"{CS}/gone") is None
+    # The garbage collector works in the background: the dependents go a moment later.
     for path in (
         f"{DEPLOY}/gone-gateway",
         f"{DEPLOY}/gone-workers",
         "/api/v1/namespaces/default/services/gone-gateway",
     ):
-        assert sandbox.get(path) is None, path
+        sandbox.wait(f"{path} collected", lambda path=path: sandbox.get(path) is None)
 
 
 def test_namespaces_outside_the_watched_ones_are_left_alone(sandbox: Sandbox) -> None:
@@ -220,3 +234,103 @@ def test_namespaces_outside_the_watched_ones_are_left_alone(sandbox: Sandbox) ->
     assert sandbox.get("/apis/apps/v1/namespaces/other/deployments/elsewhere-workers") is None
     other = sandbox.get("/apis/statetier.io/v1alpha1/namespaces/other/compactionservices/elsewhere")
     assert "status" not in other
+
+
+def test_a_fresh_service_is_progressing_not_degraded(sandbox: Sandbox) -> None:
+    """The Deployment controller reports at once, long before any Pod is ready: while the
+    rollout is under way the service is Progressing, and nobody is paged."""
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("fresh"))
+    for part in ("gateway", "workers"):
+        sandbox.wait(f"{part} reported", lambda part=part: _reported(sandbox, f"fresh-{part}"))
+    deployments = [sandbox.get(f"{DEPLOY}/fresh-{p}") for p in ("gateway", "workers")]
+
+    def observed() -> Any:
+        cs = sandbox.get(f"{CS}/fresh")
+        ready = (cs.get("status") or {}).get("conditions") and _condition(cs, "Ready")
+        return ready and ready["message"] == "no gateway replica is ready" and cs
+
+    cs = sandbox.wait("a status computed from the reported Deployments", observed)
+    assert all(d["status"]["observedGeneration"] == 1 for d in deployments)
+    assert _condition(cs, "Degraded")["status"] == "False", cs["status"]
+    progressing = _condition(cs, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+    # Ready at last: the rollout completes, Progressing turns False.
+    _play_kubelet(sandbox, "fresh-gateway", ready=1)
+    _play_kubelet(sandbox, "fresh-workers", ready=1)
+    cs = sandbox.wait(
+        "rollout complete",
+        lambda: (
+            (c := sandbox.get(f"{CS}/fresh"))
+            and _condition(c, "Progressing")["reason"] == "RolloutComplete"
+            and c
+        ),
+    )
+    assert _condition(cs, "Ready")["status"] == "True"
+    assert _condition(cs, "Degraded")["reason"] == "AsExpected"
+
+
+def test_no_drift_storm_on_canonical_quantities_and_empty_lists(sandbox: Sandbox) -> None:
+    """The apiserver stores cpu "0.5" as 500m, 1024Mi as 1Gi and drops ``env: []``: status
+    changes of the Deployments must not turn into writes or "Reconciled ... (drift)" events."""
+    resources = {"requests": {"cpu": "0.5", "memory": "1024Mi"}}
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=_manifest("calm", workers={"min": 2, "max": 3, "resources": resources}),
+    )
+    for part in ("gateway", "workers"):
+        sandbox.wait(f"{part} reported", lambda part=part: _reported(sandbox, f"calm-{part}"))
+    workers = sandbox.get(f"{DEPLOY}/calm-workers")
+    container = workers["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
+    assert "env" not in container  # the empty list did not survive the round trip
+    for ready in (1, 2, 1, 2):  # the kubelet reports, the controller follows, four times over
+        _play_kubelet(sandbox, "calm-workers", ready=ready)
+        _play_kubelet(sandbox, "calm-gateway", ready=1)
+        sandbox.wait(
+            f"{ready} ready workers in the status",
+            lambda ready=ready: sandbox.get(f"{CS}/calm")["status"]["workers"]["ready"] == ready,
+        )
+    drift = [m for _, _, m in _events(sandbox, "calm") if "(drift)" in m or "updated" in m]
+    assert drift == []
+    for part in ("gateway", "workers"):
+        assert sandbox.get(f"{DEPLOY}/calm-{part}")["metadata"]["generation"] == 1
+
+
+def test_owned_objects_are_applied_by_the_statetier_operator_field_manager(
+    sandbox: Sandbox,
+) -> None:
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("owned"))
+    sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/owned-workers"))
+    sandbox.wait(
+        "status", lambda: (sandbox.get(f"{CS}/owned").get("status") or {}).get("conditions")
+    )
+    for path in (
+        f"{DEPLOY}/owned-gateway",
+        f"{DEPLOY}/owned-workers",
+        "/api/v1/namespaces/default/services/owned-gateway",
+    ):
+        entries = sandbox.get(path)["metadata"]["managedFields"]
+        spec_owners = {(e["manager"], e["operation"]) for e in entries if "f:spec" in e["fieldsV1"]}
+        assert spec_owners == {("statetier-operator", "Apply")}, (path, entries)
+    managers = {e["manager"] for e in sandbox.get(f"{CS}/owned")["metadata"]["managedFields"]}
+    assert "statetier-operator" in managers and "Python" not in managers
+
+
+def test_a_new_service_is_created_once_without_conflicts(sandbox: Sandbox) -> None:
+    """The reconcile handler and the Deployment-event handler both act on a new service;
+    neither may lose a race to the other (HTTP 409, a lost Service POST)."""
+    names = [f"race{i}" for i in range(4)]
+    for name in names:
+        sandbox.kubectl("apply", "-f", "-", stdin=_manifest(name))
+    for name in names:
+        sandbox.wait(
+            f"{name} settled",
+            lambda name=name: (
+                _reported(sandbox, f"{name}-workers")
+                and (sandbox.get(f"{CS}/{name}").get("status") or {}).get("conditions")
+            ),
+        )
+    log = sandbox.logs()
+    assert "HTTP 409" not in log and "already exists" not in log

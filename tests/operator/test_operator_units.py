@@ -4,12 +4,14 @@ conditions, and the emulator's patch formats."""
 from __future__ import annotations
 
 import copy
+import datetime
 from typing import Any
 
 import pytest
 from statetier.backend.config import SETTINGS
 from statetier.operator import annotations as ann
 from statetier.operator import compaction, sparkapp
+from statetier.operator.testing import controllers
 from statetier.operator.testing.patching import (
     PatchTestFailedError,
     json_patch,
@@ -153,6 +155,28 @@ def _spec(**workers: int) -> dict[str, Any]:
     )
 
 
+def test_pods_take_the_service_account_and_pull_secrets_of_the_spec() -> None:
+    body = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {
+            **_spec(min=1, max=2),
+            "serviceAccountName": "compaction-s3",
+            "imagePullSecrets": [{"name": "registry"}],
+        },
+    }
+    pods = [
+        o["spec"]["template"]["spec"]
+        for o in compaction.desired_objects(body)
+        if o["kind"] == "Deployment"
+    ]
+    assert [p["serviceAccountName"] for p in pods] == ["compaction-s3", "compaction-s3"]
+    assert [p["imagePullSecrets"] for p in pods] == [[{"name": "registry"}]] * 2
+    plain = compaction.desired_objects({**body, "spec": _spec(min=1, max=2)})
+    assert all(
+        "serviceAccountName" not in o["spec"].get("template", {}).get("spec", {}) for o in plain
+    )
+
+
 @pytest.mark.parametrize(
     ("workers", "expected"),
     [
@@ -166,32 +190,72 @@ def test_desired_workers_is_clamped(workers: dict[str, int], expected: int) -> N
     assert compaction.desired_workers(_spec(**workers)) == expected
 
 
-def _deploy(ready: int, observed: bool = True) -> dict[str, Any]:
-    status: dict[str, Any] = {"readyReplicas": ready}
-    if observed:
-        status["observedGeneration"] = 1
-    return {"status": status}
+def _deploy(ready: int, replicas: int = 2, *, rollout: str = "complete") -> dict[str, Any]:
+    """A Deployment as its controller reports it (the emulator's controller computes it):
+    ``pending`` not reported yet, ``progressing`` reported before Pods are ready, ``complete``
+    once every replica was available, ``stalled`` past the progress deadline."""
+    deployment: dict[str, Any] = {
+        "metadata": {"name": "d", "generation": 1},
+        "spec": {"replicas": replicas},
+    }
+    if rollout == "pending":
+        deployment["status"] = {}
+        return deployment
+    deployment["status"] = {"readyReplicas": replicas if rollout == "complete" else 0}
+    deployment["status"] = controllers.deployment_status(deployment)
+    if rollout == "stalled":
+        later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=601)
+        deployment["status"] = controllers.deployment_status(deployment, later)
+    deployment["status"]["readyReplicas"] = ready  # Pods come and go after the rollout
+    return deployment
 
 
-def test_conditions() -> None:
+def _by_type(conditions: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in conditions}
+
+
+def test_conditions_after_a_complete_rollout() -> None:
     spec = _spec(min=2, max=4)
-    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(2), 3)
-    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
-        "True",
-        "AllReplicasReady",
-        3,
-    )
-    assert degraded["status"] == "False"
-    ready, degraded = compaction.conditions(spec, [], _deploy(0, False), _deploy(0, False), 1)
-    assert (ready["reason"], degraded["status"], degraded["reason"]) == (
-        "GatewayUnavailable",
-        "False",
-        "Progressing",
-    )
-    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(1), 1)
-    assert (ready["reason"], degraded["reason"]) == ("WorkersUnavailable", "WorkersBelowMinimum")
+    result = compaction.conditions(spec, [], _deploy(1, 1), _deploy(2), 3)
+    assert _by_type(result) == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "RolloutComplete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert {c["observedGeneration"] for c in result} == {3}
+    # A worker goes away after the rollout: below min is Degraded.
+    result = compaction.conditions(spec, [], _deploy(1, 1), _deploy(1), 1)
+    assert _by_type(result)["Degraded"] == ("True", "WorkersBelowMinimum")
+    assert _by_type(result)["Ready"] == ("False", "WorkersUnavailable")
+    result = compaction.conditions(spec, [], _deploy(0, 1), _deploy(2), 1)
+    assert _by_type(result)["Degraded"] == ("True", "GatewayUnavailable")
+
+
+@pytest.mark.parametrize("rollout", ["pending", "progressing"])
+def test_conditions_while_a_rollout_is_under_way(rollout: str) -> None:
+    """Reported or not, a Deployment whose Pods are not ready yet is Progressing, not
+    Degraded: the Deployment controller reports long before any Pod is ready."""
+    spec = _spec(min=2, max=4)
+    gateway, workers = _deploy(0, 1, rollout=rollout), _deploy(0, rollout=rollout)
+    result = _by_type(compaction.conditions(spec, [], gateway, workers, 1))
+    assert result == {
+        "Ready": ("False", "GatewayUnavailable"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("False", "Progressing"),
+    }
+    assert compaction.rollout(workers) == "pending"
+
+
+def test_conditions_of_a_stalled_rollout_and_an_invalid_spec() -> None:
+    spec = _spec(min=2, max=4)
+    stalled = _deploy(0, rollout="stalled")
+    assert compaction.rollout(stalled) == "stalled"
+    result = _by_type(compaction.conditions(spec, [], _deploy(1, 1), stalled, 1))
+    assert result["Degraded"] == ("True", "ProgressDeadlineExceeded")
+    assert result["Progressing"] == ("False", "ProgressDeadlineExceeded")
     problems = compaction.spec_problems(_spec(min=5, max=1))
-    ready, degraded = compaction.conditions(_spec(min=5, max=1), problems, None, None, 1)
+    conditions = compaction.conditions(_spec(min=5, max=1), problems, None, None, 1)
+    degraded = next(c for c in conditions if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec" and "workers.min (5)" in degraded["message"]
 
 
@@ -201,9 +265,10 @@ def test_condition_transition_time_is_kept_while_status_holds() -> None:
         {"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
         {"type": "Degraded", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
     ]
-    ready, degraded = compaction.conditions(spec, [], _deploy(1), _deploy(1), 1, before)
-    assert ready["lastTransitionTime"] == "2020-01-01T00:00:00Z"
-    assert degraded["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+    conditions = compaction.conditions(spec, [], _deploy(1, 1), _deploy(1, 1), 1, before)
+    times = {c["type"]: c["lastTransitionTime"] for c in conditions}
+    assert times["Ready"] == "2020-01-01T00:00:00Z"
+    assert times["Degraded"] != "2020-01-01T00:00:00Z"
 
 
 def test_patch_formats() -> None:

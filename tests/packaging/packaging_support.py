@@ -28,8 +28,17 @@ ALL_ON: dict[str, Any] = {
     "certManager": {"enabled": True},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "grafana": {"dashboards": {"enabled": True}},
-    "webhooks": {"namespaceSelector": {"matchLabels": {"statetier.io/webhooks": "enabled"}}},
+    "webhooks": {
+        "namespaceSelector": {"matchLabels": {"statetier.io/webhooks": "enabled"}},
+        "objectSelector": {"matchLabels": {"statetier.io/enabled": "true"}},
+    },
     "extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+    "networkPolicy": {
+        "enabled": True,
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+    },
 }
 
 
@@ -110,6 +119,11 @@ def classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, s
     return verb, group, resource, namespace
 
 
+def yaml_stream(docs: list[dict[str, Any]]) -> str:
+    """Documents as one YAML stream, as ``kubectl apply -f`` takes a rendered chart."""
+    return "---\n".join(json.dumps(doc) + "\n" for doc in docs)
+
+
 def kubeconfig_text(url: str, token: str) -> str:
     return json.dumps(
         {
@@ -169,7 +183,45 @@ class ThreadedEmulator:
             found = classify(request.method, request.url.path, query)
             if found is not None:
                 seen.append(found)
+                seen += implied_checks(found, request.headers, request.text)
         return seen
+
+
+# Owner kinds the operator sets blockOwnerDeletion on, by (apiVersion, kind): their resource.
+OWNER_RESOURCES = {
+    ("statetier.io/v1alpha1", "CompactionService"): ("statetier.io", "compactionservices")
+}
+
+
+def implied_checks(
+    found: tuple[str, str, str, str], headers: Any, text: str
+) -> list[tuple[str, str, str, str]]:
+    """Authorization checks a real apiserver makes beyond the request's own verb.
+
+    A server-side apply that creates the object is authorized as ``create`` as well; and the
+    OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift) lets a write set
+    ``blockOwnerDeletion`` only for a client that may ``update`` the owner's ``finalizers``.
+    """
+    verb, _, _, namespace = found
+    extra: list[tuple[str, str, str, str]] = []
+    if verb == "patch" and headers.get("Content-Type", "").startswith("application/apply-patch"):
+        extra.append(("create", *found[1:]))
+    if verb not in ("create", "patch", "update"):
+        return extra
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        return extra
+    refs = (
+        ((body.get("metadata") or {}).get("ownerReferences") or [])
+        if isinstance(body, dict)
+        else []
+    )
+    for ref in refs:
+        owner = OWNER_RESOURCES.get((ref.get("apiVersion"), ref.get("kind")))
+        if ref.get("blockOwnerDeletion") and owner:
+            extra.append(("update", owner[0], f"{owner[1]}/finalizers", namespace))
+    return extra
 
 
 def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
@@ -302,9 +354,8 @@ class OperatorRun:
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         from statetier.operator.testing.processes import kubectl_path
 
-        extra = ["--validate=false"] if args and args[0] in ("apply", "create") else []
         proc = self._subprocess.run(
-            [kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args[:1], *extra, *args[1:]],
+            [kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -370,12 +421,12 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
         run = OperatorRun(
             emulator, workdir, chart_operator_command(docs), chart_operator_args(docs)
         )
-        crd_file = workdir / "crds.json"
-        crd_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": crds}))
+        crd_file = workdir / "crds.yaml"
+        crd_file.write_text(yaml_stream(crds))
         run.kubectl("apply", "-f", str(crd_file), "-f", str(SPARK_CRD))
         peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
-        peering_file = workdir / "peering.json"
-        peering_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": peerings}))
+        peering_file = workdir / "peering.yaml"
+        peering_file.write_text(yaml_stream(peerings))
         run.kubectl("apply", "-f", str(peering_file))
         run.start()
         name = "flow"

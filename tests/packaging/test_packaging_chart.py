@@ -182,6 +182,23 @@ def test_chart_crds_are_the_repository_crds() -> None:
     assert not [d for d in render({"crds": {"install": False}}) if d["kind"].endswith("Definition")]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_crds_pass_their_cel_rules(variant: str) -> None:
+    """What kube-apiserver checks on ``kubectl apply`` of the rendered CRDs: every CEL rule
+    compiles and holds on its node's default (the emulator refuses the CRD otherwise)."""
+    from statetier.operator.testing import cel_rules
+
+    crds = [d for d in render(VARIANTS[variant]) if d["kind"] == "CustomResourceDefinition"]
+    assert crds
+    rules = 0
+    for crd in crds:
+        for version in crd["spec"]["versions"]:
+            schema = version["schema"]["openAPIV3Schema"]
+            assert cel_rules.check_defaults(schema) == [], crd["metadata"]["name"]
+            rules += len(list(cel_rules.rules_of(schema)))
+    assert rules >= 1
+
+
 def test_webhook_configurations_match_the_operators_handlers() -> None:
     """The chart owns what kopf would register: same handler ids (paths) and resources."""
     from statetier.operator import webhooks
@@ -195,6 +212,11 @@ def test_webhook_configurations_match_the_operators_handlers() -> None:
     }
     ids = set(__import__("re").findall(r'id="([a-z-]+)"', source))
     assert paths == ids
+    # Each judges CREATE and UPDATE only: a DELETE never waits for the operator.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in find(docs, kind)["webhooks"]:
+            assert [r["operations"] for r in hook["rules"]] == [["CREATE", "UPDATE"]]
+            assert hook["failurePolicy"] == "Fail"
 
 
 def test_dashboards_configmaps_and_prometheus_rule() -> None:
@@ -315,3 +337,179 @@ def test_packaged_chart_carries_the_linked_crds(tmp_path: Path) -> None:
     assert {d["metadata"]["name"] for d in crds} == {
         d["metadata"]["name"] for d in render({}) if d["kind"] == "CustomResourceDefinition"
     }
+
+
+def test_chart_works_as_a_subchart() -> None:
+    """A parent chart passes ``global``; the values schema must not refuse it."""
+    docs = render({"global": {"imageRegistry": "registry.example.com"}})
+    assert find(docs, "Deployment")
+
+
+def _hooks(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        hook["name"]: hook
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for hook in find(docs, kind)["webhooks"]
+    }
+
+
+def test_webhooks_select_the_watched_namespaces_and_the_opt_in_label() -> None:
+    watched = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}
+        ]
+    }
+    hooks = _hooks(render({"watchNamespaces": ["a", "b"]}))
+    assert {h["namespaceSelector"] == watched for h in hooks.values()} == {True}
+    assert not [h for h in hooks.values() if "objectSelector" in h]
+    assert not [h for h in _hooks(render({})).values() if "namespaceSelector" in h]
+    opt_in = {"matchLabels": {"statetier.io/enabled": "true"}}
+    hooks = _hooks(render({"watchNamespaces": ["a", "b"], "webhooks": {"objectSelector": opt_in}}))
+    assert hooks["mutate-sparkapplication.statetier.io"]["objectSelector"] == opt_in
+    assert hooks["validate-sparkapplication.statetier.io"]["objectSelector"] == opt_in
+    assert "objectSelector" not in hooks["validate-compactionservice.statetier.io"]
+    # An explicit namespaceSelector wins for the SparkApplication webhooks.
+    hooks = _hooks(render(ALL_ON))
+    assert hooks["mutate-sparkapplication.statetier.io"]["namespaceSelector"] == {
+        "matchLabels": {"statetier.io/webhooks": "enabled"}
+    }
+    assert hooks["validate-compactionservice.statetier.io"]["namespaceSelector"]["matchExpressions"]
+
+
+def test_webhook_replicas_are_kept_up_ready_and_spread() -> None:
+    docs = render({})
+    pod = find(docs, "Deployment")["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    budget = find(docs, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    container = pod["spec"]["containers"][0]
+    assert container["readinessProbe"]["tcpSocket"]["port"] == "webhooks"
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"].items() <= labels.items()
+    single = render({"replicaCount": 1})
+    assert not [d for d in single if d["kind"] == "PodDisruptionBudget"]
+    no_hooks = find(render({"webhooks": {"enabled": False}}), "Deployment")
+    probe = no_hooks["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz"
+
+
+def test_aggregated_roles_let_namespace_users_view_and_edit_compaction_services() -> None:
+    roles = {
+        d["metadata"]["name"]: d
+        for d in render({})
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith(("-view", "-edit"))
+    }
+    view, edit = roles["statetier-view"], roles["statetier-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert "create" in {v for r in edit["rules"] for v in r["verbs"]}
+    assert not [
+        d
+        for d in render({"rbac": {"aggregateToViewEdit": False}})
+        if d["metadata"]["name"] in roles
+    ]
+
+
+def test_readme_values_table_is_generated_and_current() -> None:
+    """The README's values table is what charts/values_table.py generates from the schema and
+    values.yaml: every value has a row, with its default and description."""
+    script = REPO / "charts" / "values_table.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    readme = (CHART / "README.md").read_text()
+    for key in ("webhooks.objectSelector", "podDisruptionBudget.minAvailable", "global"):
+        assert f"| `{key}` |" in readme
+    assert "| `replicaCount` | integer | `2` |" in readme
+    # The generator itself: a stale table is replaced by the current one.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("values_table", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stale = readme.replace(
+        "| `replicaCount` | integer | `2` |", "| `replicaCount` | integer | `3` |"
+    )
+    assert module.rendered(stale) == readme
+
+
+def test_backend_pod_monitor_selects_opted_in_drivers_and_executors() -> None:
+    """The webhook labels the driver and executor pods of an opted-in application; the
+    PodMonitor selects exactly those (the driver exports the checkpoint metrics)."""
+    from statetier.operator import annotations as ann
+    from statetier.operator import sparkapp
+
+    monitor = next(
+        d
+        for d in render(ALL_ON)
+        if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-executors")
+    )
+    selector = monitor["spec"]["selector"]
+    app = {"metadata": {"annotations": {"statetier.io/enabled": "true"}}, "spec": {}}
+    result = sparkapp.mutate(app, ann.parse(app["metadata"]["annotations"]), None)
+    for role in ("driver", "executor"):
+        labels = {**result.spec_changes[role]["labels"], "spark-role": role}
+        assert selector["matchLabels"].items() <= labels.items(), role
+        (expression,) = selector["matchExpressions"]
+        assert expression["key"] == "spark-role" and role in expression["values"]
+    relabeled = {r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert {"application", "spark_role"} <= relabeled
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted: dict[str, str] = selector.get("matchLabels", {})
+    return wanted.items() <= labels.items()
+
+
+def test_network_policies_let_exactly_the_right_pods_in() -> None:
+    """The peers and targets of the NetworkPolicies are the labels the pods really carry: the
+    operator's, the gateway and worker pods the operator creates, the opted-in Spark pods."""
+    from statetier.operator import annotations as ann
+    from statetier.operator import compaction, sparkapp
+
+    docs = render(ALL_ON)
+    policies = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+    }
+    operator_pod = find(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    operator = policies[("statetier", "statetier")]
+    assert _selects(operator["podSelector"], operator_pod)
+    assert {p["port"] for rule in operator["ingress"] for p in rule["ports"]} == {
+        "webhooks",
+        "metrics",
+    }
+    body = {
+        "metadata": {"name": "c", "namespace": "spark-jobs", "uid": "u"},
+        "spec": compaction.with_defaults(
+            {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
+        ),
+    }
+    gateway, _, workers = compaction.desired_objects(body)  # Deployment, Service, Deployment
+    gateway_pod = gateway["spec"]["template"]["metadata"]["labels"]
+    worker_pod = workers["spec"]["template"]["metadata"]["labels"]
+    app = {"metadata": {"annotations": {"statetier.io/enabled": "true"}}, "spec": {}}
+    mutation = sparkapp.mutate(app, ann.parse(app["metadata"]["annotations"]), None)
+    spark_pod = mutation.spec_changes["executor"]["labels"]
+    for namespace in ALL_ON["watchNamespaces"]:
+        to_gateway = policies[(namespace, "statetier-compaction-gateway")]
+        to_workers = policies[(namespace, "statetier-compaction-workers")]
+        assert _selects(to_gateway["podSelector"], gateway_pod)
+        assert not _selects(to_gateway["podSelector"], worker_pod)
+        assert _selects(to_workers["podSelector"], worker_pod) and to_workers["ingress"] == []
+        (rule,) = to_gateway["ingress"]
+        peers = rule["from"]
+        assert any(_selects(p.get("podSelector", {}), spark_pod) for p in peers)
+        assert any(_selects(p.get("podSelector", {}), worker_pod) for p in peers)
+        assert any(
+            "namespaceSelector" in p and _selects(p.get("podSelector", {}), operator_pod)
+            for p in peers
+        )
+        assert not any(p == {"podSelector": {}} for p in peers)  # not everybody
+    assert not [d for d in render({}) if d["kind"] == "NetworkPolicy"]

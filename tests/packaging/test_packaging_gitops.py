@@ -34,7 +34,7 @@ def test_status_has_observed_generation_and_standard_conditions(
     status = clusterwide_flow.status
     assert status["observedGeneration"] == clusterwide_flow.generation
     conditions = {c["type"]: c for c in status["conditions"]}
-    assert set(conditions) == {"Ready", "Degraded"}
+    assert set(conditions) == {"Ready", "Progressing", "Degraded"}
     for condition in conditions.values():
         # metav1.Condition: what kubectl wait, Argo CD and kstatus read.
         assert condition["status"] in ("True", "False", "Unknown")
@@ -42,6 +42,10 @@ def test_status_has_observed_generation_and_standard_conditions(
         assert condition["observedGeneration"] == clusterwide_flow.generation
     assert conditions["Ready"]["status"] == "True"
     assert conditions["Degraded"]["status"] == "False"
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == (
+        "False",
+        "RolloutComplete",
+    )
 
 
 def test_chart_webhook_paths_are_served_by_the_operator(clusterwide_flow: FlowResult) -> None:

@@ -90,7 +90,9 @@ def test_namespaced_rbac_is_exactly_what_the_operator_uses(
     flow = run_flow({"watchNamespaces": namespaces}, tmp_path)
     _check(flow)
     # Nothing namespaced is granted cluster-wide in this mode.
-    cluster_role = next(d for d in flow.docs if d["kind"] == "ClusterRole")
+    cluster_role = next(
+        d for d in flow.docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "statetier"
+    )
     resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
     assert resources == {"customresourcedefinitions", "namespaces"}
 

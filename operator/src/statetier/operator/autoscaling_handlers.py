@@ -49,7 +49,6 @@ async def autoscale(
 ) -> None:
     """Scale the workers from the gateway's queue until autoscaling is disabled or deleted."""
     namespace = namespace or "default"
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     spec = compaction.with_defaults(dict(body.get("spec") or {}))
     recommender = autoscaling.Recommender(autoscaling.settings_of(spec).window)
     last_reason = ""
@@ -60,20 +59,16 @@ async def autoscale(
         url = settings.gateway_url or compaction.endpoint(name, namespace, spec)
         workers = spec["workers"]
         current = compaction.desired_workers(spec)
-        api = kube.client()
+        api = await kube.client()
         try:
             stats = await _stats(url)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             metrics.AUTOSCALER_DECISIONS.labels("unreachable").inc()
             if last_reason != "GatewayUnreachable":
                 kopf.warn(body, reason="GatewayUnreachable", message=f"{url}: {exc}")
-                await api.merge_patch(
-                    path + "/status",
-                    {
-                        "status": {
-                            "autoscaling": {"reason": "GatewayUnreachable", "message": str(exc)}
-                        }
-                    },
+                unreachable = {"reason": "GatewayUnreachable", "message": str(exc)}
+                await api.patch_compaction_service(
+                    namespace, name, {"status": {"autoscaling": unreachable}}, status=True
                 )
             last_reason = "GatewayUnreachable"
             await stopped.wait(settings.period)
@@ -98,7 +93,8 @@ async def autoscale(
             "message": message,
         }
         if decision.replicas != current:
-            await api.merge_patch(path, {"spec": {"workers": {"replicas": decision.replicas}}})
+            scaled = {"spec": {"workers": {"replicas": decision.replicas}}}
+            await api.patch_compaction_service(namespace, name, scaled)
             direction = "up" if decision.replicas > current else "down"
             metrics.AUTOSCALER_DECISIONS.labels(direction).inc()
             status["lastScaleTime"] = datetime.datetime.now(datetime.UTC).strftime(
@@ -108,6 +104,8 @@ async def autoscale(
             logger.info("autoscaled %s/%s: %s", namespace, name, message)
         else:
             metrics.AUTOSCALER_DECISIONS.labels("unchanged").inc()
-        await api.merge_patch(path + "/status", {"status": {"autoscaling": status}})
+        await api.patch_compaction_service(
+            namespace, name, {"status": {"autoscaling": status}}, status=True
+        )
         last_reason = decision.reason
         await stopped.wait(settings.period)

@@ -3,7 +3,8 @@
 ``run`` parses the operator settings, installs them and starts kopf with the chosen namespaces,
 peering and liveness endpoint. ``bench`` measures the time from ``kubectl apply`` of a
 CompactionService to its Deployments existing, against the API emulator. ``sandbox`` shows the
-operator at work on a laptop (``make sandbox``).
+operator at work on a laptop (``make sandbox``). ``render-app`` configures SparkApplication
+manifests without the mutating webhook.
 """
 
 from __future__ import annotations
@@ -112,6 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--runs", type=int, default=20)
     bench.set_defaults(func=_bench)
 
+    render = sub.add_parser(
+        "render-app", help="configure SparkApplication manifests without the mutating webhook"
+    )
+    render.add_argument("files", nargs="*", help="YAML files (default: stdin); - for stdin")
+    render.add_argument(
+        "--compaction-endpoint", help="the CompactionService's status.endpoint, if it uses one"
+    )
+    render.add_argument(
+        "--pod-template",
+        action="store_true",
+        help="put the spill volume, mount and pod label into the Spark Operator's pod templates",
+    )
+    render.set_defaults(func=_render_app)
+
     sandbox = sub.add_parser("sandbox", help="emulator + operator + examples, narrated")
     sandbox.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
     sandbox.set_defaults(func=_sandbox)
@@ -124,6 +139,12 @@ def _bench(args: argparse.Namespace) -> int:
     from statetier.operator.testing.bench import main as bench_main
 
     return bench_main(args.runs)
+
+
+def _render_app(args: argparse.Namespace) -> int:
+    from statetier.operator.render_app import main as render_main
+
+    return render_main(args.files, args.compaction_endpoint, args.pod_template)
 
 
 def _sandbox(args: argparse.Namespace) -> int:

@@ -19,10 +19,10 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "conditions",
+    "rollout",
     "desired_objects",
     "desired_workers",
     "endpoint",
-    "is_subset",
     "names",
     "spec_problems",
     "with_defaults",
@@ -197,6 +197,10 @@ def _pod_spec(spec: Obj, container: Obj) -> Obj:
         pod["tolerations"] = list(scheduling["tolerations"])
     if scheduling.get("priorityClassName"):
         pod["priorityClassName"] = scheduling["priorityClassName"]
+    if spec.get("serviceAccountName"):  # workload identity for the object store
+        pod["serviceAccountName"] = spec["serviceAccountName"]
+    if spec.get("imagePullSecrets"):
+        pod["imagePullSecrets"] = [{"name": s["name"]} for s in spec["imagePullSecrets"]]
     return pod
 
 
@@ -305,21 +309,6 @@ def desired_objects(body: Obj) -> list[Obj]:
     return objects
 
 
-def is_subset(wanted: Any, actual: Any) -> bool:
-    """True when everything in ``wanted`` is in ``actual`` (fields the server added are fine)."""
-    if isinstance(wanted, dict):
-        return isinstance(actual, dict) and all(
-            key in actual and is_subset(value, actual[key]) for key, value in wanted.items()
-        )
-    if isinstance(wanted, list):
-        return (
-            isinstance(actual, list)
-            and len(wanted) == len(actual)
-            and all(is_subset(w, a) for w, a in zip(wanted, actual, strict=True))
-        )
-    return bool(wanted == actual)
-
-
 def _condition(kind: str, status: bool, reason: str, message: str, generation: int) -> Obj:
     return {
         "type": kind,
@@ -330,6 +319,67 @@ def _condition(kind: str, status: bool, reason: str, message: str, generation: i
     }
 
 
+def rollout(deployment: Obj | None) -> str:
+    """Where a Deployment's rollout stands, as its controller reports it: ``pending`` (not
+    reported for this generation yet, or progressing), ``complete`` (every replica of the new
+    ReplicaSet was available at least once) or ``stalled`` (ProgressDeadlineExceeded)."""
+    if deployment is None:
+        return "pending"
+    status = deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < deployment["metadata"].get("generation", 1):
+        return "pending"
+    progressing = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), None
+    )
+    if progressing is None:
+        return "pending"
+    if progressing.get("status") == "False":
+        return "stalled"
+    return "complete" if progressing.get("reason") == "NewReplicaSetAvailable" else "pending"
+
+
+def _degraded(
+    spec: Obj, states: dict[str, str], gw_ready: int, wk_ready: int, generation: int
+) -> Obj:
+    stalled = [name for name, state in states.items() if state == "stalled"]
+    rolling = [name for name, state in states.items() if state == "pending"]
+    if stalled:
+        message = f"the {' and '.join(stalled)} Deployment made no progress within its deadline"
+        return _condition("Degraded", True, "ProgressDeadlineExceeded", message, generation)
+    if rolling:
+        message = f"rolling out: {', '.join(rolling)}"
+        return _condition("Degraded", False, "Progressing", message, generation)
+    if gw_ready < 1:
+        message = "no gateway replica is ready"
+        return _condition("Degraded", True, "GatewayUnavailable", message, generation)
+    if wk_ready < spec["workers"]["min"]:
+        message = f"{wk_ready} workers ready; minimum is {spec['workers']['min']}"
+        return _condition("Degraded", True, "WorkersBelowMinimum", message, generation)
+    return _condition("Degraded", False, "AsExpected", "", generation)
+
+
+def _progressing(states: dict[str, str], generation: int) -> Obj:
+    rolling = [name for name, state in states.items() if state == "pending"]
+    if rolling:
+        message = f"rolling out: {', '.join(rolling)}"
+        return _condition("Progressing", True, "RollingOut", message, generation)
+    if "stalled" in states.values():
+        message = "a Deployment exceeded its progress deadline"
+        return _condition("Progressing", False, "ProgressDeadlineExceeded", message, generation)
+    return _condition("Progressing", False, "RolloutComplete", "", generation)
+
+
+def _ready(desired: int, gw_ready: int, wk_ready: int, generation: int) -> Obj:
+    if gw_ready < 1:
+        message = "no gateway replica is ready"
+        return _condition("Ready", False, "GatewayUnavailable", message, generation)
+    if wk_ready < desired:
+        message = f"{wk_ready} of {desired} workers ready"
+        return _condition("Ready", False, "WorkersUnavailable", message, generation)
+    message = f"gateway ready, {wk_ready} of {desired} workers ready"
+    return _condition("Ready", True, "AllReplicasReady", message, generation)
+
+
 def conditions(
     spec: Obj,
     problems: list[str],
@@ -338,54 +388,36 @@ def conditions(
     generation: int,
     previous: list[Obj] | None = None,
 ) -> list[Obj]:
-    """Ready and Degraded from the Deployments' status.
+    """Ready, Progressing and Degraded from the Deployments' status.
 
-    Degraded means something needs a person: the spec is invalid, or a Deployment the
-    controller has already processed has fewer ready replicas than it must (gateway below one,
-    workers below min). A Deployment the controller has not reported on yet is Progressing,
-    not Degraded, so a fresh service does not page anyone.
+    The Deployment controller reports within a second, long before any Pod is ready, so
+    "fewer replicas ready than needed" alone means nothing while a rollout is under way:
+    Progressing is True until both Deployments report their rollout complete, and Degraded
+    stays False meanwhile. Degraded means something needs a person: the spec is invalid, a
+    Deployment exceeded its progress deadline, or after a completed rollout the gateway has no
+    ready replica or the workers fall below min.
     """
-    desired = desired_workers(spec)
-    gw_status = (gateway or {}).get("status") or {}
-    wk_status = (workers or {}).get("status") or {}
-    gw_ready, wk_ready = gw_status.get("readyReplicas", 0), wk_status.get("readyReplicas", 0)
-    observed = "observedGeneration" in gw_status and "observedGeneration" in wk_status
+    gw_ready = ((gateway or {}).get("status") or {}).get("readyReplicas", 0)
+    wk_ready = ((workers or {}).get("status") or {}).get("readyReplicas", 0)
+    states = {"gateway": rollout(gateway), "workers": rollout(workers)}
     if problems:
-        ready = _condition("Ready", False, "InvalidSpec", "; ".join(problems), generation)
-        degraded = _condition("Degraded", True, "InvalidSpec", "; ".join(problems), generation)
-    elif gw_ready < 1:
-        message = "no gateway replica is ready"
-        ready = _condition("Ready", False, "GatewayUnavailable", message, generation)
-        degraded = (
-            _condition("Degraded", True, "GatewayUnavailable", message, generation)
-            if observed
-            else _condition("Degraded", False, "Progressing", "waiting for rollout", generation)
-        )
-    elif wk_ready < desired:
-        message = f"{wk_ready} of {desired} workers ready"
-        ready = _condition("Ready", False, "WorkersUnavailable", message, generation)
-        below_min = wk_ready < spec["workers"]["min"]
-        degraded = (
-            _condition(
-                "Degraded",
-                True,
-                "WorkersBelowMinimum",
-                f"{message}; minimum is {spec['workers']['min']}",
-                generation,
-            )
-            if observed and below_min
-            else _condition("Degraded", False, "Progressing", message, generation)
-        )
+        message = "; ".join(problems)
+        result = [
+            _condition(kind, kind == "Degraded", "InvalidSpec", message, generation)
+            for kind in ("Ready", "Progressing", "Degraded")
+        ]
     else:
-        message = f"gateway ready, {wk_ready} of {desired} workers ready"
-        ready = _condition("Ready", True, "AllReplicasReady", message, generation)
-        degraded = _condition("Degraded", False, "AsExpected", "", generation)
+        result = [
+            _ready(desired_workers(spec), gw_ready, wk_ready, generation),
+            _progressing(states, generation),
+            _degraded(spec, states, gw_ready, wk_ready, generation),
+        ]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     old = {c.get("type"): c for c in previous or []}
-    for cond in (ready, degraded):
+    for cond in result:
         before = old.get(cond["type"])
         same = before is not None and before.get("status") == cond["status"]
         cond["lastTransitionTime"] = (
             before.get("lastTransitionTime", now) if same and before else now
         )
-    return [ready, degraded]
+    return result

@@ -1,13 +1,19 @@
 """kopf handlers that reconcile CompactionService resources.
 
-One reconciliation applies the three owned objects (create if absent, merge-patch if they
-drifted from the spec, leave alone otherwise) and then writes the status. Deployment events
-refresh the status too, so Ready follows the rollout without polling. Deletion needs no
-finalizer: the owned objects carry owner references and the garbage collector removes them.
+One reconciliation applies the three owned objects with server-side apply (field manager
+``statetier-operator``, forced, as a controller owns what it creates) and then writes the
+status. There is no hand comparison of specs: the apiserver merges, defaults and canonicalises
+(``"0.5"`` CPU is stored as ``500m``, ``env: []`` vanishes), and an apply that changes nothing
+changes nothing, so a Deployment's status updates never turn into writes. Applying is create-or-
+update in one request, so the reconcile handler and the Deployment-event handler can both apply
+without racing to a 409. Deployment events refresh the status too, so conditions follow the
+rollout without polling. Deletion needs no finalizer: the owned objects carry owner references
+and the garbage collector removes them, a moment after their owner is gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, cast
 
@@ -19,47 +25,59 @@ Obj = dict[str, Any]
 RESOURCE = "compactionservice"
 
 
-def _path(obj: Obj) -> str:
+def _version(obj: Obj | None) -> Any:
+    """What changes when the apiserver changed the object's desired state: a Deployment's
+    generation (its status writes leave it alone), a Service's resourceVersion."""
+    if obj is None:
+        return None
     meta = obj["metadata"]
-    group_version = obj["apiVersion"]
-    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    plural = {"Deployment": "deployments", "Service": "services"}[obj["kind"]]
-    return f"{prefix}/namespaces/{meta['namespace']}/{plural}"
+    return meta.get("generation") if obj.get("kind") == "Deployment" else meta["resourceVersion"]
 
 
-def _cs_path(namespace: str, name: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-
-
-async def _apply(api: kube.ApiClient, desired: Obj) -> str:
-    """Create ``desired`` or merge-patch it into place; returns created/updated/unchanged."""
-    collection = _path(desired)
-    url = f"{collection}/{desired['metadata']['name']}"
-    current = await api.get(url)
-    if current is None:
-        await api.create(collection, desired)
+async def _apply(api: kube.Kube, desired: Obj) -> str:
+    """Server-side apply ``desired``; returns created/updated/unchanged for the event."""
+    before = _version(await api.read(desired))
+    created, after = await api.apply(desired)
+    if created:
         return "created"
-    wanted = {
-        "metadata": {k: desired["metadata"][k] for k in ("labels", "ownerReferences")},
-        "spec": desired["spec"],
-    }
-    if compaction.is_subset(wanted, current):
-        return "unchanged"
-    await api.merge_patch(url, wanted)
-    return "updated"
+    return "unchanged" if _version(after) == before else "updated"
+
+
+async def _apply_all(api: kube.Kube, objects: list[Obj]) -> list[str]:
+    """Apply the owned objects concurrently (they do not depend on each other); what changed."""
+    outcomes = await asyncio.gather(*(_apply(api, desired) for desired in objects))
+    return [
+        f"{desired['kind']} {desired['metadata']['name']} {outcome}"
+        for desired, outcome in zip(objects, outcomes, strict=True)
+        if outcome != "unchanged"
+    ]
+
+
+def _edited_by_others(deployment: Obj) -> bool:
+    """Whether a field manager other than the operator (``kubectl scale``, ``kubectl edit``)
+    owns part of the Deployment's spec: the one sign of drift a watch event carries. The
+    Deployment controller's status writes are no such sign, so they cause no writes."""
+    return any(
+        entry.get("manager") != kube.FIELD_MANAGER
+        and entry.get("subresource") != "status"
+        and "f:spec" in (entry.get("fieldsV1") or {})
+        for entry in (deployment.get("metadata") or {}).get("managedFields") or []
+    )
 
 
 async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
     """Recompute the status from the owned Deployments and write it if it changed."""
-    api = kube.client()
-    cs = body if body is not None else await api.get(_cs_path(namespace, name))
+    api = await kube.client()
+    cs = body if body is not None else await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
     spec = compaction.with_defaults(cs.get("spec"))
     problems = compaction.spec_problems(spec)
     names = compaction.names(name)
-    gateway = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['gateway']}")
-    workers = await api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{names['workers']}")
+    gateway, workers = await asyncio.gather(
+        api.read_deployment(namespace, names["gateway"]),
+        api.read_deployment(namespace, names["workers"]),
+    )
     old = dict(cs.get("status") or {})
     worker_status = (workers or {}).get("status") or {}
     desired = 0 if problems else compaction.desired_workers(spec)
@@ -85,7 +103,7 @@ async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> 
     metrics.WORKERS_DESIRED.labels(namespace, name).set(desired)
     metrics.WORKERS_CURRENT.labels(namespace, name).set(status["workers"]["current"])
     if {k: old.get(k) for k in status} != status:
-        await api.merge_patch(_cs_path(namespace, name) + "/status", {"status": status})
+        await api.patch_compaction_service(namespace, name, {"status": status}, status=True)
     return status
 
 
@@ -107,13 +125,9 @@ async def reconcile(
             await refresh_status(namespace, name, raw)
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
-        api = kube.client()
-        changes = []
+        api = await kube.client()
         try:
-            for desired in compaction.desired_objects(raw):
-                outcome = await _apply(api, desired)
-                if outcome != "unchanged":
-                    changes.append(f"{desired['kind']} {desired['metadata']['name']} {outcome}")
+            changes = await _apply_all(api, compaction.desired_objects(raw))
             await refresh_status(namespace, name, raw)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
@@ -148,32 +162,35 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
     "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": compaction.MANAGED_BY}
 )
 async def deployment_changed(
-    labels: kopf.Labels, namespace: str | None, logger: kopf.Logger, **_: Any
+    type: str | None,  # kopf passes the event type under this name
+    body: kopf.Body,
+    labels: kopf.Labels,
+    namespace: str | None,
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     """A Deployment of a CompactionService changed or went away.
 
-    Edits by hand (replicas, image) and deletions are put back, as any controller does with
-    what it owns; then the status follows the Deployment's. When the CompactionService itself
-    is gone or going, nothing is recreated: the Deployments are being garbage-collected.
+    Edits by hand (replicas, image: another field manager now owns part of the spec) and
+    deletions are put back by applying again, as any controller does with what it owns; then
+    the status follows the Deployment's. When the CompactionService itself is gone or going,
+    nothing is recreated: the Deployments are being garbage-collected.
     """
     owner = labels.get(compaction.SERVICE_LABEL)
     if not owner or not namespace:
         return
-    api = kube.client()
+    api = await kube.client()
     try:
-        cs = await api.get(_cs_path(namespace, owner))
+        cs = await api.read_compaction_service(namespace, owner)
         if cs is None or cs["metadata"].get("deletionTimestamp"):
             return
         spec = compaction.with_defaults(cs.get("spec"))
-        if not compaction.spec_problems(spec):
-            for desired in compaction.desired_objects(cs):
-                outcome = await _apply(api, desired)
-                if outcome != "unchanged":
-                    message = f"{desired['kind']} {desired['metadata']['name']} {outcome} (drift)"
-                    kopf.info(
-                        kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message
-                    )
-                    logger.info("reconciled %s/%s: %s", namespace, owner, message)
+        drifted = type == "DELETED" or _edited_by_others(dict(body))
+        if drifted and not compaction.spec_problems(spec):
+            for change in await _apply_all(api, compaction.desired_objects(cs)):
+                message = f"{change} (drift)"
+                kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
+                logger.info("reconciled %s/%s: %s", namespace, owner, message)
         await refresh_status(namespace, owner, cs)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()

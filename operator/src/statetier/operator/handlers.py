@@ -9,7 +9,6 @@ configuration, the metrics endpoint, and finalizer and event conventions.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -28,11 +27,9 @@ __all__ = ["autoscaling_handlers", "compaction_handlers", "sparkapp_handlers"]
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """Log in as kopf would, and keep the credentials for the operator's own API client."""
-    connection = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-    if connection is not None:
-        kube.remember(connection)
-    return connection
+    """Log in as kopf would: in-cluster service account, else the kubeconfig. The operator's
+    own client (:mod:`statetier.operator.kube`) reads the same credentials itself."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup()
@@ -60,5 +57,4 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
     """Close the API client's connection pool."""
-    with contextlib.suppress(RuntimeError):
-        await kube.client().close()
+    await kube.close()

@@ -1,29 +1,36 @@
-"""A small async Kubernetes API client for the objects the operator owns.
+"""The operator's own Kubernetes API client: the official asyncio client, for what kopf does not do.
 
-kopf watches and patches the resources it handles, but the operator also creates Deployments
-and Services, patches the status of a CompactionService when its Deployments change, and reads
-objects. This client does that with the very credentials kopf logged in with (see
-:func:`remember`), over aiohttp, which kopf already depends on: no second Kubernetes library and
-no second login path to keep in step.
+kopf watches and patches the resources it handles; the operator also applies Deployments and
+Services (server-side apply, field manager ``statetier-operator``, forced, as a controller owns
+what it creates), patches CompactionServices and their status, and reads objects. It does so
+through ``kubernetes_asyncio``, the generated asyncio twin of the official ``kubernetes``
+client, which runs on kopf's event loop: typed API groups, the same in-cluster and kubeconfig
+credentials kopf logs in with, and the service account's token re-read from its file as the
+kubelet rotates it (no copy of a token that expires). Objects stay plain dicts here (the
+operator computes them as dicts and the apiserver speaks JSON); every write names the field
+manager, so ``metadata.managedFields`` says ``statetier-operator``.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import ssl
-import tempfile
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
-import aiohttp
-import kopf
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from statetier.operator.compaction import GROUP, PLURAL, VERSION
 
-__all__ = ["ApiClient", "ApiError", "client", "remember"]
+__all__ = ["FIELD_MANAGER", "ApiError", "Kube", "client", "close"]
 
 Obj = dict[str, Any]
 
-_connection: kopf.ConnectionInfo | None = None
-_client: ApiClient | None = None
+FIELD_MANAGER = "statetier-operator"
+_APPLY = "application/apply-patch+yaml"
+_MERGE = "application/merge-patch+json"
+
+_client: Kube | None = None
 
 
 class ApiError(RuntimeError):
@@ -34,97 +41,124 @@ class ApiError(RuntimeError):
         self.code = code
 
 
-def remember(connection: kopf.ConnectionInfo) -> None:
-    """Keep the credentials kopf uses (called from the operator's login handler)."""
-    global _connection  # noqa: PLW0603 - one connection per operator process
-    _connection = connection
+def _error(exc: ApiException, what: str) -> ApiError:
+    try:
+        message = json.loads(exc.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = str(exc.body or exc.reason)[:500]
+    return ApiError(int(exc.status or 0), f"{what}: {message or exc.reason}")
 
 
-def client() -> ApiClient:
-    """The process-wide client, built on first use from the remembered credentials."""
-    global _client  # noqa: PLW0603 - one client (one connection pool) per process
+async def _configuration() -> k8s.Configuration:
+    """In-cluster credentials (the token re-read as it rotates), else the kubeconfig."""
+    configuration = k8s.Configuration()
+    try:
+        # Untyped upstream; it installs a hook that re-reads the rotated token file.
+        load: Callable[..., None] = cast(Callable[..., None], k8s_config.load_incluster_config)
+        load(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        await k8s_config.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
+async def client() -> Kube:
+    """The process-wide client (one connection pool), built on first use."""
+    global _client  # noqa: PLW0603 - one client per operator process, by design
     if _client is None:
-        if _connection is None:
-            raise RuntimeError("no Kubernetes credentials yet: the login handler has not run")
-        _client = ApiClient(_connection)
+        api = k8s.ApiClient(await _configuration())
+        api.user_agent = f"{FIELD_MANAGER}/0.1.0"
+        _client = Kube(api)
     return _client
 
 
-def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if not conn.server.startswith("https://"):
-        return False
-    if conn.insecure:
-        return False
-    context = ssl.create_default_context()
-    if conn.ca_path:
-        context.load_verify_locations(cafile=conn.ca_path)
-    elif conn.ca_data:
-        data = conn.ca_data if isinstance(conn.ca_data, bytes) else conn.ca_data.encode()
-        context.load_verify_locations(cadata=_maybe_b64(data).decode())
-    cert, key = conn.certificate_path, conn.private_key_path
-    if conn.certificate_data and conn.private_key_data:
-        cert = _temp_pem(conn.certificate_data)
-        key = _temp_pem(conn.private_key_data)
-    if cert and key:
-        context.load_cert_chain(cert, key)
-    return context
+async def close() -> None:
+    """Close the connection pool (the operator's cleanup handler)."""
+    global _client  # noqa: PLW0603 - see client()
+    if _client is not None:
+        await _client.close()
+        _client = None
 
 
-def _maybe_b64(data: bytes) -> bytes:
-    return data if data.lstrip().startswith(b"-----") else base64.b64decode(data)
+class Kube:
+    """Reads, server-side applies and patches of the objects the operator deals with."""
 
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self._api = api
+        self._apps = k8s.AppsV1Api(api)
+        self._core = k8s.CoreV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
 
-def _temp_pem(data: str | bytes) -> str:
-    raw = data if isinstance(data, bytes) else data.encode()
-    handle = tempfile.NamedTemporaryFile(suffix=".pem", delete=False)  # noqa: SIM115
-    with handle:
-        handle.write(_maybe_b64(raw))
-    return handle.name
+    def _plain(self, obj: Any) -> Obj:
+        result: Obj = self._api.sanitize_for_serialization(obj)
+        return result
 
-
-class ApiClient:
-    """GET, POST and merge-PATCH of JSON objects by URL path; 404 on GET gives None."""
-
-    def __init__(self, conn: kopf.ConnectionInfo) -> None:
-        self._base = conn.server.rstrip("/")
-        self._headers = {"Accept": "application/json"}
-        if conn.token:
-            self._headers["Authorization"] = f"{conn.scheme or 'Bearer'} {conn.token}"
-        self._ssl = _ssl_context(conn)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def _request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> Obj | None:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
-            )
-        headers = {"Content-Type": content_type} if body is not None else {}
-        async with self._session.request(
-            method, self._base + path, json=body, headers=headers, ssl=self._ssl
-        ) as response:
-            text = await response.text()
-            try:
-                data: Any = json.loads(text) if text.strip() else {}
-            except ValueError:  # e.g. an HTML error page from a proxy: keep it for the message
-                data = text[:500]
-            if response.status == 404 and method == "GET":
+    async def read_deployment(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._plain(await self._apps.read_namespaced_deployment(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
                 return None
-            if response.status >= 400:
-                message = data.get("message", "") if isinstance(data, dict) else str(data)
-                raise ApiError(response.status, f"{method} {path}: {message}")
-            return data if isinstance(data, dict) else {}
+            raise _error(exc, f"GET deployment {namespace}/{name}") from None
 
-    async def get(self, path: str) -> Obj | None:
-        return await self._request("GET", path)
+    async def read_service(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._plain(await self._core.read_namespaced_service(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _error(exc, f"GET service {namespace}/{name}") from None
 
-    async def create(self, path: str, body: Obj) -> Obj:
-        return await self._request("POST", path, body) or {}
+    async def read_compaction_service(self, namespace: str, name: str) -> Obj | None:
+        try:
+            found: Obj = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _error(exc, f"GET compactionservice {namespace}/{name}") from None
+        return found
 
-    async def merge_patch(self, path: str, patch: Obj) -> Obj:
-        return await self._request("PATCH", path, patch, "application/merge-patch+json") or {}
+    async def read(self, obj: Obj) -> Obj | None:
+        """The stored version of a Deployment or Service like ``obj``, or None."""
+        meta = obj["metadata"]
+        if obj["kind"] == "Deployment":
+            return await self.read_deployment(meta["namespace"], meta["name"])
+        return await self.read_service(meta["namespace"], meta["name"])
+
+    async def apply(self, obj: Obj) -> tuple[bool, Obj]:
+        """Server-side apply of a Deployment or Service, forcing ownership of the fields it
+        sets; (created?, the stored object)."""
+        meta = obj["metadata"]
+        patch: Callable[..., Awaitable[tuple[Any, int, Any]]] = (
+            self._core.patch_namespaced_service_with_http_info
+            if obj["kind"] == "Service"
+            else self._apps.patch_namespaced_deployment_with_http_info
+        )
+        # _content_type is a runtime option of the generated client its stubs do not list.
+        options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True}
+        options["_content_type"] = _APPLY
+        try:
+            data, status, _ = await patch(meta["name"], meta["namespace"], obj, **options)
+        except ApiException as exc:
+            raise _error(exc, f"apply {obj['kind']} {meta['namespace']}/{meta['name']}") from None
+        return status == 201, self._plain(data)
+
+    async def patch_compaction_service(
+        self, namespace: str, name: str, patch: Obj, *, status: bool = False
+    ) -> Obj:
+        """Merge-patch a CompactionService (or its status subresource)."""
+        method: Callable[..., Awaitable[Obj]] = (
+            self._custom.patch_namespaced_custom_object_status
+            if status
+            else self._custom.patch_namespaced_custom_object
+        )
+        options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "_content_type": _MERGE}
+        try:
+            result = await method(GROUP, VERSION, namespace, PLURAL, name, patch, **options)
+        except ApiException as exc:
+            raise _error(exc, f"PATCH compactionservice {namespace}/{name}") from None
+        return result
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._api.close()

@@ -18,10 +18,11 @@ from typing import Any
 from statetier.backend.config import SETTINGS, Setting, parse_size
 from statetier.operator.annotations import STATUS, AppSettings
 
-__all__ = ["VOLUME_NAME", "Mutation", "derive_memory_budget", "mutate", "spark_key"]
+__all__ = ["POD_LABEL", "VOLUME_NAME", "Mutation", "derive_memory_budget", "mutate", "spark_key"]
 
 Obj = dict[str, Any]
 VOLUME_NAME = "spark-local-dir-statetier"
+POD_LABEL = "statetier.io/enabled"
 _SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in SETTINGS}
 
 
@@ -132,6 +133,11 @@ def mutate(
     mount = {"name": VOLUME_NAME, "mountPath": settings.mount_path}
     mounts = [m for m in executor.get("volumeMounts") or [] if m.get("name") != VOLUME_NAME]
     executor["volumeMounts"] = [*mounts, mount]
+    # The Spark Operator puts these labels on the pods: a PodMonitor selects the drivers and
+    # executors of opted-in applications by it (the driver exports the checkpoint metrics).
+    driver = dict(spec.get("driver") or {})
+    for role in (driver, executor):
+        role["labels"] = {**(role.get("labels") or {}), POD_LABEL: "true"}
 
     budget, budget_source = derive_memory_budget(spec, settings)
     conf = dict(spec.get("sparkConf") or {})
@@ -174,6 +180,8 @@ def mutate(
         changes["volumes"] = volumes
     if old.get("executor") != executor:
         changes["executor"] = executor
+    if old.get("driver") != driver:
+        changes["driver"] = driver
     if old.get("sparkConf") != conf:
         changes["sparkConf"] = conf
     status_text = json.dumps(summary, sort_keys=True, separators=(",", ":"))

@@ -6,11 +6,17 @@ separate Deployment serves them) simply does not import this module.
 
 Mutation reads CompactionService endpoints from a kopf index kept by
 :mod:`statetier.operator.compaction_handlers`, so an admission never waits on an API call.
+
+Every webhook is ``persistent``: when kopf manages the webhook configurations it leaves them in
+place on a normal stop, so while no operator runs the apiserver fails closed
+(``failurePolicy: Fail``) instead of admitting an opted-in SparkApplication unmutated. Each
+webhook registers only the operations it judges (CREATE and UPDATE): a DELETE never waits for
+an operator that is not there.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
@@ -40,8 +46,11 @@ def _compaction_endpoint(
     return str(endpoints[0]), None
 
 
+OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
+
+
 @kopf.on.validate(
-    GROUP, VERSION, PLURAL, id="validate-sparkapplication", operations=["CREATE", "UPDATE"]
+    GROUP, VERSION, PLURAL, id="validate-sparkapplication", operations=OPERATIONS, persistent=True
 )
 def validate(annotations: kopf.Annotations, **_: Any) -> None:
     """Reject bad statetier.io/* annotations, naming each and its allowed values."""
@@ -53,7 +62,7 @@ def validate(annotations: kopf.Annotations, **_: Any) -> None:
 
 
 @kopf.on.mutate(
-    GROUP, VERSION, PLURAL, id="mutate-sparkapplication", operations=["CREATE", "UPDATE"]
+    GROUP, VERSION, PLURAL, id="mutate-sparkapplication", operations=OPERATIONS, persistent=True
 )
 def mutate(
     body: kopf.Body, patch: kopf.Patch, namespace: str | None, warnings: list[str], **kwargs: Any
@@ -90,10 +99,17 @@ def mutate(
 
 
 @kopf.on.validate(
-    compaction.GROUP, compaction.VERSION, compaction.PLURAL, id="validate-compactionservice"
+    compaction.GROUP,
+    compaction.VERSION,
+    compaction.PLURAL,
+    id="validate-compactionservice",
+    operations=OPERATIONS,
+    persistent=True,
 )
 def validate_compaction_service(spec: kopf.Spec, **_: Any) -> None:
-    """Reject worker bounds the schema alone cannot check (min above max)."""
+    """Reject what the schema cannot check. min above max is the CRD's CEL rule's to refuse
+    (the apiserver runs it before any validating webhook); this repeats it for objects stored
+    before the rule existed, and checks the image and prefixes."""
     problems = compaction.spec_problems(compaction.with_defaults(dict(spec)))
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()

@@ -17,15 +17,30 @@ paths and answers every resource request itself, fixing these gaps:
 * merge, JSON (``test`` failing -> 422, as kopf's optimistic concurrency expects) and strategic
   merge patches; ``PUT`` with a stale ``resourceVersion`` -> 409;
 * ``status`` and ``scale`` subresources as the CRD (or built-in kind) declares them;
-* CRDs applied through the API become served resources, with their schema defaults applied;
-* finalizers, ``deletionTimestamp``, and garbage collection of dependents by ``ownerReferences``;
+* CRDs applied through the API become served resources; a CRD of a ``*.k8s.io`` group needs
+  the ``api-approved.kubernetes.io`` annotation, and every CEL rule must compile and hold on its
+  node's ``default`` (:mod:`.cel_rules`), else the CRD is refused as kube-apiserver refuses it;
+* custom resources: unknown fields pruned (refused under ``?fieldValidation=Strict``, which
+  kubectl sends after reading ``/openapi/v3``, see :mod:`.openapi`), schema defaults applied,
+  the OpenAPI schema enforced (:mod:`.schema_check`), CEL rules evaluated, all after mutating
+  and before validating admission, as the apiserver orders it;
+* built-in objects get the apiserver's defaults (:mod:`.defaults`: strategy, probe timings,
+  cluster IP, ...) and come back from the typed round trip (:mod:`.typed`): quantities
+  canonical, empty lists gone;
+* server-side apply and ``metadata.managedFields`` (:mod:`.apply`), the field manager named by
+  ``?fieldManager`` or the User-Agent;
+* finalizers, ``deletionTimestamp``, and garbage collection of dependents by
+  ``ownerReferences``, in the background a moment after the owner goes (``GC_DELAY``);
+* the Deployment controller's status (:mod:`.controllers`), written ``CONTROLLER_DELAY`` after
+  every change of a Deployment, long before any Pod is ready;
 * ``kubectl get`` tables with the CRD's printer columns (Name and Age for built-ins);
 * mutating and validating admission webhooks registered through ``*WebhookConfiguration``
-  objects are called over HTTPS with the configured ``caBundle``, as the apiserver would.
+  objects are called over HTTPS with the configured ``caBundle`` (DELETE included), as the
+  apiserver would.
 
-What it does not do: controllers (a Deployment never gets Pods or a status unless a test writes
-one, which is how tests play the Deployment controller), authentication, RBAC, schema
-validation of custom resources, server-side apply, protobuf.
+What it does not do: Pods and the kubelet (a Deployment's Pods are never ready unless a test
+reports them ready through the status subresource), authentication, RBAC, OpenAPI ``format``
+checks, protobuf.
 """
 
 from __future__ import annotations
@@ -48,7 +63,18 @@ import aiohttp
 import aiohttp.web
 import attrs
 import kmock
+import yaml
 from kmock._internal import rendering  # the Request type of RawHandler._handle
+from statetier.operator.testing import apply as ssa
+from statetier.operator.testing import (
+    cel_rules,
+    controllers,
+    defaults,
+    openapi,
+    pruning,
+    schema_check,
+    typed,
+)
 from statetier.operator.testing.patching import (
     PatchError,
     PatchTestFailedError,
@@ -161,6 +187,48 @@ class ApiError(Exception):
                 "code": self.code,
             },
             status=self.code,
+        )
+
+
+# How long the control plane takes to act on a change: the Deployment controller's status
+# and the garbage collector's deletion of dependents arrive after the write, never with it.
+CONTROLLER_DELAY = 0.05
+GC_DELAY = 0.3
+_APPLY = "application/apply-patch+yaml"
+_PROTECTED_GROUP = re.compile(r"(^|\.)(k8s\.io|kubernetes\.io)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Write:
+    """Who writes and how: the field manager, strict field validation, a forced apply."""
+
+    manager: str
+    strict: bool = False
+    force: bool = False
+
+
+def _check_crd(crd: Obj) -> None:
+    """What the apiserver checks of a CRD that the emulator can: the approval annotation of
+    protected groups, and CEL rules that do not compile or fail on their node's default."""
+    meta, spec = crd.get("metadata") or {}, crd.get("spec") or {}
+    problems = []
+    if _PROTECTED_GROUP.search(spec.get("group", "")) and not (
+        (meta.get("annotations") or {}).get("api-approved.kubernetes.io")
+    ):
+        problems.append(
+            "metadata.annotations[api-approved.kubernetes.io]: Required value: protected "
+            'groups must have approval annotation "api-approved.kubernetes.io", see '
+            "https://github.com/kubernetes/enhancements/pull/1111"
+        )
+    for version in spec.get("versions") or []:
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        problems += [str(v) for v in cel_rules.check_defaults(schema)]
+    if problems:
+        raise ApiError(
+            422,
+            "Invalid",
+            f'CustomResourceDefinition.apiextensions.k8s.io "{meta.get("name", "")}" is '
+            f"invalid: {', '.join(problems)}",
         )
 
 
@@ -324,6 +392,24 @@ def _selector_matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+def _label_selector_matches(labels: dict[str, str], selector: Obj | None) -> bool:
+    """A metav1.LabelSelector (matchLabels and matchExpressions); empty selects everything."""
+    if not selector:
+        return True
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and key in labels and labels[key] in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
 def _field_matches(obj: Obj, selector: str) -> bool:
     for term in filter(None, (t.strip() for t in selector.split(","))):
         negate = "!=" in term
@@ -345,6 +431,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
     _log: list[tuple[int, tuple[str, str], str, Obj]] = attrs.field(factory=list, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -421,6 +508,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
             discovery = self._discovery(path)
             if discovery is not None:
                 return aiohttp.web.json_response(discovery)
+        if method == "GET" and path.startswith("/openapi/v3"):
+            return self._openapi(path)
         parsed = _parse_path(path)
         if parsed is None:
             # Not a resource path: kmock's own reactions answer it (a test may declare e.g.
@@ -452,15 +541,26 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 return aiohttp.web.json_response(_table(rdef, [obj], str(self._rv)))
             return aiohttp.web.json_response(obj)
         body = self._body(request)
+        write = _Write(
+            manager=ssa.manager_name(query, raw.headers.get("User-Agent", "")),
+            strict=query.get("fieldValidation") == "Strict",
+            force=query.get("force", "").lower() in ("true", "1"),
+        )
         async with self._lock:
             if method == "POST" and parsed.name is None:
-                obj = await self._create(rdef, parsed, body)
+                obj = await self._create(rdef, parsed, body, write)
                 return aiohttp.web.json_response(obj, status=201)
+            ctype = raw.headers.get("Content-Type", "application/json").split(";")[0]
+            if method == "PATCH" and ctype == _APPLY and parsed.subresource is None:
+                return await self._apply(rdef, parsed, body, write, query)
             if method in ("PUT", "PATCH") and parsed.name is not None:
-                ctype = raw.headers.get("Content-Type", "application/json").split(";")[0]
-                obj = await self._update(rdef, parsed, body, method, ctype)
+                obj = await self._update(rdef, parsed, body, method, ctype, write)
                 return aiohttp.web.json_response(obj)
             if method == "DELETE" and parsed.name is not None:
+                current = self._find(rdef, parsed)
+                # Webhooks registered for DELETE are asked too (the object is the old one).
+                await self._admit(rdef, current, current, "DELETE", mutating=True)
+                await self._admit(rdef, current, current, "DELETE", mutating=False)
                 obj = self._delete(rdef, parsed)
                 return aiohttp.web.json_response(obj)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
@@ -474,8 +574,10 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 415, "UnsupportedMediaType", "the emulator speaks JSON only, not protobuf"
             )
         try:
+            if request.headers.get("Content-Type", "").startswith(_APPLY):
+                return yaml.safe_load(request.body)
             return json.loads(request.body)
-        except ValueError as exc:
+        except (ValueError, yaml.YAMLError) as exc:
             raise ApiError(400, "BadRequest", f"the body is not JSON: {exc}") from None
 
     # ------------------------------------------------------------------ discovery
@@ -520,6 +622,18 @@ class ApiEmulator(kmock.KubernetesEmulator):
         if path == "/":
             return {"paths": ["/api", "/api/v1", "/apis", "/version"]}
         return None
+
+    def _openapi(self, path: str) -> aiohttp.web.Response:
+        """``/openapi/v3`` and its group-version documents (see :mod:`.openapi`)."""
+        rest = path.removeprefix("/openapi/v3").strip("/")
+        if not rest:
+            return aiohttp.web.json_response(openapi.root_doc(self._defs.values()))
+        parts = rest.split("/")
+        group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+        doc = openapi.group_version_doc(self._defs.values(), group, version)
+        if doc is None:
+            raise ApiError(404, "NotFound", f"no OpenAPI document for {rest}")
+        return aiohttp.web.json_response(doc)
 
     @staticmethod
     def _group_doc(group: str, versions: list[str]) -> Obj:
@@ -701,6 +815,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     def _insert(self, key: tuple[str, str], obj: Obj) -> Obj:
         meta = obj.setdefault("metadata", {})
+        if key == ("", "namespaces"):  # the apiserver labels every namespace with its name
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
         meta.setdefault("generation", 1)
@@ -709,7 +825,9 @@ class ApiEmulator(kmock.KubernetesEmulator):
         self._record(key, "ADDED", obj)
         return obj
 
-    async def _create(self, rdef: ResourceDef, parsed: _Path, body: Any) -> Obj:
+    async def _create(
+        self, rdef: ResourceDef, parsed: _Path, body: Any, write: _Write, applied: bool = False
+    ) -> Obj:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body must be a JSON object")
         obj = copy.deepcopy(body)
@@ -717,6 +835,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
         obj["apiVersion"], obj["kind"] = rdef.api_version, rdef.kind
         for server_field in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp"):
             meta.pop(server_field, None)
+        meta.pop("managedFields", None)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if not meta.get("name"):
@@ -743,20 +862,52 @@ class ApiEmulator(kmock.KubernetesEmulator):
             )
         if rdef.status and rdef.group not in ("", "apps", "apiextensions.k8s.io"):
             obj.pop("status", None)
-        _apply_defaults(obj, rdef.schema)
-        obj = await self._admit(rdef, obj, None, "CREATE")
+        if rdef.plural == "customresourcedefinitions":
+            _check_crd(obj)
+        config = copy.deepcopy(obj)
+        obj = await self._admitted(rdef, obj, None, "CREATE", write)
+        if applied:  # the applier owns what it applied, not what defaulting added
+            owned = ssa.apply(None, config, write.manager, force=True)
+            obj.setdefault("metadata", {})["managedFields"] = owned["metadata"]["managedFields"]
+        else:
+            obj = ssa.record_update(None, obj, write.manager, None)
         if rdef.plural == "customresourcedefinitions":
             self._establish(obj)
-        return self._insert((rdef.group, rdef.plural), obj)
+        created = self._insert((rdef.group, rdef.plural), obj)
+        self._after_write(rdef, created)
+        return created
+
+    async def _apply(
+        self, rdef: ResourceDef, parsed: _Path, body: Any, write: _Write, query: dict[str, str]
+    ) -> aiohttp.web.Response:
+        """Server-side apply: create the object if absent, else merge it (see :mod:`.apply`)."""
+        if not query.get("fieldManager"):
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                "is required for apply patch",
+            )
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the applied configuration must be an object")
+        assert parsed.name is not None
+        ns = (parsed.namespace or "") if rdef.namespaced else ""
+        if (ns, parsed.name) not in self._bucket(rdef):
+            config = copy.deepcopy(body)
+            config.setdefault("metadata", {})["name"] = parsed.name
+            obj = await self._create(rdef, parsed, config, write, applied=True)
+            return aiohttp.web.json_response(obj, status=201)
+        obj = await self._update(rdef, parsed, body, "PATCH", _APPLY, write)
+        return aiohttp.web.json_response(obj)
 
     async def _update(
-        self, rdef: ResourceDef, parsed: _Path, body: Any, method: str, ctype: str
+        self, rdef: ResourceDef, parsed: _Path, body: Any, method: str, ctype: str, write: _Write
     ) -> Obj:
         current = self._find(rdef, parsed)
         sub = parsed.subresource
         if sub not in (None, "status", "scale") or (sub == "scale" and not rdef.scale):
             raise ApiError(404, "NotFound", f"no subresource {sub!r}")
-        new = self._patched(rdef, current, sub, body, method, ctype)
+        new = self._patched(rdef, current, sub, body, method, ctype, write)
         # Identity and server-owned fields are not the client's to change.
         meta = new.setdefault("metadata", {})
         for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
@@ -766,27 +917,127 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 meta.pop(fixed, None)
         meta["generation"] = current["metadata"].get("generation", 1)
         new["apiVersion"], new["kind"] = rdef.api_version, rdef.kind
-        _apply_defaults(new, rdef.schema)
+        if rdef.plural == "customresourcedefinitions":
+            _check_crd(new)
+        if sub is None and not current["metadata"].get("deletionTimestamp"):
+            new = await self._admitted(rdef, new, current, "UPDATE", write)
+        else:
+            new = self._structural(rdef, new, write, current)
+            self._check_rules(rdef, new, current)
         spec_fields = {k: v for k, v in new.items() if k not in ("metadata", "status")}
         old_fields = {k: v for k, v in current.items() if k not in ("metadata", "status")}
         if spec_fields != old_fields:
-            meta["generation"] += 1
-        if sub is None and not current["metadata"].get("deletionTimestamp"):
-            new = await self._admit(rdef, new, current, "UPDATE")
+            new["metadata"]["generation"] = meta["generation"] + 1
+        if ctype != _APPLY or sub is not None:
+            sub_name = "status" if sub == "status" else ("scale" if sub == "scale" else None)
+            new = ssa.record_update(current, new, write.manager, sub_name)
         if rdef.plural == "customresourcedefinitions":
             self._establish(new)
         comparable = copy.deepcopy(new)
         comparable["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         if comparable == current:
-            return current  # a no-op write keeps the resourceVersion, as the apiserver does
+            return self._scale_doc(rdef, current) if sub == "scale" else current  # a no-op
         self._bump(new)
         key = (rdef.group, rdef.plural)
+        meta = new["metadata"]
         self._store[key][(meta.get("namespace", ""), meta["name"])] = new
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._remove(rdef, new)
         else:
             self._record(key, "MODIFIED", new)
+            self._after_write(rdef, new)
         return self._scale_doc(rdef, new) if sub == "scale" else new
+
+    # ------------------------------------------------------------------ what a write passes
+
+    async def _admitted(
+        self, rdef: ResourceDef, obj: Obj, old: Obj | None, operation: str, write: _Write
+    ) -> Obj:
+        """The apiserver's order: mutating webhooks, schema (pruning, defaults, typed round
+        trip, CEL rules), then validating webhooks."""
+        obj = await self._admit(rdef, obj, old, operation, mutating=True)
+        obj = self._structural(rdef, obj, write, old)
+        self._check_rules(rdef, obj, old)
+        return await self._admit(rdef, obj, old, operation, mutating=False)
+
+    def _structural(self, rdef: ResourceDef, obj: Obj, write: _Write, old: Obj | None) -> Obj:
+        """Unknown fields pruned (refused if Strict), defaults applied, the OpenAPI schema
+        checked, built-ins round-tripped."""
+        if rdef.schema is not None:
+            dropped = pruning.prune(obj, rdef.schema)
+            if dropped and write.strict:
+                fields = ", ".join(f'unknown field "{d.lstrip(".")}"' for d in dropped)
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'{rdef.kind} in version "{rdef.version}" cannot be handled as a '
+                    f"{rdef.kind}: strict decoding error: {fields}",
+                )
+            _apply_defaults(obj, rdef.schema)
+            broken = schema_check.problems(rdef.schema, obj)
+            if broken:
+                raise ApiError(422, "Invalid", self._invalid(rdef, obj, ", ".join(broken)))
+        if rdef.group in ("", "apps"):
+            defaults.apply_builtin_defaults(obj)
+            try:
+                obj = typed.round_trip(obj)
+            except typed.QuantityError as exc:
+                raise ApiError(422, "Invalid", self._invalid(rdef, obj, str(exc))) from None
+        return obj
+
+    def _check_rules(self, rdef: ResourceDef, obj: Obj, old: Obj | None) -> None:
+        """The CRD's x-kubernetes-validations (CEL) against the defaulted object."""
+        if rdef.schema is None:
+            return
+        violations = cel_rules.check_object(rdef.schema, obj, old)
+        if violations:
+            raise ApiError(
+                422, "Invalid", self._invalid(rdef, obj, ", ".join(map(str, violations)))
+            )
+
+    @staticmethod
+    def _invalid(rdef: ResourceDef, obj: Obj, detail: str) -> str:
+        name = (obj.get("metadata") or {}).get("name", "")
+        return f'{rdef.kind}.{rdef.group or "core"} "{name}" is invalid: {detail}'
+
+    # ------------------------------------------------------------------ background work
+
+    def _later(self, delay: float, work: Any) -> None:
+        """Run ``work()`` after ``delay`` seconds, under the lock, as a background task."""
+
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            async with self._lock:
+                work()
+
+        task = asyncio.get_event_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _after_write(self, rdef: ResourceDef, obj: Obj) -> None:
+        """Wake the Deployment controller, as a real control plane would within a second."""
+        if (rdef.group, rdef.plural) == ("apps", "deployments"):
+            meta = obj["metadata"]
+            key = (meta.get("namespace", ""), meta["name"])
+            self._later(CONTROLLER_DELAY, functools.partial(self._sync_deployment, rdef, key))
+
+    def _sync_deployment(self, rdef: ResourceDef, key: tuple[str, str]) -> None:
+        current = self._bucket(rdef).get(key)
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            return
+        status = controllers.deployment_status(current)
+        if status == current.get("status"):
+            return
+        new = copy.deepcopy(current)
+        new["status"] = status
+        new = ssa.record_update(current, new, "kube-controller-manager", "status")
+        self._bump(new)
+        self._bucket(rdef)[key] = new
+        self._record((rdef.group, rdef.plural), "MODIFIED", new)
+        progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+        if progressing["reason"] in ("NewReplicaSetCreated", "ReplicaSetUpdated"):
+            deadline = controllers.progress_deadline(new) + CONTROLLER_DELAY
+            self._later(deadline, functools.partial(self._sync_deployment, rdef, key))
 
     def _patched(
         self,
@@ -796,6 +1047,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
         body: Any,
         method: str,
         ctype: str,
+        write: _Write,
     ) -> Obj:
         """The object after a PUT or PATCH, with the subresource rules applied."""
         base = self._scale_doc(rdef, current) if sub == "scale" else current
@@ -810,6 +1062,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
                         "the object has been modified; please apply your changes to the "
                         "latest version and try again",
                     )
+            elif ctype == _APPLY:
+                new = ssa.apply(base, body, write.manager, force=write.force)
             elif ctype == "application/json-patch+json":
                 new = json_patch(base, body)
             elif ctype == "application/merge-patch+json":
@@ -822,6 +1076,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 )
         except PatchTestFailedError as exc:
             raise ApiError(422, "Invalid", str(exc)) from None
+        except ssa.ApplyConflictError as exc:
+            raise ApiError(409, "Conflict", str(exc)) from None
         except PatchError as exc:
             raise ApiError(422, "Invalid", str(exc)) from None
         if not isinstance(new, dict):
@@ -869,10 +1125,11 @@ class ApiEmulator(kmock.KubernetesEmulator):
         self._bucket(rdef).pop((meta.get("namespace", ""), meta["name"]), None)
         self._bump(obj)
         self._record((rdef.group, rdef.plural), "DELETED", obj)
-        self._collect_garbage(meta["uid"])
+        self._later(GC_DELAY, functools.partial(self._collect_garbage, meta["uid"]))
 
     def _collect_garbage(self, owner_uid: str) -> None:
-        """Background cascading deletion: dependents whose owner is gone go too."""
+        """Background cascading deletion: dependents whose owner is gone go too, a moment
+        later (the garbage collector works from its own informers, never in the request)."""
         for (group, plural), objects in list(self._store.items()):
             rdef = next(d for (g, _, p), d in self._defs.items() if (g, p) == (group, plural))
             for obj in list(objects.values()):
@@ -968,16 +1225,15 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------ admission
 
-    async def _admit(self, rdef: ResourceDef, obj: Obj, old: Obj | None, operation: str) -> Obj:
-        """Call matching webhooks as the apiserver does: mutating first, then validating."""
-        for plural, mutating in (
-            ("mutatingwebhookconfigurations", True),
-            ("validatingwebhookconfigurations", False),
-        ):
-            for config in self.list_objects("admissionregistration.k8s.io", plural):
-                for hook in config.get("webhooks") or []:
-                    if self._hook_matches(hook, rdef, operation):
-                        obj = await self._call_webhook(hook, rdef, obj, old, operation, mutating)
+    async def _admit(
+        self, rdef: ResourceDef, obj: Obj, old: Obj | None, operation: str, *, mutating: bool
+    ) -> Obj:
+        """Call the matching mutating or validating webhooks, as the apiserver does."""
+        plural = f"{'mutating' if mutating else 'validating'}webhookconfigurations"
+        for config in self.list_objects("admissionregistration.k8s.io", plural):
+            for hook in config.get("webhooks") or []:
+                if self._hook_matches(hook, rdef, operation) and self._hook_selects(hook, obj):
+                    obj = await self._call_webhook(hook, rdef, obj, old, operation, mutating)
         return obj
 
     @staticmethod
@@ -995,6 +1251,18 @@ class ApiEmulator(kmock.KubernetesEmulator):
             ):
                 return True
         return False
+
+    def _hook_selects(self, hook: Obj, obj: Obj) -> bool:
+        """The webhook's namespaceSelector (on the namespace's labels) and objectSelector."""
+        meta = obj.get("metadata") or {}
+        if not _label_selector_matches(meta.get("labels") or {}, hook.get("objectSelector")):
+            return False
+        namespace = meta.get("namespace")
+        if not namespace or not hook.get("namespaceSelector"):
+            return True
+        ns = self._store[("", "namespaces")].get(("", namespace)) or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {}
+        return _label_selector_matches(labels, hook.get("namespaceSelector"))
 
     async def _call_webhook(
         self,
@@ -1032,7 +1300,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 "namespace": meta.get("namespace"),
                 "operation": operation,
                 "userInfo": {"username": "system:admin", "groups": ["system:masters"]},
-                "object": obj,
+                "object": None if operation == "DELETE" else obj,
                 "oldObject": old,
                 "dryRun": False,
                 "options": None,

@@ -228,9 +228,8 @@ class Sandbox:
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         """Run kubectl against the emulator; raise with its stderr when it fails."""
-        extra = ["--validate=false"] if args and args[0] in ("apply", "create", "replace") else []
         proc = subprocess.run(
-            [kubectl_path(), "--kubeconfig", self.kubeconfig, *args[:1], *extra, *args[1:]],
+            [kubectl_path(), "--kubeconfig", self.kubeconfig, *args],
             input=stdin,
             capture_output=True,
             text=True,

@@ -32,19 +32,13 @@ def _show(box: Sandbox, *args: str) -> None:
 
 
 def _mark_ready(box: Sandbox, name: str) -> None:
-    deployment = box.get(f"{DEPLOY}/{name}")
-    replicas = deployment["spec"]["replicas"]
+    """Play the kubelet: every Pod of the Deployment is ready (the emulator's Deployment
+    controller turns that into the conditions a real one reports)."""
+    replicas = box.get(f"{DEPLOY}/{name}")["spec"]["replicas"]
     box.send(
         "PATCH",
         f"{DEPLOY}/{name}/status",
-        {
-            "status": {
-                "observedGeneration": deployment["metadata"]["generation"],
-                "replicas": replicas,
-                "readyReplicas": replicas,
-                "availableReplicas": replicas,
-            }
-        },
+        {"status": {"readyReplicas": replicas, "availableReplicas": replicas}},
     )
 
 
@@ -140,6 +134,16 @@ def run(repo: Path) -> None:
         _step("Delete the application (finalizer: retention) and the compaction service")
         _show(box, "delete", "sparkapplication", "wordcount")
         _show(box, "delete", "compsvc", "compaction")
+        # The garbage collector removes the owned objects in the background, a moment later.
+        _show(
+            box,
+            "wait",
+            "--for=delete",
+            "deployment/compaction-gateway",
+            "deployment/compaction-workers",
+            "service/compaction-gateway",
+            "--timeout=30s",
+        )
         _show(box, "get", "compsvc,deployments,services,sparkapplications")
         _step("Stopping the operator and the emulator")
     print("done: everything the sandbox started has stopped")

@@ -1,0 +1,105 @@
+"""``statetier-operator render-app``: configure SparkApplications without the mutating webhook.
+
+Some clusters allow no mutating webhooks, and the Kubeflow Spark Operator plans to drop its own
+in favour of pod templates; statetier should not depend on one mechanism. This command writes
+what the webhook would write into the application manifest itself, for a GitOps pipeline
+(kustomize, a Helm post-renderer, CI): the same :func:`statetier.operator.sparkapp.mutate`, with
+the CompactionService endpoint given on the command line instead of read from the operator's
+index. With ``--pod-template`` the spill volume, its mount and the opt-in pod label go into the
+Spark Operator's pod templates (``spec.driver.template``, ``spec.executor.template``) instead of
+its ``volumes``/``volumeMounts``/``labels`` fields. Either way, a webhook that does run later
+finds nothing left to change for the first form.
+
+    statetier-operator render-app app.yaml --compaction-endpoint http://compaction-gateway.ns.svc:8080
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from statetier.operator import annotations as ann
+from statetier.operator import sparkapp
+
+__all__ = ["RenderError", "render", "render_stream"]
+
+Obj = dict[str, Any]
+EXECUTOR_CONTAINER = "spark-kubernetes-executor"  # Spark's default executor container name
+
+
+class RenderError(ValueError):
+    """An application that cannot be configured (its statetier.io annotations are invalid)."""
+
+
+def _into_pod_templates(spec: Obj) -> Obj:
+    """Move the volume, mount and label from the SparkPodSpec fields into the pod templates."""
+    spec = copy.deepcopy(spec)
+    volumes = spec.get("volumes") or []
+    ours = [v for v in volumes if v.get("name") == sparkapp.VOLUME_NAME]
+    spec["volumes"] = [v for v in volumes if v.get("name") != sparkapp.VOLUME_NAME]
+    executor, driver = spec.setdefault("executor", {}), spec.setdefault("driver", {})
+    mounts = executor.get("volumeMounts") or []
+    mine = [m for m in mounts if m.get("name") == sparkapp.VOLUME_NAME]
+    executor["volumeMounts"] = [m for m in mounts if m.get("name") != sparkapp.VOLUME_NAME]
+    for role in (driver, executor):
+        template = role.setdefault("template", {})
+        labels = template.setdefault("metadata", {}).setdefault("labels", {})
+        labels[sparkapp.POD_LABEL] = role.get("labels", {}).pop(sparkapp.POD_LABEL, "true")
+    pod = executor["template"].setdefault("spec", {})
+    pod["volumes"] = [*(pod.get("volumes") or []), *ours]
+    containers = pod.setdefault("containers", [{"name": EXECUTOR_CONTAINER}])
+    containers[0]["volumeMounts"] = [*(containers[0].get("volumeMounts") or []), *mine]
+    for field in ("volumes",):
+        if not spec[field]:
+            del spec[field]
+    for role in (driver, executor):
+        for field in ("labels", "volumeMounts"):
+            if field in role and not role[field]:
+                del role[field]
+    return spec
+
+
+def render(app: Obj, endpoint: str | None, *, pod_template: bool = False, where: str = "") -> Obj:
+    """``app`` configured for statetier (unchanged unless it opted in)."""
+    annotations = dict((app.get("metadata") or {}).get("annotations") or {})
+    if app.get("kind") != "SparkApplication" or not ann.enabled(annotations):
+        return app
+    problems = ann.problems(annotations)
+    if problems:
+        raise RenderError(f"{where}{app['metadata'].get('name', '?')}: {'; '.join(problems)}")
+    result = sparkapp.mutate(app, ann.parse(annotations), endpoint)
+    out = copy.deepcopy(app)
+    out["spec"] = {**(out.get("spec") or {}), **result.spec_changes}
+    out["metadata"].setdefault("annotations", {}).update(result.annotations)
+    if pod_template:
+        out["spec"] = _into_pod_templates(out["spec"])
+    return out
+
+
+def render_stream(
+    source: TextIO, sink: TextIO, endpoint: str | None, *, pod_template: bool, where: str
+) -> None:
+    """Every document of ``source`` to ``sink``, opted-in SparkApplications configured."""
+    docs = [d for d in yaml.safe_load_all(source) if d]
+    rendered = [render(d, endpoint, pod_template=pod_template, where=where) for d in docs]
+    yaml.safe_dump_all(rendered, sink, sort_keys=False)
+
+
+def main(files: list[str], endpoint: str | None, pod_template: bool) -> int:
+    """The CLI: exit 2 naming the file and the annotation when an application is invalid."""
+    try:
+        for name in files or ["-"]:
+            if name == "-":
+                render_stream(sys.stdin, sys.stdout, endpoint, pod_template=pod_template, where="")
+                continue
+            with Path(name).open(encoding="utf-8") as handle:
+                render_stream(
+                    handle, sys.stdout, endpoint, pod_template=pod_template, where=f"{name}: "
+                )
+    except (RenderError, OSError, yaml.YAMLError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,282 @@
+"""The emulator's model of what a real apiserver and control plane do to stored objects.
+
+Pure functions, checked against values a real kube-apiserver gives (quantities as
+``resource.Quantity.String()`` prints them, field ownership as server-side apply keeps it),
+plus the wire behaviour kubectl depends on (``/openapi/v3``, strict field validation).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from statetier.operator.testing import apply as ssa
+from statetier.operator.testing import controllers, pruning, typed
+from statetier.operator.testing.processes import Sandbox
+from statetier.operator.testing.processes import compaction_service_manifest as _manifest
+
+from tests.operator.conftest import CRDS, SPARK_CRD
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("0.5", "500m"),
+        ("1024Mi", "1Gi"),
+        ("1536Mi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        (1, "1"),
+        (2.5, "2500m"),
+        ("1000m", "1"),
+        ("2000", "2k"),
+        ("100Ki", "100Ki"),
+        ("1e3", "1e3"),
+        ("128974848", "128974848"),
+        ("0", "0"),
+    ],
+)
+def test_quantities_are_canonical(given: Any, stored: str) -> None:
+    assert typed.canonical_quantity(given) == stored
+
+
+def test_typed_round_trip_drops_empty_lists_and_bad_quantities_are_refused() -> None:
+    container = {"name": "c", "env": [], "args": [], "resources": {"requests": {"cpu": "0.5"}}}
+    deployment = {
+        "kind": "Deployment",
+        "metadata": {"name": "d", "labels": {}},
+        "spec": {"template": {"spec": {"containers": [container], "volumes": []}}},
+    }
+    stored = typed.round_trip(deployment)
+    assert stored["spec"]["template"]["spec"] == {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m"}}}]
+    }
+    assert "labels" not in stored["metadata"]
+    container["resources"] = {"limits": {"memory": "lots"}}
+    with pytest.raises(typed.QuantityError):
+        typed.round_trip(deployment)
+
+
+def _deployment(image: str, replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "labels": {"a": "1"}},
+        "spec": {
+            "replicas": replicas,
+            "template": {"spec": {"containers": [{"name": "c", "image": image}]}},
+        },
+    }
+
+
+def test_server_side_apply_owns_merges_conflicts_and_removes() -> None:
+    first = ssa.apply(None, _deployment("i:1"), "op", force=False)
+    (entry,) = first["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == ("op", "Apply")
+    assert entry["fieldsV1"]["f:spec"]["f:replicas"] == {}
+    # Someone scales by hand: they now own replicas.
+    scaled = json.loads(json.dumps(first))
+    scaled["spec"]["replicas"] = 7
+    scaled = ssa.record_update(first, scaled, "kubectl", None)
+    assert {e["manager"] for e in scaled["metadata"]["managedFields"]} == {"op", "kubectl"}
+    with pytest.raises(ssa.ApplyConflictError, match=r'conflict with "kubectl": \.spec\.replicas'):
+        ssa.apply(scaled, _deployment("i:1"), "op", force=False)
+    taken = ssa.apply(scaled, _deployment("i:1"), "op", force=True)
+    assert taken["spec"]["replicas"] == 1
+    assert {e["manager"] for e in taken["metadata"]["managedFields"]} == {"op"}
+    # The same apply again changes nothing, not even managedFields.
+    assert ssa.apply(taken, _deployment("i:1"), "op", force=True) == taken
+    # A field the manager stops applying is removed.
+    smaller = _deployment("i:2")
+    del smaller["metadata"]["labels"]
+    result = ssa.apply(taken, smaller, "op", force=True)
+    assert result["metadata"].get("labels", {}) == {}
+    assert result["spec"]["template"]["spec"]["containers"] == [{"name": "c", "image": "i:2"}]
+
+
+@pytest.mark.parametrize("repeat", range(5))  # removal order once depended on set order
+def test_applying_a_changed_list_key_replaces_the_item(repeat: int) -> None:
+    def service(port: int) -> dict[str, Any]:
+        ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "s"},
+            "spec": {"ports": ports},
+        }
+
+    moved = ssa.apply(
+        ssa.apply(None, service(8080), "op", force=True), service(8081), "op", force=True
+    )
+    assert moved["spec"]["ports"] == service(8081)["spec"]["ports"]
+
+
+def test_manager_name_comes_from_the_query_or_the_user_agent() -> None:
+    assert ssa.manager_name({"fieldManager": "x"}, "Python/3.11 aiohttp/3.12") == "x"
+    assert ssa.manager_name({}, "Python/3.11 aiohttp/3.12") == "Python"
+
+
+def test_pruning_of_undeclared_fields() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer"},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                    "map": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            }
+        },
+    }
+    obj = {
+        "metadata": {"name": "x"},
+        "spec": {"a": 1, "b": 2, "free": {"any": 1}, "map": {"k": "v"}},
+    }
+    assert pruning.prune(obj, schema) == [".spec.b"]
+    assert obj["spec"] == {"a": 1, "free": {"any": 1}, "map": {"k": "v"}}
+
+
+def test_deployment_controller_status_before_and_after_pods_are_ready() -> None:
+    deployment: dict[str, Any] = {
+        "metadata": {"name": "d", "generation": 1},
+        "spec": {"replicas": 2},
+    }
+    status = controllers.deployment_status(deployment)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert status["observedGeneration"] == 1 and status["unavailableReplicas"] == 2
+    assert "readyReplicas" not in status
+    assert conditions == {
+        "Available": ("False", "MinimumReplicasUnavailable"),
+        "Progressing": ("True", "NewReplicaSetCreated"),
+    }
+    deployment["status"] = {**status, "readyReplicas": 2}
+    status = controllers.deployment_status(deployment)
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions["Progressing"] == ("True", "NewReplicaSetAvailable")
+    assert conditions["Available"] == ("True", "MinimumReplicasAvailable")
+    # After the deadline without progress, the rollout is reported failed.
+    deployment["status"] = controllers.deployment_status({**deployment, "status": {}})
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=601)
+    stalled = controllers.deployment_status(deployment, later)
+    progressing = next(c for c in stalled["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path_factory.mktemp("truth"), operator=False) as box:
+        box.kubectl("apply", "-f", str(CRDS))
+        yield box
+
+
+def test_kubectl_validates_on_the_server_without_validate_false(apiserver: Sandbox) -> None:
+    """kubectl reads /openapi/v3, sends fieldValidation=Strict, and the unknown field is
+    refused, naming it; the same field is pruned for a client that does not ask."""
+    body = json.loads(_manifest("strict"))
+    body["spec"]["workerz"] = {"min": 1}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert 'strict decoding error: unknown field "spec.workerz"' in out
+    created = apiserver.send(
+        "POST",
+        "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices",
+        body,
+        "application/json",
+    )
+    assert "workerz" not in created["spec"] and created["spec"]["workers"]["min"] == 1
+
+
+def test_a_crd_whose_rule_fails_on_its_default_is_refused(
+    apiserver: Sandbox, tmp_path: Any
+) -> None:
+    crd = (CRDS / "compactionservice.yaml").read_text()
+    crd = crd.replace(
+        '"!has(self.min) || !has(self.max) || self.min <= self.max"', "self.min <= self.max"
+    )
+    crd = crd.replace("compactionservices.statetier.io", "compactionservices.example.com")
+    crd = crd.replace("group: statetier.io", "group: example.com")
+    path = tmp_path / "crd.yaml"
+    path.write_text(crd)
+    out = apiserver.kubectl("apply", "-f", str(path), check=False)
+    assert (
+        'properties[workers].default: Invalid value: "object": no such key: min evaluating '
+        "rule: workers.min must not exceed workers.max"
+    ) in out
+
+
+def test_webhook_selectors_are_honoured() -> None:
+    """namespaceSelector (on the namespace's labels, which include kubernetes.io/metadata.name
+    as the apiserver sets it) and objectSelector decide whether a webhook is called."""
+    from statetier.operator.testing.emulator import ApiEmulator
+
+    emulator = ApiEmulator()
+    ns = emulator.read_object("", "namespaces", None, "default")
+    assert ns is not None and ns["metadata"]["labels"] == {"kubernetes.io/metadata.name": "default"}
+    hook = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}
+            ]
+        },
+        "objectSelector": {"matchLabels": {"statetier.io/enabled": "true"}},
+    }
+    opted_in = {"namespace": "default", "labels": {"statetier.io/enabled": "true"}}
+    assert emulator._hook_selects(hook, {"metadata": opted_in})
+    assert not emulator._hook_selects(hook, {"metadata": {**opted_in, "namespace": "kube-system"}})
+    assert not emulator._hook_selects(hook, {"metadata": {"namespace": "default"}})
+    assert emulator._hook_selects({}, {"metadata": {"namespace": "kube-system"}})
+
+
+def test_the_openapi_schema_of_a_custom_resource_is_enforced(apiserver: Sandbox) -> None:
+    body = json.loads(_manifest("bounds", workers={"min": 1, "max": 0}))
+    body["spec"]["scheduling"] = {"policy": "random"}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert "spec.workers.max: Invalid value: 0" in out
+    assert 'spec.scheduling.policy: Invalid value: "random"' in out
+    del body["spec"]["image"]
+    body["spec"]["workers"] = {}
+    body["spec"]["scheduling"] = {}
+    out = apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(body), check=False)
+    assert "spec.image: Required value" in out
+    assert (
+        apiserver.get("/apis/statetier.io/v1alpha1/namespaces/default/compactionservices/bounds")
+        is None
+    )
+
+
+def test_a_crd_of_a_protected_group_needs_the_approval_annotation(
+    apiserver: Sandbox, tmp_path: Any
+) -> None:
+    fixture = yaml.safe_load(SPARK_CRD.read_text())
+    del fixture["metadata"]["annotations"]["api-approved.kubernetes.io"]
+    path = tmp_path / "crd.yaml"
+    path.write_text(yaml.safe_dump(fixture))
+    out = apiserver.kubectl("apply", "-f", str(path), check=False)
+    assert 'protected groups must have approval annotation "api-approved.kubernetes.io"' in out
+    assert "created" in apiserver.kubectl("apply", "-f", str(SPARK_CRD))
+
+
+def test_built_ins_get_the_apiservers_defaults_which_the_applier_does_not_own(
+    apiserver: Sandbox,
+) -> None:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "defaulted"},
+        "spec": {"selector": {"a": "b"}, "ports": [{"name": "http", "port": 80}]},
+    }
+    path = "/api/v1/namespaces/default/services/defaulted?fieldManager=tester"
+    stored = apiserver.send("PATCH", path, service, "application/apply-patch+yaml")
+    spec = stored["spec"]
+    assert spec["type"] == "ClusterIP" and spec["clusterIP"].startswith("10.96.")
+    assert spec["ports"] == [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]
+    (entry,) = stored["metadata"]["managedFields"]
+    owned = entry["fieldsV1"]["f:spec"]
+    assert "f:clusterIP" not in owned and "f:type" not in owned
+    assert set(owned) == {"f:selector", "f:ports"}
+    again = apiserver.send("PATCH", path, service, "application/apply-patch+yaml")
+    assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]

@@ -1,0 +1,84 @@
+"""``statetier-operator render-app``: the webhook's configuration without the webhook.
+
+The command runs as a user would run it (a subprocess, files in, YAML out); its output must be
+what the mutating webhook would produce, so the webhook, if it runs later, changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from statetier.operator import annotations as ann
+from statetier.operator import sparkapp
+
+REPO = Path(__file__).resolve().parents[2]
+APP = REPO / "examples" / "sparkapplication-wordcount.yaml"
+ENDPOINT = "http://compaction-gateway.default.svc:8080"
+
+
+def _render(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "statetier.operator.cli", "render-app", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_rendered_application_is_what_the_webhook_writes() -> None:
+    proc = _render(str(APP), "--compaction-endpoint", ENDPOINT)
+    assert proc.returncode == 0, proc.stderr
+    (app,) = _docs(proc.stdout)
+    settings = ann.parse(app["metadata"]["annotations"])
+    assert sparkapp.mutate(app, settings, ENDPOINT).empty  # a webhook would change nothing
+    conf = app["spec"]["sparkConf"]
+    assert conf["spark.statetier.compaction.endpoints"] == ENDPOINT
+    assert conf["spark.statetier.spill.dirs"] == "/var/lib/statetier/spill"
+    assert [v["name"] for v in app["spec"]["volumes"]] == [sparkapp.VOLUME_NAME]
+    for role in ("driver", "executor"):
+        assert app["spec"][role]["labels"] == {sparkapp.POD_LABEL: "true"}
+
+
+def test_pod_template_form_and_pass_through_of_other_documents() -> None:
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {}}
+    plain = yaml.safe_load(APP.read_text())
+    plain["metadata"]["name"] = "not-opted-in"
+    plain["metadata"]["annotations"] = {}
+    stream = yaml.safe_dump_all([other, plain]) + "---\n" + APP.read_text()
+    proc = _render("-", "--pod-template", stdin=stream)
+    assert proc.returncode == 0, proc.stderr
+    passed, untouched, app = _docs(proc.stdout)
+    assert passed == other and untouched == plain
+    spec = app["spec"]
+    assert "volumes" not in spec and "volumeMounts" not in spec["executor"]
+    template = spec["executor"]["template"]
+    assert template["metadata"]["labels"] == {sparkapp.POD_LABEL: "true"}
+    assert spec["driver"]["template"]["metadata"]["labels"] == {sparkapp.POD_LABEL: "true"}
+    (volume,) = template["spec"]["volumes"]
+    (container,) = template["spec"]["containers"]
+    assert volume["name"] == sparkapp.VOLUME_NAME and "ephemeral" in volume
+    assert container["volumeMounts"] == [
+        {"name": sparkapp.VOLUME_NAME, "mountPath": "/var/lib/statetier/spill"}
+    ]
+    assert "spark.statetier.spill.dirs" in spec["sparkConf"]
+
+
+def test_invalid_annotations_are_an_error_naming_file_and_annotation(tmp_path: Path) -> None:
+    bad = yaml.safe_load(APP.read_text())
+    bad["metadata"]["annotations"]["statetier.io/spill-volume"] = "nvme"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = _render(str(path))
+    assert proc.returncode == 2
+    assert f"{path}: wordcount:" in proc.stderr and "statetier.io/spill-volume" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
