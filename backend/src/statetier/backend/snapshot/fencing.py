@@ -27,6 +27,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from statetier.backend.snapshot.retry import single_attempt_botocore
+
 __all__ = ["ConditionalOps", "FencedError", "conditional_ops_for", "new_owner_token"]
 
 
@@ -143,8 +145,15 @@ class S3ConditionalOps:
 
     def __init__(self, fs: Any) -> None:
         import boto3  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
 
         client_kwargs = dict(getattr(fs, "client_kwargs", {}) or {})
+        # One attempt per call, as s3fs is configured: the store's retry owns the policy.
+        config = Config(
+            connect_timeout=getattr(fs, "connect_timeout", 5),
+            read_timeout=getattr(fs, "read_timeout", 15),
+            **single_attempt_botocore(),
+        )
         endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
         self.client = boto3.client(
             "s3",
@@ -153,6 +162,7 @@ class S3ConditionalOps:
             aws_secret_access_key=getattr(fs, "secret", None),
             aws_session_token=getattr(fs, "token", None),
             region_name=client_kwargs.get("region_name") or "us-east-1",
+            config=config,
         )
 
     @staticmethod
