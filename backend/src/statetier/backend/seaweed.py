@@ -106,9 +106,9 @@ class SeaweedFS:
         return server
 
     def _wait_ready(self, log: Path, timeout: float) -> None:
-        import boto3  # type: ignore[import-untyped]
+        import botocore.session  # type: ignore[import-untyped]
 
-        client = boto3.client(
+        client = botocore.session.get_session().create_client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=KEY,

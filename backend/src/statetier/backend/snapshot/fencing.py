@@ -10,8 +10,8 @@ not dead yet, a speculative job). Two mechanisms keep them from committing over 
   commit again.
 - The manifest is created only if absent, so one epoch is committed once.
 
-Per storage: S3 through boto3 (``IfMatch`` / ``IfNoneMatch`` on PutObject; create-if-absent
-through s3fs is not honored by every S3 server, conditional PutObject through boto3 is by the
+Per storage: S3 through botocore (``IfMatch`` / ``IfNoneMatch`` on PutObject; create-if-absent
+through s3fs is not honored by every S3 server, conditional PutObject through botocore is by the
 SeaweedFS used here); local files through ``os.link`` (fails if the name exists) and ``flock``;
 ``memory://`` under a process-wide lock. Versions are the S3 ETag, else a content checksum.
 """
@@ -141,10 +141,11 @@ class FsConditionalOps:
 
 
 class S3ConditionalOps:
-    """S3 through boto3, with the endpoint and credentials of the s3fs filesystem."""
+    """S3 through botocore (which s3fs brings), with the endpoint and credentials of the s3fs
+    filesystem."""
 
     def __init__(self, fs: Any) -> None:
-        import boto3  # type: ignore[import-untyped]
+        import botocore.session  # type: ignore[import-untyped]
         from botocore.config import Config  # type: ignore[import-untyped]
 
         client_kwargs = dict(getattr(fs, "client_kwargs", {}) or {})
@@ -155,7 +156,7 @@ class S3ConditionalOps:
             **single_attempt_botocore(),
         )
         endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
-        self.client = boto3.client(
+        self.client = botocore.session.get_session().create_client(
             "s3",
             endpoint_url=endpoint,
             aws_access_key_id=getattr(fs, "key", None),
