@@ -59,13 +59,17 @@ class Running:
 
     def ctrl_c(self) -> list[tuple[str, str]]:
         """Ctrl-C; the output that followed it."""
+        self._drain()
         before = len(self.seen)
         os.killpg(self.process.pid, signal.SIGINT)
         self.process.wait(120)
-        time.sleep(0.5)  # the reader threads drain the pipes
+        self._drain()
+        return self.seen[before:]
+
+    def _drain(self) -> None:
+        time.sleep(0.5)  # the reader threads empty the pipes
         while not self.lines.empty():
             self.seen.append(self.lines.get())
-        return self.seen[before:]
 
 
 def hosts_gone(before: set[int], timeout: float = 15) -> bool:
@@ -122,6 +126,7 @@ def test_demo_spills_checkpoints_to_seaweedfs_and_resumes_exactly(tmp_path: Path
     listing = run_printed(served.wait_for("statetier checkpoint list"))
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.splitlines()[-1].split()[0] == "4"  # the latest epoch
+    served.wait_for("Ctrl-C stops it.")
     after = served.ctrl_c()
     assert served.process.returncode == 0
     assert [line for _, line in after] == ["stopped the object store"]
@@ -134,6 +139,7 @@ def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) ->
         *DEMO, "--words", "400000", "--vocabulary", "20000", "--batches", "16",
         "--dir", str(directory),
     ]  # fmt: skip
+    before = host_pids()
     demo = Running(args)
     deadline = time.monotonic() + 240
     while not (directory / "spark-checkpoint" / "commits" / "1").exists():
@@ -144,6 +150,7 @@ def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) ->
     assert demo.process.returncode == 130, after
     assert len(after) < 10, after
     assert ("stderr", f"  statetier demo --restart --dir {directory}") in after
+    assert hosts_gone(before)
 
     resumed = Running([*args, "--restart", "--keep-running"])
     exact = resumed.wait_for("counts exact")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import shlex
@@ -137,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
             print(
                 "interrupted: nothing committed is lost; continue with\n"
                 f"  statetier demo --restart --dir {shlex.quote(str(directory))}",
-                file=sys.stderr,
+                file=sys.__stderr__,
+                flush=True,
             )
             return 130
         finally:
@@ -158,7 +160,7 @@ def stream(
     from statetier.backend.bench.spark_wordcount import read_counts, spark_session
     from statetier.backend.spark import StatefulPipeline
 
-    spark = pipeline = query = None
+    spark = pipeline = None
     try:
         spark = ctrl_c.deferred(spark_session, args.parallelism)
         uri = weed.uri(PREFIX)
@@ -197,7 +199,8 @@ def stream(
             wait_for_ctrl_c(weed, ctrl_c)
         return exact
     except KeyboardInterrupt:
-        stop_quietly(spark, query)
+        if stop_quietly(spark):
+            spark = None
         raise
     finally:
         if pipeline is not None:
@@ -247,17 +250,24 @@ class CtrlC:
         self.check()
 
 
-def stop_quietly(spark: Any, query: Any) -> None:
-    """Stop the query before Spark, with Spark's logging off: stopping Spark under a running
-    query makes its threads print hundreds of lines of errors that mean nothing here."""
-    if spark is None:
-        return
-    try:
+def stop_quietly(spark: Any) -> bool:
+    """Stop Spark at once after Ctrl-C; whether it was running. Stopping the query or the
+    SparkContext under a running micro-batch makes the JVM's threads print hundreds of lines of
+    errors that mean nothing here. Nothing committed is lost: Spark's checkpoint and statetier's
+    manifests are both written whole or not at all, and the next run resumes from them."""
+    gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
+    process = getattr(gateway, "proc", None)
+    if process is None:
+        return False
+    with contextlib.suppress(Exception):
         spark.sparkContext.setLogLevel("OFF")
-        if query is not None:
-            query.stop()
-    except Exception:  # Spark is going down anyway; the demo's next run resumes
-        pass
+    # PySpark's servers and the pipeline's callbacks in this process report each request the
+    # JVM leaves unanswered, on stderr or in the log
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - until the process ends
+    logging.disable(logging.CRITICAL)
+    process.kill()
+    process.wait()
+    return True
 
 
 def pipeline_epochs(uri: str, options: dict[str, Any]) -> list[int]:
