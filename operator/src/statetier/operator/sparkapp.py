@@ -100,6 +100,19 @@ def _volume(settings: AppSettings) -> Obj:
     return {"name": VOLUME_NAME, "emptyDir": empty}
 
 
+def _with_secret_env(pod: Obj, secret: str | None) -> Obj:
+    """``pod`` (spec.driver or spec.executor) with the Secret's keys as environment variables
+    (envFrom), once; the object-store credentials reach every process of the pod that way."""
+    pod = dict(pod)
+    if secret is None:
+        return pod
+    ref = {"secretRef": {"name": secret}}
+    sources = list(pod.get("envFrom") or [])
+    if ref not in sources:
+        pod["envFrom"] = [*sources, ref]
+    return pod
+
+
 class Mutation:
     """The result of :func:`mutate`: changed top-level spec fields, annotations, a summary."""
 
@@ -128,7 +141,8 @@ def mutate(
 
     volume = _volume(settings)
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME_NAME] + [volume]
-    executor = dict(spec.get("executor") or {})
+    executor = _with_secret_env(spec.get("executor") or {}, settings.storage_secret)
+    driver = _with_secret_env(spec.get("driver") or {}, settings.storage_secret)
     mount = {"name": VOLUME_NAME, "mountPath": settings.mount_path}
     mounts = [m for m in executor.get("volumeMounts") or [] if m.get("name") != VOLUME_NAME]
     executor["volumeMounts"] = [*mounts, mount]
@@ -164,6 +178,7 @@ def mutate(
         "checkpointUri": settings.checkpoint_uri,
         "checkpointRetention": settings.retention,
         "compactionEndpoint": compaction_endpoint,
+        "storageSecret": settings.storage_secret,
     }
     if warnings:
         summary["warnings"] = warnings
@@ -174,6 +189,8 @@ def mutate(
         changes["volumes"] = volumes
     if old.get("executor") != executor:
         changes["executor"] = executor
+    if old.get("driver", {}) != driver:
+        changes["driver"] = driver
     if old.get("sparkConf") != conf:
         changes["sparkConf"] = conf
     status_text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
