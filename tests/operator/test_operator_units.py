@@ -248,3 +248,17 @@ def test_storage_secret_reaches_driver_and_executors_as_environment_only() -> No
         "annotation statetier.io/storage-secret='Not_A_Name' is not valid: allowed values: "
         "a Secret name (DNS subdomain)"
     ]
+
+
+def test_operator_version() -> None:
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from statetier.operator.cli import main; "
+         "sys.exit(main(['--version']))"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"statetier-operator {metadata.version('statetier-operator')}"
