@@ -81,9 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    logging.basicConfig(
-        level=logging.WARNING if debug else logging.ERROR, format="statetier: %(message)s"
-    )
+    # retries and other warnings only with --debug; the failure itself is reported below
+    logging.getLogger("statetier").setLevel(logging.DEBUG if debug else logging.ERROR)
     command = next((a for a in argv if not a.startswith("-")), None)
     try:
         return _dispatch(argv, command)
