@@ -39,6 +39,9 @@ def test_libraries_declare_ranges_not_pins() -> None:
     pinned = [r for r in requirements() if "==" in r or "===" in r]
     assert not pinned, f"exact pins belong in requirements-dev.txt: {pinned}"
     assert all(re.search(r"[<>]=?|~=", r) for r in requirements()), requirements()
+    compaction = tomllib.loads((REPO / "compaction" / "pyproject.toml").read_text())["project"]
+    pinned = [r for r in compaction["dependencies"] if "==" in r]
+    assert not pinned, f"exact pins belong in requirements-dev.txt: {pinned}"
 
 
 def test_the_python_floor_is_the_one_the_code_needs() -> None:
