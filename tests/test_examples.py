@@ -22,3 +22,8 @@ def test_example_runs(example: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip(), "an example should say what it did"
+    if "pyspark" in example.read_text():  # the JVM logs its start on stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert "Exception" not in result.stderr, result.stderr
+    else:
+        assert result.stderr == "", f"an example runs without warnings or errors:\n{result.stderr}"

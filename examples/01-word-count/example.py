@@ -29,10 +29,13 @@ def main() -> int:
     uri = "file://" + tempfile.mkdtemp(prefix="statetier-example-")
     runner = LocalRunner(WordCount, parallelism=2, checkpoint_uri=uri)
     latest: dict[str, int] = {}
-    for epoch in range(3):
-        for word, total in runner.run_epoch((w, 1) for w in text):
-            latest[word] = total
-        print(f"epoch {epoch + 1}: the={latest['the']}")
+    try:
+        for epoch in range(3):
+            for word, total in runner.run_epoch((w, 1) for w in text):
+                latest[word] = total
+            print(f"epoch {epoch + 1}: the={latest['the']}")
+    finally:
+        runner.close()  # waits for the checkpoint's background work (retention) to finish
     expected = {w: 3 * n for w, n in collections.Counter(text).items()}
     assert latest == expected, (latest, expected)
     print(f"final counts match ({len(latest)} words); checkpoint at {uri}")

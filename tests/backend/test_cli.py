@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
+from importlib import metadata
 from pathlib import Path
 
+import pytest
 from statetier.backend import cli
 
 
@@ -75,3 +80,159 @@ def test_unknown_arguments_are_refused() -> None:
         assert exc.code == 2
     else:
         raise AssertionError("an unknown argument must fail")
+
+
+def run_env(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command with ``env`` added to a clean environment (no STATETIER_*, no AWS_*)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("STATETIER_", "AWS_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "statetier.backend", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env={**base, **env},
+    )
+
+
+def assert_short_failure(result: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Exit 2, one or two lines on stderr, no traceback, naming the problem."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert 1 <= len(lines) <= 2, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = run_cli("demo", "--local", "--words", "1000", "--dir", str(mine))
+    assert_short_failure(result, str(mine), "not empty", "--dir")
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_the_two_demos_do_not_share_state(tmp_path: Path) -> None:
+    local = run_cli("demo", "--local", "--words", "2000", "--vocabulary", "200", cwd=tmp_path)
+    assert local.returncode == 0, local.stderr
+    made = tmp_path / "statetier-demo-local"
+    assert (made / "checkpoints").is_dir()
+    assert not (tmp_path / "statetier-demo").exists()  # the Spark demo's default is elsewhere
+    spark = run_cli("demo", "--dir", str(made))  # refused before Spark starts
+    assert_short_failure(spark, "statetier demo --local", "another --dir")
+    restart = run_cli("demo", "--restart", "--dir", str(made))
+    assert_short_failure(restart, "nothing to restart")
+    assert (made / "checkpoints").is_dir()
+    again = run_cli("demo", "--local", "--words", "2000", "--vocabulary", "200", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # its own directory: started afresh
+    assert "fresh start" in again.stdout
+
+
+def test_restart_without_an_earlier_run_is_refused(tmp_path: Path) -> None:
+    result = run_cli("demo", "--local", "--restart", "--dir", str(tmp_path / "new"))
+    assert_short_failure(result, "nothing to restart", "without --restart")
+    assert not (tmp_path / "new").exists()
+
+
+def test_version_and_help_at_every_level() -> None:
+    version = run_cli("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"statetier {metadata.version('statetier-backend')}"
+    for args in HELP_COMMANDS:
+        result = run_cli(*args, "--help")
+        assert result.returncode == 0, (args, result.stderr)
+        assert result.stdout.startswith("usage: statetier"), (args, result.stdout)
+    assert "--local" in run_cli("demo", "--help").stdout
+    assert "write_stream" in run_cli("demo", "--help").stdout
+    assert "foreachBatch" not in run_cli("demo", "--help").stdout
+
+
+HELP_COMMANDS: list[tuple[str, ...]] = [
+    (),
+    ("demo",),
+    ("demo", "--local"),
+    ("bench",),
+    *[("bench", name) for name in cli.BENCHMARKS],
+    ("checkpoint",),
+    *[("checkpoint", action) for action in ("list", "inspect", "verify", "gc")],
+    ("config",),
+    ("config", "docs"),
+    ("config", "show"),
+]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("demo", "--local", "--words", "10"),
+        ("checkpoint", "list", "file:///nowhere"),
+        ("checkpoint", "gc", "file:///nowhere"),
+        ("config", "show"),
+    ],
+)
+def test_a_mistyped_variable_is_refused_with_a_suggestion(args: tuple[str, ...]) -> None:
+    result = run_env(*args, env={"STATETIER_SPIL_RATIO": "0.3"})
+    assert_short_failure(
+        result,
+        "unknown environment variable STATETIER_SPIL_RATIO",
+        "did you mean STATETIER_SPILL_RATIO?",
+    )
+
+
+def test_a_bad_value_is_refused_by_the_demo(tmp_path: Path) -> None:
+    result = run_env(
+        "demo", "--local", "--dir", str(tmp_path / "d"), env={"STATETIER_SPILL_RATIO": "2"}
+    )
+    assert_short_failure(result, "STATETIER_SPILL_RATIO='2'", "spill.ratio")
+    assert not (tmp_path / "d").exists()
+
+
+def test_gc_on_a_mistyped_uri_fails_and_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "epoch-0000000001").write_text("not a checkpoint")
+    result = run_cli("checkpoint", "gc", f"file://{tmp_path}")
+    assert_short_failure(result, "no committed snapshot", str(tmp_path))
+    assert (tmp_path / "data" / "epoch-0000000001").exists()
+    unknown = run_cli("checkpoint", "gc", "s4://bucket/prefix")
+    assert_short_failure(unknown, "Protocol not known: s4")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_refused_endpoint_fails_in_seconds_with_the_defaults() -> None:
+    started = time.monotonic()
+    result = run_env(
+        "checkpoint", "list", "s3://bucket/prefix", "-o",
+        f"endpoint_url=http://127.0.0.1:{free_port()}",
+        env={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"},
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert_short_failure(result, "still failing after 6 attempts", "Could not connect")
+    assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+def test_missing_credentials_say_what_to_set(tmp_path: Path) -> None:
+    result = run_env(
+        "checkpoint", "list", "s3://bucket/prefix", "-o",
+        f"endpoint_url=http://127.0.0.1:{free_port()}",
+        env={"HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true"},
+    )  # fmt: skip
+    assert_short_failure(result, "credentials", "AWS_ACCESS_KEY_ID")
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("a file")
+    result = run_cli("demo", "--local", "--dir", str(tmp_path / "x"), "--debug")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+    assert "DemoDirError" in result.stderr

@@ -288,3 +288,46 @@ def test_patch_formats() -> None:
         containers, {"containers": [{"name": "y", "image": "2"}, {"name": "x", "$patch": "delete"}]}
     )
     assert patched == {"containers": [{"name": "y", "image": "2"}]}
+
+
+def test_storage_secret_reaches_driver_and_executors_as_environment_only() -> None:
+    body = _app(
+        spec={"executor": {"cores": 2, "memory": "4g"}, "driver": {"cores": 1}},
+        annotations={
+            "statetier.io/checkpoint-uri": "s3://b/p",
+            "statetier.io/storage-secret": "object-store",
+        },
+    )
+    settings = ann.parse(body["metadata"]["annotations"])
+    result = sparkapp.mutate(body, settings, None)
+    ref = {"secretRef": {"name": "object-store"}}
+    assert result.spec_changes["executor"]["envFrom"] == [ref]
+    assert result.spec_changes["driver"] == {
+        "cores": 1,
+        "envFrom": [ref],
+        "labels": {"statetier.io/enabled": "true"},  # for the PodMonitor
+    }
+    conf = result.spec_changes["sparkConf"]
+    assert not [v for v in conf.values() if "object-store" in str(v)]  # never in Spark conf
+    mutated = copy.deepcopy(body)
+    mutated["spec"].update(result.spec_changes)
+    mutated["metadata"]["annotations"].update(result.annotations)
+    assert sparkapp.mutate(mutated, settings, None).empty  # idempotent
+    assert ann.problems({"statetier.io/storage-secret": "Not_A_Name"}) == [
+        "annotation statetier.io/storage-secret='Not_A_Name' is not valid: allowed values: "
+        "a Secret name (DNS subdomain)"
+    ]
+
+
+def test_operator_version() -> None:
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from statetier.operator.cli import main; "
+         "sys.exit(main(['--version']))"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"statetier-operator {metadata.version('statetier-operator')}"

@@ -35,7 +35,7 @@ def main() -> None:
     runner = LocalRunner(
         WordCount, 2, checkpoint_uri=f"file://{workdir / 'checkpoints'}", config=config
     )
-    words = zipf_words(60_000, 20_000, seed=7)
+    words = zipf_words(200_000, 100_000, seed=7)
     for batch in batches(words, 4):
         runner.run_epoch((w, 1) for w in batch)
     runner.close()

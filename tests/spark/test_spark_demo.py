@@ -1,10 +1,16 @@
-"""``statetier demo``: the Spark streaming word count on SeaweedFS, then ``--restart``."""
+"""``statetier demo``: the Spark streaming word count on SeaweedFS, then ``--restart``, Ctrl-C, the
+object store kept running and the ``statetier checkpoint`` command the demo prints."""
 
 from __future__ import annotations
 
 import os
+import queue
+import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,24 +18,98 @@ import pytest
 from tests.spark.conftest import REPO, spark_env
 from tests.spark.spark_support import host_pids
 
+DEMO = [sys.executable, "-m", "statetier.backend", "demo"]
+
+
+def demo_env() -> dict[str, str]:
+    return {**os.environ, **spark_env()}
+
+
+class Running:
+    """A demo process in a session of its own (Ctrl-C goes to its whole group, as a terminal
+    sends it), its output lines read as they come."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env=demo_env(), start_new_session=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.seen: list[tuple[str, str]] = []
+        for name in ("stdout", "stderr"):
+            stream = getattr(self.process, name)
+            threading.Thread(target=self._read, args=(name, stream), daemon=True).start()
+
+    def _read(self, name: str, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.put((name, line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout: float = 240) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                name, line = self.lines.get(timeout=1)
+            except queue.Empty:
+                assert self.process.poll() is None, f"demo exited: {self.seen[-20:]}"
+                continue
+            self.seen.append((name, line))
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} not seen: {self.seen[-20:]}")
+
+    def ctrl_c(self) -> list[tuple[str, str]]:
+        """Ctrl-C; the output that followed it."""
+        self._drain()
+        before = len(self.seen)
+        os.killpg(self.process.pid, signal.SIGINT)
+        self.process.wait(120)
+        self._drain()
+        return self.seen[before:]
+
+    def _drain(self) -> None:
+        time.sleep(0.5)  # the reader threads empty the pipes
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+
+
+def hosts_gone(before: set[int], timeout: float = 15) -> bool:
+    """Whether every state host started since ``before`` exited (they may take a moment)."""
+    deadline = time.monotonic() + timeout
+    while host_pids() - before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+    return True
+
+
+def run_printed(command: str) -> subprocess.CompletedProcess[str]:
+    """A ``statetier checkpoint ...`` line as the demo printed it (VAR=value prefixes first)."""
+    words = shlex.split(command)
+    env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+    args = words[words.index("statetier") + 1 :]
+    return subprocess.run(
+        [sys.executable, "-m", "statetier.backend", *args], capture_output=True, text=True,
+        timeout=60, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+
 
 @pytest.mark.slow
 def test_demo_spills_checkpoints_to_seaweedfs_and_resumes_exactly(tmp_path: Path) -> None:
     before = host_pids()
     args = [
-        sys.executable, "-m", "statetier.backend", "demo", "--words", "60000",
-        "--vocabulary", "20000", "--batches", "4", "--budget", "1m", "--dir", str(tmp_path / "d"),
+        *DEMO, "--words", "60000", "--vocabulary", "20000", "--batches", "4", "--budget", "1m",
+        "--dir", str(tmp_path / "d"),
     ]  # fmt: skip
-    env = {**os.environ, **spark_env()}
     first = subprocess.run(
-        args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=env
+        args, capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=demo_env()
     )
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
     assert "none (fresh start)" in first.stdout
     assert "on SeaweedFS http://127.0.0.1:" in first.stdout
+    assert f"statetier demo --serve --dir {tmp_path / 'd'}" in first.stdout
     second = subprocess.run(
         [*args, "--restart"], capture_output=True, text=True, timeout=300, check=False,
-        cwd=REPO, env=env,
+        cwd=REPO, env=demo_env(),
     )  # fmt: skip
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
     assert "resumed from epoch  2" in second.stdout
@@ -39,4 +119,44 @@ def test_demo_spills_checkpoints_to_seaweedfs_and_resumes_exactly(tmp_path: Path
         assert line.split()[-1] == "True"
         spill = next(x for x in out.splitlines() if "spill ratio" in x)
         assert "(max 0;" not in spill  # key groups spilled under the 1m budget
-    assert not host_pids() - before  # the demo stopped its state hosts
+    assert hosts_gone(before)  # the demo stopped its state hosts
+
+    # --serve brings the object store back on the demo's data; the printed command reads it
+    served = Running([*DEMO, "--serve", "--dir", str(tmp_path / "d")])
+    listing = run_printed(served.wait_for("statetier checkpoint list"))
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[-1].split()[0] == "4"  # the latest epoch
+    served.wait_for("Ctrl-C stops it.")
+    after = served.ctrl_c()
+    assert served.process.returncode == 0
+    assert [line for _, line in after] == ["stopped the object store"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) -> None:
+    directory = tmp_path / "d"
+    args = [
+        *DEMO, "--words", "400000", "--vocabulary", "20000", "--batches", "16",
+        "--dir", str(directory),
+    ]  # fmt: skip
+    before = host_pids()
+    demo = Running(args)
+    deadline = time.monotonic() + 240
+    while not (directory / "spark-checkpoint" / "commits" / "1").exists():
+        assert demo.process.poll() is None, demo.seen
+        assert time.monotonic() < deadline, "no micro-batch was committed"
+        time.sleep(0.2)
+    after = demo.ctrl_c()
+    assert demo.process.returncode == 130, after
+    assert len(after) < 10, after
+    assert ("stderr", f"  statetier demo --restart --dir {directory}") in after
+    assert hosts_gone(before)
+
+    resumed = Running([*args, "--restart", "--keep-running"])
+    exact = resumed.wait_for("counts exact")
+    assert exact.split()[-1] == "True", resumed.seen
+    listing = run_printed(resumed.wait_for("statetier checkpoint list"))
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[-1].split()[0] == "16"
+    resumed.ctrl_c()
+    assert resumed.process.returncode == 0, resumed.seen

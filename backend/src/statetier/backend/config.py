@@ -17,12 +17,13 @@ http(s) URLs with a host.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import math
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 __all__ = [
@@ -672,7 +673,9 @@ def _normalize_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in overrides.items():
         setting = _BY_NAME.get(key) or _BY_FIELD.get(key)
         if setting is None:
-            raise ConfigError(f"unknown setting {key!r}; known: {', '.join(_BY_NAME)}")
+            raise ConfigError(
+                f"unknown setting {key!r}{_did_you_mean(key, [*_BY_NAME, *_BY_FIELD])}"
+            )
         normalized[setting.name] = value
     return normalized
 
@@ -682,10 +685,17 @@ def _reject_unknown(env: Mapping[str, str], spark_conf: Mapping[str, str]) -> No
     known_spark = {s.spark_key for s in SETTINGS}
     for key in env:
         if key.startswith(ENV_PREFIX) and key not in known_env and not _is_reserved_env(key):
-            raise ConfigError(f"unknown environment variable {key}; known: {sorted(known_env)}")
+            raise ConfigError(f"unknown environment variable {key}{_did_you_mean(key, known_env)}")
     for key in spark_conf:
         if key.startswith(SPARK_PREFIX) and key not in known_spark:
-            raise ConfigError(f"unknown Spark conf key {key}; known: {sorted(known_spark)}")
+            raise ConfigError(f"unknown Spark conf key {key}{_did_you_mean(key, known_spark)}")
+
+
+def _did_you_mean(key: str, known: Iterable[str]) -> str:
+    """The closest known name, for an unknown-key error (a typo is the usual cause)."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{hint} (`statetier config docs` lists every setting)"
 
 
 def _is_reserved_env(key: str) -> bool:

@@ -1,21 +1,21 @@
-"""``statetier demo``: a keyed word count through the backend, checkpointed every epoch.
+"""statetier demo --local: a keyed word count through the backend, without Spark.
 
-It runs the reference local runtime (the Spark pipeline replaces it in its own issue): Zipf words
-in micro-batches, a ValueState count per word, a checkpoint per batch on the embedded default
-store (a local directory), then a restore at another parallelism that must give exactly the
-counts a plain ``collections.Counter`` computes. ``--restart`` resumes from the last checkpoint.
+It runs the backend's local runtime: Zipf-distributed words in batches, a ValueState count per
+word, a checkpoint per batch in a local directory, then a restore at another parallelism that
+must give exactly the counts a plain Counter computes. --restart resumes from the last
+checkpoint. The demo only ever deletes a directory it made itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import shutil
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from statetier.backend.demo_dir import prepare
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
@@ -41,11 +41,14 @@ def read_counts(uri: str, parallelism: int) -> dict[str, int]:
     """All counts of the latest checkpoint, read back at ``parallelism``."""
     runner = LocalRunner(WordCount, parallelism, checkpoint_uri=uri)
     counts: dict[str, int] = {}
-    for instance in runner.instances:
-        state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
-        for key in instance.keyed.keys("count"):
-            instance.keyed.set_current_key(key)
-            counts[key] = state.value() or 0
+    try:
+        for instance in runner.instances:
+            state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
+            for key in instance.keyed.keys("count"):
+                instance.keyed.set_current_key(key)
+                counts[key] = state.value() or 0
+    finally:
+        runner.close()
     return counts
 
 
@@ -56,16 +59,17 @@ def checkpoint_bytes(uri: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = Path(args.dir).resolve()
+    directory = prepare(Path(args.dir), "local", restart=args.restart)
     uri = f"file://{directory / 'checkpoints'}"
-    if not args.restart and directory.exists():
-        shutil.rmtree(directory)
     words = zipf_words(args.words, args.vocabulary, seed=args.seed)
     runner = LocalRunner(WordCount, args.parallelism, checkpoint_uri=uri)
     resumed = runner.restored_epoch
     started = time.perf_counter()
-    for batch in batches(words, args.batches):
-        runner.run_epoch((word, 1) for word in batch)
+    try:
+        for batch in batches(words, args.batches):
+            runner.run_epoch((word, 1) for word in batch)
+    finally:
+        runner.close()  # waits for the background retention of the last checkpoint
     elapsed = time.perf_counter() - started
 
     runs = resumed // args.batches + 1
@@ -111,12 +115,18 @@ def print_summary(title: str, rows: Sequence[tuple[str, str]]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--words", type=int, default=300_000, help="records to count")
-    parser.add_argument("--vocabulary", type=int, default=50_000)
-    parser.add_argument("--batches", type=int, default=10, help="epochs")
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--restore-parallelism", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--dir", default="statetier-demo", help="where checkpoints go")
+    parser.add_argument("--vocabulary", type=int, default=50_000, help="distinct words")
+    parser.add_argument("--batches", type=int, default=10, help="epochs (one checkpoint each)")
+    parser.add_argument("--parallelism", type=int, default=2, help="operator instances")
+    parser.add_argument(
+        "--restore-parallelism", type=int, default=3, help="instances that read the result back"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="seed of the generated words")
+    parser.add_argument(
+        "--dir",
+        default="statetier-demo-local",
+        help="where the checkpoints go: a new or empty directory, or one this demo made",
+    )
     parser.add_argument(
         "--restart", action="store_true", help="resume from the last checkpoint in --dir"
     )

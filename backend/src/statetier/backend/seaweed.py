@@ -92,7 +92,11 @@ class SeaweedFS:
             "S3_BUCKET": BUCKET,
         }
         log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed by stop()
-        process = subprocess.Popen(cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own: Ctrl-C in the terminal goes to the demo, which stops the server
+        # after the state it is still writing; the server does not die under it.
+        process = subprocess.Popen(
+            cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         server = cls(process, f"http://127.0.0.1:{ports['s3']}", log)
         try:
             server._wait_ready(data / "weed.log", timeout)
@@ -102,9 +106,9 @@ class SeaweedFS:
         return server
 
     def _wait_ready(self, log: Path, timeout: float) -> None:
-        import boto3  # type: ignore[import-untyped]
+        import botocore.session  # type: ignore[import-untyped]
 
-        client = boto3.client(
+        client = botocore.session.get_session().create_client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=KEY,

@@ -10,7 +10,7 @@ while the others are copied as they are.
 1. Throughput: input bytes + output bytes over the wall time of a remote compaction (submit to
    result, as the client sees it), against the same bytes read with ``cat_file`` and written
    with ``pipe_file`` by this process on the same store (the payload made before the clock
-   starts). Target (issue 7): ratio >= 0.5; the command exits 1 when it is missed.
+   starts). Target: ratio >= 0.5; the command exits 1 when it is missed.
    ``local_ratio_to_raw`` is the same merge in this process (LocalCompactor), for comparison.
 2. CPU moved: the CPU time this process (the "pipeline") spends on one compaction done locally
    with LocalCompactor, against the CPU it spends waiting for the same compaction done
@@ -35,6 +35,7 @@ from typing import Any
 
 import fsspec
 from statetier.backend.compaction_client import RemoteCompactor
+from statetier.backend.helptext import plain
 from statetier.backend.snapshot.compaction import (
     CompactionInput,
     CompactionRequest,
@@ -152,7 +153,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statetier bench compaction", description=__doc__)
+    parser = argparse.ArgumentParser(prog="statetier bench compaction", description=plain(__doc__))
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--deltas", type=int, default=4)
     parser.add_argument("--value-size", type=int, default=100)

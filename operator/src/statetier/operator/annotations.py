@@ -124,6 +124,14 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "CompactionService whose endpoint goes to compaction.endpoints.",
     ),
     Annotation(
+        "storage-secret",
+        "a Secret name (DNS subdomain)",
+        lambda v: bool(_DNS_SUBDOMAIN.match(v)),
+        "Secret in the application's namespace whose keys (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3, ...) become environment variables of the "
+        "driver and the executors: object-store credentials never go into Spark conf.",
+    ),
+    Annotation(
         "memory-budget",
         "a size such as 2g or 512m",
         _size,
@@ -182,6 +190,7 @@ class AppSettings:
     compaction_service: str | None = None
     memory_budget: int | None = None
     memory_fraction: float = 0.5
+    storage_secret: str | None = None
 
 
 def enabled(annotations: Mapping[str, Any]) -> bool:
@@ -209,4 +218,5 @@ def parse(annotations: Mapping[str, str]) -> AppSettings:
         compaction_service=get("compaction-service"),
         memory_budget=parse_size(get("memory-budget")) if get("memory-budget") else None,
         memory_fraction=float(get("memory-fraction") or 0.5),
+        storage_secret=get("storage-secret"),
     )

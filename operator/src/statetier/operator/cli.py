@@ -51,8 +51,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("statetier-operator")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="statetier-operator", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"statetier-operator {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the operator (kopf)")

@@ -101,6 +101,19 @@ def _volume(settings: AppSettings) -> Obj:
     return {"name": VOLUME_NAME, "emptyDir": empty}
 
 
+def _with_secret_env(pod: Obj, secret: str | None) -> Obj:
+    """``pod`` (spec.driver or spec.executor) with the Secret's keys as environment variables
+    (envFrom), once; the object-store credentials reach every process of the pod that way."""
+    pod = dict(pod)
+    if secret is None:
+        return pod
+    ref = {"secretRef": {"name": secret}}
+    sources = list(pod.get("envFrom") or [])
+    if ref not in sources:
+        pod["envFrom"] = [*sources, ref]
+    return pod
+
+
 class Mutation:
     """The result of :func:`mutate`: changed top-level spec fields, annotations, a summary."""
 
@@ -129,13 +142,13 @@ def mutate(
 
     volume = _volume(settings)
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME_NAME] + [volume]
-    executor = dict(spec.get("executor") or {})
+    executor = _with_secret_env(spec.get("executor") or {}, settings.storage_secret)
+    driver = _with_secret_env(spec.get("driver") or {}, settings.storage_secret)
     mount = {"name": VOLUME_NAME, "mountPath": settings.mount_path}
     mounts = [m for m in executor.get("volumeMounts") or [] if m.get("name") != VOLUME_NAME]
     executor["volumeMounts"] = [*mounts, mount]
     # The Spark Operator puts these labels on the pods: a PodMonitor selects the drivers and
     # executors of opted-in applications by it (the driver exports the checkpoint metrics).
-    driver = dict(spec.get("driver") or {})
     for role in (driver, executor):
         role["labels"] = {**(role.get("labels") or {}), POD_LABEL: "true"}
 
@@ -170,6 +183,7 @@ def mutate(
         "checkpointUri": settings.checkpoint_uri,
         "checkpointRetention": settings.retention,
         "compactionEndpoint": compaction_endpoint,
+        "storageSecret": settings.storage_secret,
     }
     if warnings:
         summary["warnings"] = warnings

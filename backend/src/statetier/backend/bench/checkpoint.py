@@ -14,7 +14,7 @@ against the same server:
   restores are then checked to answer lookups of sampled keys with the right values;
 - incremental: a checkpoint after changing 1% of the keys vs. a full one (bytes and time).
 
-Targets (issue "Checkpoints through fsspec"): throughput ratios at least 0.7 (restore+decode is
+Targets: throughput ratios at least 0.7 (restore+decode is
 information, not a target); the incremental checkpoint at most 5% of a full one. Medians of
 ``--repeats`` runs are reported, and each repeat's ratios; which side goes first alternates.
 """
@@ -37,6 +37,7 @@ from typing import Any
 
 from statetier.backend.bench import print_table
 from statetier.backend.descriptors import ValueStateDescriptor
+from statetier.backend.helptext import plain
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import (
     KeyGroupRange,
@@ -315,7 +316,7 @@ def run(endpoint: str, keys: int, value_bytes: int, repeats: int) -> dict[str, A
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statetier bench checkpoint", description=__doc__)
+    parser = argparse.ArgumentParser(prog="statetier bench checkpoint", description=plain(__doc__))
     parser.add_argument("--keys", type=int, default=300_000)
     parser.add_argument("--value-bytes", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from statetier.backend.bench import print_table
+from statetier.backend.helptext import plain
 from statetier.backend.workloads import batches, zipf_words
 
 PIPELINES = (
@@ -315,7 +316,9 @@ def bench_ceiling(spark: Any, source: Path, work: Path, partitions: int | None) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, in order)
-    parser = argparse.ArgumentParser(prog="statetier bench spark-wordcount")
+    parser = argparse.ArgumentParser(
+        prog="statetier bench spark-wordcount", description=plain(__doc__)
+    )
     parser.add_argument("--words", type=int, default=2_000_000)
     parser.add_argument("--vocabulary", type=int, default=200_000)
     parser.add_argument("--batches", type=int, default=10)

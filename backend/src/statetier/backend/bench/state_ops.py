@@ -3,7 +3,7 @@
 The peer is the same word count done on a Python dict (``d[w] = d.get(w, 0) + 1``), the fastest
 thing pure Python can do. statetier does it through the public per-record API, the way the
 runtime drives it (``OperatorInstance.process``): the runtime sets the current key, user code
-reads the ValueState and updates it. Target (issue "Foundations"): at least 25% of the dict.
+reads the ValueState and updates it. Target: at least 25% of the dict.
 ListState and MapState, and a whole KeyedProcessFunction run by an OperatorInstance, are
 reported beside it for reference.
 """
@@ -21,6 +21,7 @@ from statetier.backend.descriptors import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
+from statetier.backend.helptext import plain
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.runtime import OperatorInstance
@@ -93,7 +94,7 @@ def run(records: int, repeats: int) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statetier bench state", description=__doc__)
+    parser = argparse.ArgumentParser(prog="statetier bench state", description=plain(__doc__))
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -17,7 +17,7 @@ that all-on-heap gen-2 pauses pass 300 ms (``gc_heap``), and the same with the p
 Each mode runs in its own child process (``--mode``), so one mode's garbage, RSS and GC history
 cannot leak into the next one's figures; the parent prints the table, or one JSON object with
 ``--json``. Every mode checks its final counts against ``collections.Counter``.
-Targets (issue "Spill tier"): spilled >= 0.5x heap and >= 2x rocksdict records/s; GC p99 after
+Targets: spilled >= 0.5x heap and >= 2x rocksdict records/s; GC p99 after
 the first spill < 100 ms while all-on-heap pauses pass 300 ms.
 """
 
@@ -41,6 +41,7 @@ from statetier.backend.config import load_config
 from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend.helptext import plain
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.spill import SpillManager
@@ -465,7 +466,7 @@ def _print(result: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statetier bench wordcount", description=__doc__)
+    parser = argparse.ArgumentParser(prog="statetier bench wordcount", description=plain(__doc__))
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--vocabulary", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=11)

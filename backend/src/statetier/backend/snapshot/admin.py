@@ -1,10 +1,11 @@
-"""``statetier checkpoint list|inspect|verify|gc URI``: checkpoints for the people who run them.
+"""statetier checkpoint list|inspect|verify|gc URI: checkpoints for the people who run them.
 
 Long operations (verify, gc) show a progress bar on a terminal. Errors say which file, which
 block and what is wrong; the exit status is 0 when all is well, 1 when verify found problems,
-2 when the command could not run (bad URI, no checkpoint, storage unreachable).
-Storage options go as ``-o key=value`` (``-o endpoint_url=http://127.0.0.1:8333``); s3fs also
-reads the usual AWS_* variables.
+2 when the command could not run (bad URI, no checkpoint, storage unreachable). A storage call is
+tried 6 times with backoff; a refused connection fails in a few seconds. Storage options go as
+-o key=value (-o endpoint_url=http://127.0.0.1:8333); credentials come from the usual AWS_*
+environment variables.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def _verify(store: SnapshotStore, args: argparse.Namespace) -> int:
 
 
 def _gc(store: SnapshotStore, args: argparse.Namespace) -> int:
+    if not store.epochs():  # a mistyped URI: nothing there is ours to delete
+        raise NoSnapshotError(f"no committed snapshot under {store.uri}; nothing to collect")
     with tqdm(desc="gc", unit="file", disable=None, file=sys.stderr) as bar:
         report = collect_garbage(store, args.retained, dry_run=args.dry_run, progress=bar.update)
     verb = "would delete" if args.dry_run else "deleted"

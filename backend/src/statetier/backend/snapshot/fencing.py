@@ -10,8 +10,8 @@ not dead yet, a speculative job). Two mechanisms keep them from committing over 
   commit again.
 - The manifest is created only if absent, so one epoch is committed once.
 
-Per storage: S3 through boto3 (``IfMatch`` / ``IfNoneMatch`` on PutObject; create-if-absent
-through s3fs is not honored by every S3 server, conditional PutObject through boto3 is by the
+Per storage: S3 through botocore (``IfMatch`` / ``IfNoneMatch`` on PutObject; create-if-absent
+through s3fs is not honored by every S3 server, conditional PutObject through botocore is by the
 SeaweedFS used here); local files through ``os.link`` (fails if the name exists) and ``flock``;
 ``memory://`` under a process-wide lock. Versions are the S3 ETag, else a content checksum.
 """
@@ -26,6 +26,8 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from typing import Any, Protocol
+
+from statetier.backend.snapshot.retry import single_attempt_botocore
 
 __all__ = ["ConditionalOps", "FencedError", "conditional_ops_for", "new_owner_token"]
 
@@ -139,20 +141,29 @@ class FsConditionalOps:
 
 
 class S3ConditionalOps:
-    """S3 through boto3, with the endpoint and credentials of the s3fs filesystem."""
+    """S3 through botocore (which s3fs brings), with the endpoint and credentials of the s3fs
+    filesystem."""
 
     def __init__(self, fs: Any) -> None:
-        import boto3  # type: ignore[import-untyped]
+        import botocore.session  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
 
         client_kwargs = dict(getattr(fs, "client_kwargs", {}) or {})
+        # One attempt per call, as s3fs is configured: the store's retry owns the policy.
+        config = Config(
+            connect_timeout=getattr(fs, "connect_timeout", 5),
+            read_timeout=getattr(fs, "read_timeout", 15),
+            **single_attempt_botocore(),
+        )
         endpoint = getattr(fs, "endpoint_url", None) or client_kwargs.get("endpoint_url")
-        self.client = boto3.client(
+        self.client = botocore.session.get_session().create_client(
             "s3",
             endpoint_url=endpoint,
             aws_access_key_id=getattr(fs, "key", None),
             aws_secret_access_key=getattr(fs, "secret", None),
             aws_session_token=getattr(fs, "token", None),
             region_name=client_kwargs.get("region_name") or "us-east-1",
+            config=config,
         )
 
     @staticmethod

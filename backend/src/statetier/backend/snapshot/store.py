@@ -43,7 +43,12 @@ from statetier.backend.snapshot.fencing import (
 )
 from statetier.backend.snapshot.format import CorruptFileError, diagnose
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
-from statetier.backend.snapshot.retry import RetryPolicy, call_with_retry
+from statetier.backend.snapshot.retry import (
+    RetryPolicy,
+    call_with_retry,
+    single_attempt,
+    storage_options_for,
+)
 
 __all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole", "state_dir"]
 
@@ -119,7 +124,8 @@ class SnapshotStore:
         self, uri: str, *, retry: RetryPolicy | None = None, **storage_options: Any
     ) -> None:
         self.uri = uri.rstrip("/")
-        self.fs, root = fsspec.core.url_to_fs(uri, **storage_options)
+        self.fs, root = fsspec.core.url_to_fs(uri, **storage_options_for(uri, storage_options))
+        single_attempt(self.fs)
         self.root = root.rstrip("/")
         self.retry = retry or RetryPolicy()
         self._conditional: ConditionalOps | None = None

@@ -1,77 +1,169 @@
-"""``statetier demo``: a streaming word count on Spark (local[2]) with tiered state.
+"""statetier demo: a streaming word count on Spark (local[2]) with tiered state.
 
-Generated Zipf words arrive as Parquet files, one micro-batch each, read by a Structured
-Streaming query whose ``foreachBatch`` runs a :class:`StatefulPipeline`. The state lives in the
+Generated Zipf-distributed words arrive as Parquet files, one micro-batch each, read by a
+Structured Streaming query that StatefulPipeline.write_stream runs. The state lives in the
 executor's state host (warm across micro-batches), spills key groups to local disk under a small
-memory budget, and is checkpointed every batch to SeaweedFS started on 127.0.0.1 as the embedded
-object store. The first run processes the first half of the files; ``--restart`` adds the second
-half and resumes both the Spark query and the state from their checkpoints. Both runs check the
-checkpointed counts against ``collections.Counter``.
+memory budget, and is checkpointed every batch to SeaweedFS, started on 127.0.0.1 as the object
+store. The first run processes the first half of the files; --restart adds the second half and
+resumes both the Spark query and the state from their checkpoints. Both runs check the
+checkpointed counts against a plain Counter. --local runs a demo without Spark instead
+(statetier demo --local --help). The demo only ever deletes a directory it made itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import logging
 import os
-import shutil
+import shlex
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from statetier.backend.demo import print_summary
+from statetier.backend.demo_dir import prepare
 from statetier.backend.workloads import batches, zipf_words
 
+PREFIX = "demo-wordcount"
+T = TypeVar("T")
 
-def main(argv: Sequence[str] | None = None) -> int:
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statetier demo", description=__doc__)
     parser.add_argument("--words", type=int, default=1_000_000, help="records over both runs")
-    parser.add_argument("--vocabulary", type=int, default=100_000)
+    parser.add_argument("--vocabulary", type=int, default=100_000, help="distinct words")
     parser.add_argument("--batches", type=int, default=10, help="micro-batches over both runs")
-    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--parallelism", type=int, default=4, help="key-group ranges (tasks)")
     parser.add_argument(
         "--budget",
         default="192m",
-        help="memory.budget of the state host (RSS-based: the runtime alone is about 125 MB)",
+        help="memory.budget of the state host (measured as process memory: the runtime alone "
+        "is about 125 MB)",
     )
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--dir", default="statetier-demo", help="where everything goes")
-    parser.add_argument("--restart", action="store_true", help="resume from the checkpoints")
-    args = parser.parse_args(argv)
+    parser.add_argument("--seed", type=int, default=7, help="seed of the generated words")
+    parser.add_argument(
+        "--dir",
+        default="statetier-demo",
+        help="where everything goes: a new or empty directory, or one this demo made",
+    )
+    parser.add_argument(
+        "--restart", action="store_true", help="process the second half, resuming from --dir"
+    )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep the object store running after the run, until Ctrl-C, to try "
+        "`statetier checkpoint` on the demo's checkpoint",
+    )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="only start the object store on the data of an earlier run in --dir, until Ctrl-C",
+    )
+    parser.add_argument("--local", action="store_true", help="run the demo without Spark")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.serve:
+        return serve(args)
     return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from statetier.backend.bench.spark_functions import ArrowWordCount
-    from statetier.backend.bench.spark_wordcount import read_counts, spark_session
+def serve(args: argparse.Namespace) -> int:
+    """The object store of an earlier run, up until Ctrl-C, with the commands that read it."""
     from statetier.backend.seaweed import SeaweedFS
-    from statetier.backend.spark import StatefulPipeline
 
-    directory = Path(args.dir).resolve()
-    if not args.restart and directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    words = zipf_words(args.words, args.vocabulary, seed=args.seed)
-    parts = batches(words, args.batches)
+    directory = prepare(Path(args.dir), "spark", restart=True)
+    with CtrlC() as ctrl_c, SeaweedFS.start(directory / "seaweedfs") as weed:
+        wait_for_ctrl_c(weed, ctrl_c)
+    return 0
+
+
+def wait_for_ctrl_c(weed: Any, ctrl_c: CtrlC) -> None:
+    """Say how to read the checkpoint, then keep the object store up until Ctrl-C."""
+    print(f"SeaweedFS is running at {weed.endpoint}; read the demo's checkpoint with")
+    print(f"  {checkpoint_command(weed, 'list')}")
+    print(f"  {checkpoint_command(weed, 'verify')}")
+    print("Ctrl-C stops it.", flush=True)
+    while weed.process.poll() is None and not ctrl_c.pressed.wait(0.5):
+        pass
+    print("stopped the object store", flush=True)
+
+
+def checkpoint_command(weed: Any, action: str) -> str:
+    """The exact ``statetier checkpoint`` command line that reads the demo's checkpoint."""
+    key, secret = weed.options["key"], weed.options["secret"]
+    return (
+        f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
+        f"statetier checkpoint {action} {shlex.quote(weed.uri(PREFIX))} "
+        f"-o endpoint_url={weed.endpoint}"
+    )
+
+
+def write_input(args: argparse.Namespace, directory: Path) -> list[str]:
+    """This run's share of the input files; returns every word the checkpoint must count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = batches(zipf_words(args.words, args.vocabulary, seed=args.seed), args.batches)
     half = args.batches // 2
     todo = range(half, args.batches) if args.restart else range(half)
     source = directory / "input"
     source.mkdir(exist_ok=True)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     for i in todo:
         pq.write_table(pa.table({"word": parts[i]}), source / f"part-{i:04d}.parquet")
-    done = [w for i in range(todo.stop) for w in parts[i]]
+    return [w for i in range(todo.stop) for w in parts[i]]
 
-    weed = SeaweedFS.start(directory / "seaweedfs")
-    spark = spark_session(args.parallelism)
-    pipeline = None
+
+def run(args: argparse.Namespace) -> int:
+    from statetier.backend.seaweed import SeaweedFS
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    directory = prepare(Path(args.dir), "spark", restart=args.restart)
+    done = write_input(args, directory)
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)  # its errors on Ctrl-C say nothing new
+    with CtrlC() as ctrl_c:
+        weed = SeaweedFS.start(directory / "seaweedfs")
+        try:
+            exact = stream(args, directory, weed, done, ctrl_c)
+        except KeyboardInterrupt:
+            print(
+                "interrupted: nothing committed is lost; continue with\n"
+                f"  statetier demo --restart --dir {shlex.quote(str(directory))}",
+                file=sys.__stderr__,
+                flush=True,
+            )
+            return 130
+        finally:
+            weed.stop()
+    if not args.keep_running:
+        print(
+            "The object store has stopped; to read the checkpoint, start it again with\n"
+            f"  statetier demo --serve --dir {shlex.quote(str(directory))}"
+        )
+    return 0 if exact else 1
+
+
+def stream(
+    args: argparse.Namespace, directory: Path, weed: Any, done: list[str], ctrl_c: CtrlC
+) -> bool:
+    """The streaming query over the input, then the summary; whether the counts are exact."""
+    from statetier.backend.bench.spark_functions import ArrowWordCount
+    from statetier.backend.bench.spark_wordcount import read_counts, spark_session
+    from statetier.backend.spark import StatefulPipeline
+
+    spark = pipeline = None
     try:
-        uri = weed.uri("demo-wordcount")
+        spark = ctrl_c.deferred(spark_session, args.parallelism)
+        uri = weed.uri(PREFIX)
         pipeline = StatefulPipeline(
             ArrowWordCount,
             key="word",
@@ -85,30 +177,97 @@ def run(args: argparse.Namespace) -> int:
                 "spill.dirs": str(directory / "spill"),
             },
             storage_options=weed.options,
-            name="demo-wordcount",
+            name=PREFIX,
         )
         stored = pipeline_epochs(uri, weed.options)
         started = time.perf_counter()
         words = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
         query = (
-            pipeline.write_stream(words.parquet(str(source)))
+            pipeline.write_stream(words.parquet(str(directory / "input")))
             .option("checkpointLocation", str(directory / "spark-checkpoint"))
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        ctrl_c.wait(query)
         elapsed = time.perf_counter() - started
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()))
         counts = read_counts(pipeline)
         exact = counts == dict(collections.Counter(done))
         summary(args, pipeline, weed, uri, stored, elapsed, counts, exact)
+        if args.keep_running:
+            wait_for_ctrl_c(weed, ctrl_c)
+        return exact
+    except KeyboardInterrupt:
+        if stop_quietly(spark):
+            spark = None
+        raise
     finally:
         if pipeline is not None:
             pipeline.stop_hosts()
-        spark.stop()
-        weed.stop()
-    return 0 if exact else 1
+        if spark is not None:
+            spark.stop()
+
+
+class CtrlC:
+    """Ctrl-C as a flag, checked between steps. PySpark's own SIGINT handler raises in the middle
+    of a Py4J call, which then prints pages of tracebacks from both sides of the bridge."""
+
+    def __init__(self) -> None:
+        self.pressed = threading.Event()
+        self.previous: Any = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, lambda *_: self.pressed.set())
+
+    def __enter__(self) -> CtrlC:
+        self.previous = signal.getsignal(signal.SIGINT)
+        self.install()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+    def deferred(self, start: Callable[..., T], *args: Any) -> T:
+        """``start(*args)`` with Ctrl-C held back until it returned: starting a SparkContext
+        installs PySpark's handler, which is replaced by this one again afterwards."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return start(*args)
+        finally:
+            self.install()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            self.check()
+
+    def check(self) -> None:
+        if self.pressed.is_set():
+            raise KeyboardInterrupt
+
+    def wait(self, query: Any) -> None:
+        """Wait for ``query`` to end, in short steps; KeyboardInterrupt on Ctrl-C."""
+        while not query.awaitTermination(0.5):
+            self.check()
+        self.check()
+
+
+def stop_quietly(spark: Any) -> bool:
+    """Stop Spark at once after Ctrl-C; whether it was running. Stopping the query or the
+    SparkContext under a running micro-batch makes the JVM's threads print hundreds of lines of
+    errors that mean nothing here. Nothing committed is lost: Spark's checkpoint and statetier's
+    manifests are both written whole or not at all, and the next run resumes from them."""
+    gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
+    process = getattr(gateway, "proc", None)
+    if process is None:
+        return False
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")
+    # PySpark's servers and the pipeline's callbacks in this process report each request the
+    # JVM leaves unanswered, on stderr or in the log
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - until the process ends
+    logging.disable(logging.CRITICAL)
+    process.kill()
+    process.wait()
+    return True
 
 
 def pipeline_epochs(uri: str, options: dict[str, Any]) -> list[int]:

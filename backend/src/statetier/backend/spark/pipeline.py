@@ -61,6 +61,7 @@ from statetier.backend.snapshot import (
     collect_garbage,
     commit_snapshot,
 )
+from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.protocol import epoch_property, process_alive
@@ -336,6 +337,8 @@ class StatefulPipeline:
     def _plan(self, df: DataFrame, spec: dict[str, Any]) -> DataFrame:
         """Key groups, the exchange into ranges, and the tasks that stream them to the hosts."""
         p, mp = self.parallelism, spec["max_parallelism"]
+        fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+        check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
         keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
         combiner = self.combiner
