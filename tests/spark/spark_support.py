@@ -176,3 +176,10 @@ class HostDiesInSnapshot(VectorWordCount):
             with open(self.marker, "w"):
                 pass
             os.kill(os.getpid(), 9)
+
+
+class WideRows(WordCount):
+    """Emits rows of three values for a two-column output schema: a user's mistake."""
+
+    def process(self, key: str, value: None, context: RuntimeContext) -> list[tuple[str, int]]:
+        return [(key, 1, "extra")]  # type: ignore[list-item]

@@ -14,7 +14,7 @@ from statetier.backend.spark.checks import (
     check_output_rows,
 )
 
-from tests.spark.spark_support import WordCount
+from tests.spark.spark_support import WideRows, WordCount
 
 FIELDS = [("word", "string"), ("id", "int"), ("user", "bigint"), ("at", "timestamp")]
 
@@ -63,3 +63,20 @@ def test_a_pipeline_on_an_int_key_fails_at_plan_time(spark: SparkSession, tmp_pa
     with pytest.raises(ValueError, match="key column 'id' is int: cast it to BIGINT"):
         pipeline.transform(df, 1)
     assert not pipeline.hosts  # nothing ran
+
+
+def test_a_function_returning_rows_of_the_wrong_width_fails_saying_so(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    pipeline = StatefulPipeline(
+        WideRows,
+        key="word",
+        output_schema="word string, count bigint",
+        parallelism=2,
+        config={"checkpoint.uri": f"file://{tmp_path}/ckpt"},
+    )
+    pipelines.append(pipeline)
+    df = spark.createDataFrame([("a",), ("b",)], "word string")
+    with pytest.raises(Exception, match=r"\(3 values\) for an output schema of 2 columns"):
+        pipeline.run(df)
+    assert pipeline.store.epochs() == []

@@ -49,6 +49,7 @@ from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark.channel import Endpoint, Server
+from statetier.backend.spark.checks import check_output_rows
 from statetier.backend.spark.functions import (
     KEY_GROUP_COLUMN,
     ROWS_COLUMN,
@@ -552,6 +553,7 @@ def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
     """Output rows (tuples in schema order, or dicts) as one batch of ``schema``."""
     if isinstance(rows[0], dict):
         return pa.RecordBatch.from_pylist(rows, schema=schema)
+    check_output_rows(rows, schema.names)  # a row of the wrong width, said in the user's terms
     columns = list(zip(*rows, strict=True))
     arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
