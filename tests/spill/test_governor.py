@@ -5,6 +5,10 @@ The RSS is the test's (the OS boundary); backends, managers, storage, policy and
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +21,7 @@ from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, Trig
 
 from tests.spill.test_monitor_policy import FakeRss
 
+REPO = Path(__file__).parents[2]
 MiB = 1 << 20
 MAX_PARALLELISM = 64
 COUNT = ValueStateDescriptor[int]("count")
@@ -159,3 +164,27 @@ def test_the_process_has_one_governor_per_spill_configuration(tmp_path: Path) ->
     third = SpillManager.from_config(a, config)
     assert third.governor is not first.governor  # the old one closed with its last member
     third.close()
+
+
+def test_eight_ranges_in_one_process_spill_the_coldest_and_stay_within_budget(
+    tmp_path: Path,
+) -> None:
+    """The acceptance case: eight ranges (LocalRunner, parallelism 8), one governor, a budget
+    about half the state's size, a checkpoint per epoch; real RSS, real spill files."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spill.eight_ranges", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["governors"] == 1
+    assert r["budget"] <= 0.6 * r["state_bytes"]  # the state is about twice the budget
+    assert r["spilled_ranges"] == list(range(8))  # cold key groups of every range went
+    assert 0 < r["spilled_key_groups"] < r["key_groups"]  # ... and the hottest stayed
+    assert statistics.median(r["spilled_hits"]) * 2 < statistics.median(r["heap_hits"])
+    assert r["peak_rss"] <= r["allowance"] + r["budget"]  # within budget plus allowance
+    assert r["exact"]

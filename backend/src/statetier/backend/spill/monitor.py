@@ -205,6 +205,10 @@ class MemoryMonitor:
         self.credit = 0  # heap bytes freed by spills that RSS still holds
         self.allowance = settings.allowance
         self._calibrated = not settings.calibrate
+        # memory per estimated heap byte: the estimate (entries x sampled size) misses the
+        # allocator's own overhead; learnt while nothing is spilled (with ``calibrate``), so
+        # that a spill sized in estimated bytes sheds the excess it was meant to
+        self.rss_per_heap_byte = 1.0
         self._last_rss = rss()
         self._last_heap = 0
         self.tracker = GcPauseTracker.acquire()
@@ -227,12 +231,12 @@ class MemoryMonitor:
 
     def note_spill(self, heap_bytes: int) -> None:
         """``heap_bytes`` of heap state were spilled: free for reuse, though RSS keeps them."""
-        self.credit += heap_bytes
+        self.credit += int(heap_bytes * self.rss_per_heap_byte)
         self._last_heap -= heap_bytes
 
     def note_load(self, heap_bytes: int) -> None:
         """``heap_bytes`` of state came back to heap, into memory the credit stood for."""
-        self.credit = max(0, self.credit - heap_bytes)
+        self.credit = max(0, self.credit - int(heap_bytes * self.rss_per_heap_byte))
         self._last_heap += heap_bytes
 
     def after_gc_spill(self) -> None:
@@ -252,7 +256,9 @@ class MemoryMonitor:
         self._heap_hint = heap_state
         rss = self._rss()
         metrics.PROCESS_RSS.set(rss)
-        credit = self.credit - max(0, self._last_rss - rss) - max(0, heap_state - self._last_heap)
+        ratio = self.rss_per_heap_byte
+        grown = int(max(0, heap_state - self._last_heap) * ratio)
+        credit = self.credit - max(0, self._last_rss - rss) - grown
         self.credit = max(0, credit)
         self._last_rss, self._last_heap = rss, heap_state
         if not self._calibrated and heap_state > 0:
@@ -260,13 +266,15 @@ class MemoryMonitor:
             self.allowance = max(self.allowance, rss - heap_state)
             metrics.RUNTIME_ALLOWANCE.set(self.allowance)
         used = rss - self.credit - self.allowance
+        if s.calibrate and self.credit == 0 and spilled_state == 0 and heap_state > 0:
+            self.rss_per_heap_byte = ratio = min(4.0, max(1.0, used / heap_state))
         if s.gc_pause_threshold > 0 and heap_state > 0:
             verdict = self._gc_verdict(now, heap_state, used, rss)
             if verdict is not None:
                 return verdict
         spill_at = s.spill_threshold * s.budget
         if used > spill_at and heap_state > 0:
-            amount = max(int(s.spill_ratio * heap_state), int(used - spill_at))
+            amount = max(int(s.spill_ratio * heap_state), int((used - spill_at) / ratio))
             return Verdict(
                 "spill",
                 f"memory {_mib(used)} > spill threshold {_mib(spill_at)} "
@@ -279,7 +287,7 @@ class MemoryMonitor:
             )
         load_below = s.load_threshold * s.budget
         if used < load_below and spilled_state > 0:
-            room = int((s.load_threshold + s.spill_threshold) / 2 * s.budget - used)
+            room = int(((s.load_threshold + s.spill_threshold) / 2 * s.budget - used) / ratio)
             if s.gc_pause_threshold > 0 and self._seconds_per_byte > 0:
                 gc_room = GC_TARGET * s.gc_pause_threshold / self._seconds_per_byte - heap_state
                 room = min(room, int(gc_room))
