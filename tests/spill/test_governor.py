@@ -186,5 +186,6 @@ def test_eight_ranges_in_one_process_spill_the_coldest_and_stay_within_budget(
     assert r["spilled_ranges"] == list(range(8))  # cold key groups of every range went
     assert 0 < r["spilled_key_groups"] < r["key_groups"]  # ... and the hottest stayed
     assert statistics.median(r["spilled_hits"]) * 2 < statistics.median(r["heap_hits"])
-    assert r["peak_rss"] <= r["allowance"] + r["budget"]  # within budget plus allowance
+    # within budget plus the runtime's own memory, as measured (stricter than the allowance)
+    assert r["peak_rss"] <= r["runtime"] + r["budget"]
     assert r["exact"]

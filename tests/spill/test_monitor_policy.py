@@ -238,7 +238,7 @@ def test_metric_names_are_exported() -> None:
 
 
 def test_the_runtime_allowance_is_memory_the_budget_does_not_cover() -> None:
-    """The budget is for state: the process may hold budget + allowance (its runtime before any
+    """The budget is for state: the process may hold budget + allowance (its runtime beside the
     state, measured by the governor when it starts)."""
     rss = FakeRss(700 * MiB)
     monitor = _monitor(rss, allowance=600 * MiB)
@@ -246,4 +246,4 @@ def test_the_runtime_allowance_is_memory_the_budget_does_not_cover() -> None:
     rss.value = 1200 * MiB
     verdict = monitor.assess(600 * MiB, 0)
     assert verdict.action == "spill" and verdict.used == 600 * MiB
-    assert "runtime allowance of 600.0MiB" in verdict.reason
+    assert "runtime allowance 600.0MiB" in verdict.reason

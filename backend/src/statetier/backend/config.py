@@ -376,6 +376,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         zero_or_between(1 << 20, 1 << 50),
     ),
     Setting(
+        "memory.runtime-allowance",
+        "size",
+        parse_size,
+        256 << 20,
+        "Memory the process's runtime (Python, Arrow, a batch's working memory) may take beside "
+        "memory.budget: the process stays within budget plus this allowance, and spills state "
+        "when its RSS would pass them. The operator reserves it in the executor pod.",
+        zero_or_between(1 << 20, 1 << 50),
+    ),
+    Setting(
         "spill.threshold",
         "fraction",
         parse_float,

@@ -30,7 +30,6 @@ from statetier.backend.spill.monitor import (
     MemoryMonitor,
     MonitorSettings,
     Trigger,
-    read_rss,
     resolve_budget,
 )
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
@@ -92,9 +91,9 @@ class MemoryGovernor:
         with cls._shared_lock:
             governor = cls._shared.get(key)
             if governor is None or governor.closed:
-                # the runtime's memory now, before this governor's state: the allowance's floor,
-                # raised at the first check to the non-state memory then
-                settings = dataclasses.replace(settings, allowance=read_rss(), calibrate=True)
+                settings = dataclasses.replace(
+                    settings, allowance=config.memory_runtime_allowance, usage="state"
+                )
                 governor = cls(
                     SpillStorage(list(dirs), config.spill_chunk_size),
                     MemoryMonitor(settings),

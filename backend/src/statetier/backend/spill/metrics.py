@@ -20,7 +20,7 @@ __all__ = [
     "LOADS",
     "LOAD_SECONDS",
     "METRIC_NAMES",
-    "RUNTIME_ALLOWANCE",
+    "RUNTIME_MEMORY",
     "SPILLED_BYTES",
     "SPILLS",
     "SPILL_ERRORS",
@@ -68,9 +68,9 @@ GC_PAUSE = Histogram(
 )
 MEMORY_BUDGET = Gauge("statetier_memory_budget_bytes", "Memory budget of the spill monitor.")
 PROCESS_RSS = Gauge("statetier_process_rss_bytes", "Resident set size at the last check.")
-RUNTIME_ALLOWANCE = Gauge(
-    "statetier_runtime_allowance_bytes",
-    "The process's non-state memory (runtime and working memory) the budget does not cover.",
+RUNTIME_MEMORY = Gauge(
+    "statetier_runtime_memory_bytes",
+    "The process's non-state memory when it first held state (compare memory.runtime-allowance).",
 )
 
 # Names as scraped (counters get _total, histograms _bucket/_sum/_count).
@@ -87,7 +87,7 @@ METRIC_NAMES = (
     "statetier_gc_gen2_pause_seconds",
     "statetier_memory_budget_bytes",
     "statetier_process_rss_bytes",
-    "statetier_runtime_allowance_bytes",
+    "statetier_runtime_memory_bytes",
 )
 
 _served: list[int] = []  # the port, once started

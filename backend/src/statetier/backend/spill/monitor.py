@@ -5,17 +5,17 @@ FLIP-50 watches the JVM heap and GC pauses; the Python equivalents are:
 - **Budget**: ``memory.budget`` if set, else the container's limit (cgroup v2 ``memory.max``,
   cgroup v1 ``memory.limit_in_bytes``; "max" or the v1 "unlimited" value mean none), else the
   machine's physical memory.
-- **Usage**: anonymous RSS, less the runtime's own memory (the *allowance*: the process's
-  non-state memory when it first holds state, that is its RSS then less the state's heap
-  estimate: interpreter, libraries, one batch's working memory; so the budget is what the state
-  may take and the process stays within budget plus allowance), minus a *credit* for memory
-  freed by spills. Why not RSS alone:
-  CPython rarely returns freed memory to the OS (pymalloc keeps its arenas), so after a spill RSS
-  stays flat although the memory is free for reuse; the monitor would keep spilling until
-  nothing is left. So a spill adds the heap bytes it freed to the credit, and the credit is used
-  up as heap state grows back (new state reuses that memory first), by loads, and by any fall of
-  RSS. Why not the state estimate alone: it does not see the rest of the process. File pages of
-  the mmap'd chunks are not counted (page cache, not heap).
+- **Usage**: for a process's governor, the state's heap estimate, plus whatever the process's
+  RSS passes budget + ``memory.runtime-allowance`` (the memory its runtime may take: interpreter,
+  libraries, a batch's working memory). So the process stays within budget plus allowance, and
+  a batch's working memory, which comes and goes, spills nothing. For a bare monitor (tests,
+  tools): anonymous RSS less the allowance. Either way less a *credit* for memory freed by
+  spills: CPython rarely returns freed memory to the OS (pymalloc keeps its arenas), so after a
+  spill RSS stays flat although the memory is free for reuse; without the credit the monitor
+  would keep spilling until nothing is left. A spill adds the heap bytes it freed to the credit,
+  and the credit is used up as heap state grows back (new state reuses that memory first), by
+  loads, and by any fall of RSS. File pages of the mmap'd chunks are not counted (page cache,
+  not heap).
 - **GC pauses**: generation-2 collections are timed through ``gc.callbacks`` (one process-wide
   tracker, whatever the number of backends). A full collection walks every tracked container,
   so its pause is about proportional to the heap state; each pause calibrates seconds per heap
@@ -153,11 +153,12 @@ class MonitorSettings:
     gc_pause_threshold: float = 0.0
     gc_window: float = 60.0
     check_interval: float = 1.0
-    # the runtime's own memory (interpreter, libraries, a batch's working memory): RSS beyond
-    # it is what the budget is for. ``calibrate``: raised at the first check that sees state to
-    # the process's non-state memory then (RSS less the state's heap estimate)
+    # the runtime's own memory (interpreter, libraries, a batch's working memory), which the
+    # budget does not cover
     allowance: int = 0
-    calibrate: bool = False
+    # what counts against the budget: "rss" (the process's RSS less the allowance), or "state"
+    # (the state's heap estimate, plus any RSS beyond budget + allowance: the process's bound)
+    usage: str = "rss"
 
 
 class Trigger(enum.Enum):
@@ -203,12 +204,9 @@ class MemoryMonitor:
         self._rss = rss
         self._clock = clock
         self.credit = 0  # heap bytes freed by spills that RSS still holds
-        self.allowance = settings.allowance
-        self._calibrated = not settings.calibrate
-        # memory per estimated heap byte: the estimate (entries x sampled size) misses the
-        # allocator's own overhead; learnt while nothing is spilled (with ``calibrate``), so
-        # that a spill sized in estimated bytes sheds the excess it was meant to
-        self.rss_per_heap_byte = 1.0
+        # what the runtime really takes: RSS less the state's heap estimate at the first check
+        # that sees state (reported, to compare with the allowance)
+        self.runtime = 0
         self._last_rss = rss()
         self._last_heap = 0
         self.tracker = GcPauseTracker.acquire()
@@ -231,12 +229,12 @@ class MemoryMonitor:
 
     def note_spill(self, heap_bytes: int) -> None:
         """``heap_bytes`` of heap state were spilled: free for reuse, though RSS keeps them."""
-        self.credit += int(heap_bytes * self.rss_per_heap_byte)
+        self.credit += heap_bytes
         self._last_heap -= heap_bytes
 
     def note_load(self, heap_bytes: int) -> None:
         """``heap_bytes`` of state came back to heap, into memory the credit stood for."""
-        self.credit = max(0, self.credit - int(heap_bytes * self.rss_per_heap_byte))
+        self.credit = max(0, self.credit - heap_bytes)
         self._last_heap += heap_bytes
 
     def after_gc_spill(self) -> None:
@@ -256,28 +254,28 @@ class MemoryMonitor:
         self._heap_hint = heap_state
         rss = self._rss()
         metrics.PROCESS_RSS.set(rss)
-        ratio = self.rss_per_heap_byte
-        grown = int(max(0, heap_state - self._last_heap) * ratio)
+        grown = max(0, heap_state - self._last_heap)
         credit = self.credit - max(0, self._last_rss - rss) - grown
         self.credit = max(0, credit)
         self._last_rss, self._last_heap = rss, heap_state
-        if not self._calibrated and heap_state > 0:
-            self._calibrated = True
-            self.allowance = max(self.allowance, rss - heap_state)
-            metrics.RUNTIME_ALLOWANCE.set(self.allowance)
-        used = rss - self.credit - self.allowance
-        if s.calibrate and self.credit == 0 and spilled_state == 0 and heap_state > 0:
-            self.rss_per_heap_byte = ratio = min(4.0, max(1.0, used / heap_state))
+        if not self.runtime and heap_state > 0:
+            self.runtime = rss - heap_state
+            metrics.RUNTIME_MEMORY.set(self.runtime)
+        used = rss - self.credit - s.allowance
+        if s.usage == "state":
+            # the state's own size, plus whatever RSS passes budget + allowance (the bound a
+            # process must keep): working memory that comes and goes spills nothing
+            used = heap_state + max(0, used - s.budget)
         if s.gc_pause_threshold > 0 and heap_state > 0:
             verdict = self._gc_verdict(now, heap_state, used, rss)
             if verdict is not None:
                 return verdict
         spill_at = s.spill_threshold * s.budget
         if used > spill_at and heap_state > 0:
-            amount = max(int(s.spill_ratio * heap_state), int((used - spill_at) / ratio))
+            amount = max(int(s.spill_ratio * heap_state), int(used - spill_at))
             return Verdict(
                 "spill",
-                f"memory {_mib(used)} > spill threshold {_mib(spill_at)} "
+                f"{self._measure} {_mib(used)} > spill threshold {_mib(spill_at)} "
                 f"({s.spill_threshold:.0%} of {_mib(s.budget)} budget from {s.budget_source}"
                 f"{self._allowance_note()})",
                 amount,
@@ -287,14 +285,14 @@ class MemoryMonitor:
             )
         load_below = s.load_threshold * s.budget
         if used < load_below and spilled_state > 0:
-            room = int(((s.load_threshold + s.spill_threshold) / 2 * s.budget - used) / ratio)
+            room = int((s.load_threshold + s.spill_threshold) / 2 * s.budget - used)
             if s.gc_pause_threshold > 0 and self._seconds_per_byte > 0:
                 gc_room = GC_TARGET * s.gc_pause_threshold / self._seconds_per_byte - heap_state
                 room = min(room, int(gc_room))
             if room > 0:
                 return Verdict(
                     "load",
-                    f"memory {_mib(used)} < load threshold {_mib(load_below)} "
+                    f"{self._measure} {_mib(used)} < load threshold {_mib(load_below)} "
                     f"({s.load_threshold:.0%} of {_mib(s.budget)} budget)",
                     room,
                     used,
@@ -303,9 +301,13 @@ class MemoryMonitor:
                 )
         return Verdict("none", "", 0, used, rss)
 
+    @property
+    def _measure(self) -> str:
+        return "state" if self.settings.usage == "state" else "memory"
+
     def _allowance_note(self) -> str:
-        allowance = self.allowance
-        return f"; RSS less a runtime allowance of {_mib(allowance)}" if allowance else ""
+        allowance = self.settings.allowance
+        return f"; runtime allowance {_mib(allowance)}" if allowance else ""
 
     def _gc_verdict(self, now: float, heap_state: int, used: int, rss: int) -> Verdict | None:
         s = self.settings
