@@ -105,6 +105,7 @@ class EpochReport:
     process_seconds: float = 0.0  # of host_seconds: running the function
     restored_bytes: int = 0  # downloaded from tier 2 to restore ranges that were not warm
     reruns: int = 0  # times the epoch's job ran again because a state host was lost
+    spilled_by_range: list[int] = dataclasses.field(default_factory=list)  # key groups on disk
 
 
 class RangesLostError(RuntimeError):
@@ -483,6 +484,7 @@ class StatefulPipeline:
             rows=sum(r.rows for r in results),
             process_seconds=sum(r.process_s for r in results),
             restored_bytes=sum(r.restored_bytes for r in results),
+            spilled_by_range=[r.spilled_key_groups for r in results],
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
