@@ -125,7 +125,7 @@ def test_a_busy_range_carries_out_its_moves_on_its_own_thread(tmp_path: Path) ->
     release.set()
     task.join()
     with busy_manager.in_use:  # its next record check, on its own thread
-        busy_manager._poll()
+        busy_manager.poll()
     assert busy_manager.spilled_key_groups()
     assert busy_manager.pending_heap() == 0
     for manager in (idle_manager, busy_manager):

@@ -307,6 +307,10 @@ class StateHost:
             try:
                 out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
                 outputs = self._process(hosted.instance, header, batches, out_schema)
+                if hosted.instance.spill is not None:
+                    # a vectorized function touches each key once per batch: a range's records
+                    # may never reach the 64 per key group that poll the governor otherwise
+                    hosted.instance.spill.poll()
             finally:
                 set_current_task(None)
         except BaseException:

@@ -180,7 +180,7 @@ class SpillManager:
             str, tuple[StateTable, Callable[[Any], bytes], Callable[[bytes], Any]]
         ] = {}
         self.closed = False
-        backend.count_hits(self.accounting.hits, self._poll)
+        backend.count_hits(self.accounting.hits, self.poll)
         governor.register(self)
         self._update_metrics()
 
@@ -212,9 +212,10 @@ class SpillManager:
 
     # ------------------------------------------------------------------ per record
 
-    def _poll(self) -> None:
-        """Every 64th record of a key group (on the thread that holds the backend): carry out
-        posted moves, and run the process's check when it is due."""
+    def poll(self) -> None:
+        """On the thread that holds the backend, between records (the backend calls it every
+        64th record of a key group; a runtime also after a batch): carry out posted moves, and
+        run the process's check when it is due."""
         if self._posted:
             self._apply_posted()
         if self.governor.due():
