@@ -181,8 +181,7 @@ def bench_statetier(
     pipeline.drain()
     counts = read_counts(pipeline)
     reports = pipeline.reports
-    registry = pipeline._registry
-    hosts = registry.live_hosts() if registry is not None else []
+    hosts = pipeline.state_hosts()
     pipeline.release()  # the next run is another pipeline: this state is done with
     later = reports[1:]
     warm_later, restored_later = sum(r.warm for r in later), sum(r.restored for r in later)

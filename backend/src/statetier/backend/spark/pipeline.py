@@ -65,7 +65,7 @@ from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.protocol import epoch_property, process_alive
-from statetier.backend.spark.registry import HostRegistry, registry_for
+from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import (
     RangeResult,
     error_name,
@@ -564,6 +564,11 @@ class StatefulPipeline:
         warm = sum(r.warm for r in self.reports)
         restored = sum(r.restored for r in self.reports)
         return warm / (warm + restored) if warm + restored else 0.0
+
+    def state_hosts(self) -> list[HostInfo]:
+        """The application's live state hosts as the driver's registry sees them (endpoints,
+        executor, RSS from their last heartbeat)."""
+        return self._registry.live_hosts() if self._registry is not None else []
 
     def release(self) -> None:
         """Free this pipeline's ranges in the state hosts (its query is over for good); the
