@@ -1,6 +1,7 @@
 """kopf handlers that reconcile CompactionService resources.
 
-One reconciliation applies the three owned objects with server-side apply (field manager
+One reconciliation creates the generated token Secret if it is missing (create only, never
+rewritten), applies the three owned objects with server-side apply (field manager
 ``statetier-operator``, forced, as a controller owns what it creates) and then writes the
 status. There is no hand comparison of specs: the apiserver merges, defaults and canonicalises
 (``"0.5"`` CPU is stored as ``500m``, ``env: []`` vanishes), and an apply that changes nothing
@@ -18,7 +19,7 @@ import contextlib
 from typing import Any, cast
 
 import kopf
-from statetier.operator import compaction, kube, metrics
+from statetier.operator import compaction, compaction_token, kube, metrics
 from statetier.operator.compaction import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
@@ -51,6 +52,15 @@ async def _apply_all(api: kube.Kube, objects: list[Obj]) -> list[str]:
         for desired, outcome in zip(objects, outcomes, strict=True)
         if outcome != "unchanged"
     ]
+
+
+async def _ensure_token(api: kube.Kube, body: Obj) -> list[str]:
+    """Create the generated token Secret if the service names none and it does not exist yet,
+    before the Deployments that read it; an existing one is kept (see compaction_token)."""
+    secret = compaction.token_secret(body)
+    if secret is None or not await api.create_if_absent(secret):
+        return []
+    return [f"Secret {secret['metadata']['name']} created"]
 
 
 def _edited_by_others(deployment: Obj) -> bool:
@@ -127,7 +137,8 @@ async def reconcile(
             return
         api = await kube.client()
         try:
-            changes = await _apply_all(api, compaction.desired_objects(raw))
+            changes = await _ensure_token(api, raw)
+            changes += await _apply_all(api, compaction.desired_objects(raw))
             await refresh_status(namespace, name, raw)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
@@ -204,3 +215,12 @@ def compaction_endpoints(
     """Endpoint of every CompactionService, for the mutating webhook (no API call there)."""
     endpoint = status.get("endpoint")
     return {(namespace or "", name): str(endpoint) if endpoint else None}
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def compaction_tokens(
+    name: str, namespace: str | None, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(Secret, key) of every CompactionService's token, for the mutating webhook: the Spark
+    pods of an application naming the service read the token from that Secret."""
+    return {(namespace or "", name): compaction_token.secret_ref(name, dict(spec))}
