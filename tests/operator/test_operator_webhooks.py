@@ -97,12 +97,17 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
     )
     assert config.spill_dirs == ("/var/lib/statetier/spill",)
     assert config.checkpoint_uri == "s3://statetier-checkpoints/wordcount"
-    # 2g pyspark memory shared by 2 cores, half of it for state.
-    assert config.memory_budget == (2 << 30) // 2 // 2
+    # Half of the 4g executor memory for the state host; the 1g overhead grows by the budget
+    # and the host allowance.
+    assert config.memory_budget == 2 << 30
+    assert spec["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
     assert conf["spark.executor.pyspark.memory"] == "2g"  # user settings kept
     summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
     assert summary["spillVolume"] == "ephemeral"
-    assert summary["memoryBudgetFrom"].endswith("spark.executor.pyspark.memory / 2 cores")
+    assert summary["memoryBudgetFrom"] == "0.5 x executor memory 4g"
+    assert summary["memoryOverhead"] == (
+        "3328Mi = 1024Mi (spec.executor.memoryOverhead 1g) + 2048Mi budget + 256Mi host allowance"
+    )
 
 
 def test_second_admission_changes_nothing(sandbox: Sandbox) -> None:
