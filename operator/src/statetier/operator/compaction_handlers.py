@@ -75,10 +75,25 @@ def _edited_by_others(deployment: Obj) -> bool:
     )
 
 
-async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
-    """Recompute the status from the owned Deployments and write it if it changed."""
+_status_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+
+async def refresh_status(namespace: str, name: str) -> Obj | None:
+    """Recompute the status from the owned Deployments and write it if it changed.
+
+    kopf runs the handlers of different objects concurrently: the gateway's and the workers'
+    Deployment events, and the service's own reconcile, each refresh the same status. Reading
+    and writing under one lock per service, from a fresh read of the service, keeps a refresh
+    that read the Deployments earlier from writing its older status last (the stale status
+    would stay until the next event)."""
+    lock = _status_locks.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        return await _refresh_status(namespace, name)
+
+
+async def _refresh_status(namespace: str, name: str) -> Obj | None:
     api = await kube.client()
-    cs = body if body is not None else await api.read_compaction_service(namespace, name)
+    cs = await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
     spec = compaction.with_defaults(cs.get("spec"))
@@ -132,14 +147,14 @@ async def reconcile(
         if problems:
             message = "; ".join(problems)
             kopf.warn(body, reason="InvalidSpec", message=message)
-            await refresh_status(namespace, name, raw)
+            await refresh_status(namespace, name)
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
         api = await kube.client()
         try:
             changes = await _ensure_token(api, raw)
             changes += await _apply_all(api, compaction.desired_objects(raw))
-            await refresh_status(namespace, name, raw)
+            await refresh_status(namespace, name)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
             kopf.warn(body, reason="ReconcileFailed", message=str(exc))
@@ -166,6 +181,7 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
     ):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+    _status_locks.pop((namespace, name), None)
     logger.info("CompactionService %s/%s deleted; its objects go with it", namespace, name)
 
 
@@ -202,7 +218,7 @@ async def deployment_changed(
                 message = f"{change} (drift)"
                 kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
                 logger.info("reconciled %s/%s: %s", namespace, owner, message)
-        await refresh_status(namespace, owner, cs)
+        await refresh_status(namespace, owner)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()
         raise
