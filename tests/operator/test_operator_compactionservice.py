@@ -360,6 +360,13 @@ def _owned_secrets(box: Sandbox, uid: str) -> list[Any]:
     ]
 
 
+def _images(box: Sandbox, name: str) -> set[str]:
+    return {
+        box.get(f"{DEPLOY}/{name}-{part}")["spec"]["template"]["spec"]["containers"][0]["image"]
+        for part in ("gateway", "workers")
+    }
+
+
 def _observed(box: Sandbox, name: str, generation: int) -> bool:
     status = box.get(f"{CS}/{name}").get("status") or {}
     return bool(status.get("observedGeneration") == generation)
@@ -379,16 +386,16 @@ def test_a_token_secret_is_generated_once_and_survives_reconciles_and_restarts(
     assert len(token) >= 43 and token.isascii()  # token_urlsafe(32)
     expected = {"name": "tok-compaction-token", "key": "token"}
     assert _token_refs(sandbox, "tok") == [expected, expected]
-    # A reconcile (a spec change) keeps the Secret as it is.
-    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", workers={"min": 1, "max": 6}))
-    sandbox.wait("generation 2 reconciled", lambda: _observed(sandbox, "tok", 2))
+    # A reconcile (a spec change, seen applied in the Deployments) keeps the Secret as it is.
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", image="statetier/compaction:2"))
+    sandbox.wait("new image applied", lambda: _images(sandbox, "tok") == {"statetier/compaction:2"})
     # So does a restart of the operator (its resume handler reconciles every service) and a
     # reconcile by the new process.
     sandbox.stop_operator()
     sandbox.start_operator_process()
     sandbox.wait_for_operator()
-    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", workers={"min": 2, "max": 6}))
-    sandbox.wait("generation 3 reconciled", lambda: _observed(sandbox, "tok", 3))
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", image="statetier/compaction:3"))
+    sandbox.wait("image 3 applied", lambda: _images(sandbox, "tok") == {"statetier/compaction:3"})
     (after,) = _owned_secrets(sandbox, uid)
     assert after["data"] == secret["data"]
     assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]

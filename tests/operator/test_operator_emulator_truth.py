@@ -298,3 +298,26 @@ def test_a_secret_s_string_data_is_stored_as_data(apiserver: Sandbox) -> None:
     assert "stringData" not in stored and stored["type"] == "Opaque"
     decoded = {k: base64.b64decode(v).decode() for k, v in stored["data"].items()}
     assert decoded == {"a": "new", "b": "kept"}
+
+
+def test_an_object_written_after_its_owner_is_gone_is_collected(apiserver: Sandbox) -> None:
+    """A controller acting on a stale copy of a deleted owner creates dependents nobody owns:
+    the garbage collector removes them, as it removes those of an owner being deleted."""
+    owner = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "owner"}}
+    apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(owner))
+    uid = apiserver.get("/api/v1/namespaces/default/secrets/owner")["metadata"]["uid"]
+    apiserver.kubectl("delete", "secret", "owner")
+    ref = {"apiVersion": "v1", "kind": "Secret", "name": "owner", "uid": uid}
+    for name in ("late", "alive"):
+        dependent: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+        }
+        if name == "late":
+            dependent["metadata"]["ownerReferences"] = [ref]
+        apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(dependent))
+    apiserver.wait(
+        "late collected", lambda: apiserver.get("/api/v1/namespaces/default/secrets/late") is None
+    )
+    assert apiserver.get("/api/v1/namespaces/default/secrets/alive") is not None
