@@ -5,6 +5,7 @@ waits and connections, and remote compaction of a ``file://`` checkpoint with re
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import socket
@@ -79,8 +80,10 @@ def _refusals(gateway: str, reason: str) -> float:
 
 
 def test_the_operator_default_gateway_refuses_a_worker_without_a_token(tmp_path: Path) -> None:
-    """A CompactionService with default values (no tokenSecretRef): the gateway the operator
-    would run, with exactly its arguments, refuses a fake worker and every API call."""
+    """A CompactionService with default values (no tokenSecretRef): the operator generates a
+    token Secret and the gateway reads it; run with exactly the operator's arguments and that
+    token, it refuses a fake worker and every API call without it. Without any token at all
+    (a Secret not there yet), it refuses everything as well."""
     body = {
         "metadata": {"name": "svc", "namespace": "ns", "uid": "u-1"},
         "spec": {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://bucket/ckpt"]}},
@@ -91,11 +94,26 @@ def test_the_operator_default_gateway_refuses_a_worker_without_a_token(tmp_path:
         if o["metadata"]["name"] == "svc-gateway"
     )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert not any(e["name"] == "STATETIER_COMPACTION_TOKEN" for e in container["env"])
+    (var,) = [e for e in container["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
+    assert var["valueFrom"]["secretKeyRef"] == {"name": "svc-compaction-token", "key": "token"}
+    secret = operator_compaction.token_secret(body)
+    assert secret is not None and secret["metadata"]["name"] == "svc-compaction-token"
+    token = base64.b64decode(secret["data"]["token"]).decode()  # as the kubelet passes it
     args = list(container["args"][1:])
     port = args.index("--port")
     del args[port : port + 2]  # the test picks a free port on loopback
-    with Processes(tmp_path, env={"STATETIER_COMPACTION_TOKEN": ""}, sandbox=False) as procs:
+    with Processes(tmp_path, env={"STATETIER_COMPACTION_TOKEN": token}, sandbox=False) as procs:
+        gateway, _ = procs.gateway([], *args)
+        register = f"{gateway}/v1/workers/fake/register"
+        assert call_json("POST", register, {"slots": 10**9})[0] == 401
+        assert call_json("POST", register, {"slots": 10**9}, token="guess")[0] == 401
+        assert call_json("POST", f"{gateway}/v1/jobs", _request("s3://bucket/ckpt"))[0] == 401
+        assert call_json("GET", f"{gateway}/v1/stats")[1]["workers"] == 0
+        assert call_json("POST", register, {"slots": 1}, token=token)[0] == 200
+    (tmp_path / "none").mkdir()
+    with Processes(
+        tmp_path / "none", env={"STATETIER_COMPACTION_TOKEN": ""}, sandbox=False
+    ) as procs:
         gateway, _ = procs.gateway([], *args)
         status, answer = call_json("POST", f"{gateway}/v1/workers/fake/register", {"slots": 10**9})
         assert status == 401 and "no token" in answer["message"]

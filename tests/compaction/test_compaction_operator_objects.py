@@ -40,8 +40,8 @@ def test_the_token_secret_reaches_gateway_and_workers() -> None:
         env = {e["name"]: e for e in _container(objects, name)["env"]}
         ref = env["STATETIER_COMPACTION_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": "compaction-token", "key": "token"}
-    plain = _objects()
-    assert all(
-        e["name"] != "STATETIER_COMPACTION_TOKEN"
-        for e in _container(plain, "svc-gateway/Deployment")["env"]
-    )
+    plain = _objects()  # no tokenSecretRef: the Secret the operator generates
+    for name in ("svc-gateway/Deployment", "svc-workers/Deployment"):
+        env = {e["name"]: e for e in _container(plain, name)["env"]}
+        ref = env["STATETIER_COMPACTION_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "svc-compaction-token", "key": "token"}

@@ -8,6 +8,7 @@ back from their typed round trip (quantities canonical, empty lists gone).
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,8 @@ def test_a_fresh_service_is_progressing_not_degraded(sandbox: Sandbox) -> None:
 
 
 def test_no_drift_storm_on_canonical_quantities_and_empty_lists(sandbox: Sandbox) -> None:
-    """The apiserver stores cpu "0.5" as 500m, 1024Mi as 1Gi and drops ``env: []``: status
-    changes of the Deployments must not turn into writes or "Reconciled ... (drift)" events."""
+    """The apiserver stores cpu "0.5" as 500m and 1024Mi as 1Gi: status changes of the
+    Deployments must not turn into writes or "Reconciled ... (drift)" events."""
     resources = {"requests": {"cpu": "0.5", "memory": "1024Mi"}}
     sandbox.kubectl(
         "apply",
@@ -284,7 +285,8 @@ def test_no_drift_storm_on_canonical_quantities_and_empty_lists(sandbox: Sandbox
     workers = sandbox.get(f"{DEPLOY}/calm-workers")
     container = workers["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["requests"] == {"cpu": "500m", "memory": "1Gi"}
-    assert "env" not in container  # the empty list did not survive the round trip
+    # Only the token's reference: no storage settings, and no empty list written for them.
+    assert [e["name"] for e in container["env"]] == ["STATETIER_COMPACTION_TOKEN"]
     for ready in (1, 2, 1, 2):  # the kubelet reports, the controller follows, four times over
         _play_kubelet(sandbox, "calm-workers", ready=ready)
         _play_kubelet(sandbox, "calm-gateway", ready=1)
@@ -334,3 +336,100 @@ def test_a_new_service_is_created_once_without_conflicts(sandbox: Sandbox) -> No
         )
     log = sandbox.logs()
     assert "HTTP 409" not in log and "already exists" not in log
+
+
+SECRETS = "/api/v1/namespaces/default/secrets"
+
+
+def _token_refs(box: Sandbox, name: str) -> list[Any]:
+    """The STATETIER_COMPACTION_TOKEN source of the gateway and worker containers."""
+    refs = []
+    for part in ("gateway", "workers"):
+        container = box.get(f"{DEPLOY}/{name}-{part}")["spec"]["template"]["spec"]["containers"][0]
+        (var,) = [e for e in container["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
+        assert "value" not in var  # never the token itself in the Deployment
+        refs.append(var["valueFrom"]["secretKeyRef"])
+    return refs
+
+
+def _owned_secrets(box: Sandbox, uid: str) -> list[Any]:
+    return [
+        s
+        for s in box.get(SECRETS)["items"]
+        if any(ref["uid"] == uid for ref in s["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def _images(box: Sandbox, name: str) -> set[str]:
+    return {
+        box.get(f"{DEPLOY}/{name}-{part}")["spec"]["template"]["spec"]["containers"][0]["image"]
+        for part in ("gateway", "workers")
+    }
+
+
+def _observed(box: Sandbox, name: str, generation: int) -> bool:
+    status = box.get(f"{CS}/{name}").get("status") or {}
+    return bool(status.get("observedGeneration") == generation)
+
+
+def test_a_token_secret_is_generated_once_and_survives_reconciles_and_restarts(
+    sandbox: Sandbox,
+) -> None:
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok"))
+    sandbox.wait("workers", lambda: sandbox.get(f"{DEPLOY}/tok-workers"))
+    uid = sandbox.get(f"{CS}/tok")["metadata"]["uid"]
+    (secret,) = _owned_secrets(sandbox, uid)
+    assert secret["metadata"]["name"] == "tok-compaction-token"
+    (owner,) = secret["metadata"]["ownerReferences"]
+    assert owner["kind"] == "CompactionService" and owner["controller"] is True
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) >= 43 and token.isascii()  # token_urlsafe(32)
+    expected = {"name": "tok-compaction-token", "key": "token"}
+    assert _token_refs(sandbox, "tok") == [expected, expected]
+    # A reconcile (a spec change, seen applied in the Deployments) keeps the Secret as it is.
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", image="statetier/compaction:2"))
+    sandbox.wait("new image applied", lambda: _images(sandbox, "tok") == {"statetier/compaction:2"})
+    # So does a restart of the operator (its resume handler reconciles every service) and a
+    # reconcile by the new process.
+    sandbox.stop_operator()
+    sandbox.start_operator_process()
+    sandbox.wait_for_operator()
+    sandbox.kubectl("apply", "-f", "-", stdin=_manifest("tok", image="statetier/compaction:3"))
+    sandbox.wait("image 3 applied", lambda: _images(sandbox, "tok") == {"statetier/compaction:3"})
+    (after,) = _owned_secrets(sandbox, uid)
+    assert after["data"] == secret["data"]
+    assert after["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    assert _token_refs(sandbox, "tok") == [expected, expected]
+    # The Secret goes with its service.
+    sandbox.kubectl("delete", "compactionservice", "tok")
+    sandbox.wait("secret collected", lambda: sandbox.get(f"{SECRETS}/tok-compaction-token") is None)
+
+
+def test_a_token_secret_given_by_the_user_is_used_and_none_generated(sandbox: Sandbox) -> None:
+    sandbox.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=_manifest("usr", tokenSecretRef={"name": "team-token", "key": "api"}),
+    )
+    sandbox.wait("status", lambda: _observed(sandbox, "usr", 1))
+    assert _token_refs(sandbox, "usr") == [{"name": "team-token", "key": "api"}] * 2
+    uid = sandbox.get(f"{CS}/usr")["metadata"]["uid"]
+    assert _owned_secrets(sandbox, uid) == []
+    assert sandbox.get(f"{SECRETS}/usr-compaction-token") is None
+
+
+def test_the_crd_refuses_a_relative_file_prefix(sandbox: Sandbox) -> None:
+    """The gateway refuses to start on a prefix it cannot check: the schema refuses it first."""
+    refused = ("file://relative", "file://tmp/x", "memory:///x", "s3://bucket/../x", "FILE:///x")
+    for prefix in refused:
+        storage = {"allowedPrefixes": ["s3://bucket/ok", prefix]}
+        out = sandbox.kubectl(
+            "apply", "-f", "-", stdin=_manifest("rel", objectStorage=storage), check=False
+        )
+        field = "spec.objectStorage.allowedPrefixes[1]"
+        assert f'{field}: Invalid value: "{prefix}": {field} in body should match' in out, out
+        assert sandbox.get(f"{CS}/rel") is None
+    storage = {"allowedPrefixes": ["s3://bucket/ckpt/", "file:///data/ckpt", "memory://test"]}
+    out = sandbox.kubectl("apply", "-f", "-", stdin=_manifest("canon", objectStorage=storage))
+    assert "created" in out

@@ -7,6 +7,7 @@ plus the wire behaviour kubectl depends on (``/openapi/v3``, strict field valida
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 from collections.abc import Iterator
@@ -280,3 +281,43 @@ def test_built_ins_get_the_apiservers_defaults_which_the_applier_does_not_own(
     assert set(owned) == {"f:selector", "f:ports"}
     again = apiserver.send("PATCH", path, service, "application/apply-patch+yaml")
     assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+
+
+def test_a_secret_s_string_data_is_stored_as_data(apiserver: Sandbox) -> None:
+    """As on a real apiserver: stringData is write-only, merged into data (base64, its keys
+    winning over data's), and the type defaults to Opaque."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "plain"},
+        "data": {"a": base64.b64encode(b"old").decode(), "b": base64.b64encode(b"kept").decode()},
+        "stringData": {"a": "new"},
+    }
+    apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    stored = apiserver.get("/api/v1/namespaces/default/secrets/plain")
+    assert "stringData" not in stored and stored["type"] == "Opaque"
+    decoded = {k: base64.b64decode(v).decode() for k, v in stored["data"].items()}
+    assert decoded == {"a": "new", "b": "kept"}
+
+
+def test_an_object_written_after_its_owner_is_gone_is_collected(apiserver: Sandbox) -> None:
+    """A controller acting on a stale copy of a deleted owner creates dependents nobody owns:
+    the garbage collector removes them, as it removes those of an owner being deleted."""
+    owner = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "owner"}}
+    apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(owner))
+    uid = apiserver.get("/api/v1/namespaces/default/secrets/owner")["metadata"]["uid"]
+    apiserver.kubectl("delete", "secret", "owner")
+    ref = {"apiVersion": "v1", "kind": "Secret", "name": "owner", "uid": uid}
+    for name in ("late", "alive"):
+        dependent: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+        }
+        if name == "late":
+            dependent["metadata"]["ownerReferences"] = [ref]
+        apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(dependent))
+    apiserver.wait(
+        "late collected", lambda: apiserver.get("/api/v1/namespaces/default/secrets/late") is None
+    )
+    assert apiserver.get("/api/v1/namespaces/default/secrets/alive") is not None

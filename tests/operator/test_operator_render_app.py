@@ -40,13 +40,34 @@ def test_rendered_application_is_what_the_webhook_writes() -> None:
     assert proc.returncode == 0, proc.stderr
     (app,) = _docs(proc.stdout)
     settings = ann.parse(app["metadata"]["annotations"])
-    assert sparkapp.mutate(app, settings, ENDPOINT).empty  # a webhook would change nothing
+    # The webhook's token reference for a service without tokenSecretRef: the generated one.
+    generated = ("compaction-compaction-token", "token")
+    assert sparkapp.mutate(app, settings, ENDPOINT, None, generated).empty  # nothing to change
+    for role in ("driver", "executor"):
+        (var,) = [e for e in app["spec"][role]["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
+        assert var["valueFrom"]["secretKeyRef"] == {"name": generated[0], "key": "token"}
+    # The executor's memory covers the state host: 1g overhead + 2g budget + 256Mi allowance.
+    assert app["spec"]["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
     conf = app["spec"]["sparkConf"]
     assert conf["spark.statetier.compaction.endpoints"] == ENDPOINT
     assert conf["spark.statetier.spill.dirs"] == "/var/lib/statetier/spill"
     assert [v["name"] for v in app["spec"]["volumes"]] == [sparkapp.VOLUME_NAME]
     for role in ("driver", "executor"):
         assert app["spec"][role]["labels"] == {sparkapp.POD_LABEL: "true"}
+
+
+def test_a_token_secret_of_the_service_s_own_is_named_on_the_command_line() -> None:
+    proc = _render(
+        str(APP), "--compaction-endpoint", ENDPOINT, "--compaction-token-secret", "team:api"
+    )
+    assert proc.returncode == 0, proc.stderr
+    (app,) = _docs(proc.stdout)
+    (var,) = [e for e in app["spec"]["driver"]["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
+    assert var["valueFrom"]["secretKeyRef"] == {"name": "team", "key": "api"}
+    assert not [v for v in app["spec"]["sparkConf"] if "token" in v.lower()]
+    bad = _render(str(APP), "--compaction-endpoint", ENDPOINT, "--compaction-token-secret", ":k")
+    assert bad.returncode == 2 and "--compaction-token-secret ':k'" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_pod_template_form_and_pass_through_of_other_documents() -> None:

@@ -71,9 +71,40 @@ def test_compaction_endpoint_comes_from_the_service_status(sandbox: Sandbox) -> 
             == "http://cmp-gateway.default.svc:9000"
         ),
     )
-    # 2g executor without pyspark memory or overhead: default overhead max(384m, 10%) = 384m.
-    conf = sandbox.get(f"{SPARK}/uses-cmp")["spec"]["sparkConf"]
-    assert conf["spark.statetier.memory.budget"] == str((384 << 20) // 2)
+    spec = sandbox.get(f"{SPARK}/uses-cmp")["spec"]
+    # The token reaches driver and executors from the service's generated Secret, never as a
+    # value and never in sparkConf.
+    token = {
+        "name": "STATETIER_COMPACTION_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "cmp-compaction-token", "key": "token"}},
+    }
+    for role in ("driver", "executor"):
+        assert [e for e in spec[role]["env"] if "TOKEN" in e["name"]] == [token]
+    assert not [k for k, v in spec["sparkConf"].items() if "token" in k.lower()]
+    secret = sandbox.get("/api/v1/namespaces/default/secrets/cmp-compaction-token")
+    assert not [v for v in spec["sparkConf"].values() if secret["data"]["token"] in v]
+    # A 2g Python executor: budget 0.5 x 2g; overhead max(384Mi, 0.4 x 2g) + budget + 256Mi.
+    assert spec["sparkConf"]["spark.statetier.memory.budget"] == str(1 << 30)
+    assert spec["executor"]["memoryOverhead"] == f"{819 + 1024 + 256}m"
+
+
+def test_a_service_with_its_own_token_secret_gives_that_one(sandbox: Sandbox) -> None:
+    own = compaction_service_manifest("owntok", tokenSecretRef={"name": "shared", "key": "k"})
+    sandbox.kubectl("apply", "-f", "-", stdin=own)
+    sandbox.wait("endpoint", lambda: sandbox.get(f"{CS}/owntok").get("status", {}).get("endpoint"))
+    ref = {"statetier.io/compaction-service": "owntok"}
+
+    def configured() -> bool:
+        sandbox.kubectl("apply", "-f", "-", stdin=_app("uses-owntok", **ref))
+        env = sandbox.get(f"{SPARK}/uses-owntok")["spec"]["executor"].get("env") or []
+        return any(e["name"] == "STATETIER_COMPACTION_TOKEN" for e in env)
+
+    sandbox.wait("token in the app", configured)
+    spec = sandbox.get(f"{SPARK}/uses-owntok")["spec"]
+    for role in ("driver", "executor"):
+        (var,) = [e for e in spec[role]["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
+        assert var["valueFrom"]["secretKeyRef"] == {"name": "shared", "key": "k"}
+    assert sandbox.get("/api/v1/namespaces/default/secrets/owntok-compaction-token") is None
 
 
 def test_missing_compaction_service_is_a_warning_not_a_failure(sandbox: Sandbox) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 import pytest
 from statetier.backend.config import SETTINGS
 from statetier.operator import annotations as ann
-from statetier.operator import compaction, sparkapp
+from statetier.operator import compaction, memory, sparkapp, webhooks
 from statetier.operator.testing import controllers
 from statetier.operator.testing.patching import (
     PatchTestFailedError,
@@ -43,41 +44,119 @@ def test_the_operator_writes_only_keys_of_the_schema() -> None:
     }
 
 
+MI = 1 << 20
+
+
 @pytest.mark.parametrize(
-    ("spec", "fraction", "expected", "source"),
+    ("spec", "annotations", "budget_mib", "base_mib", "words"),
     [
+        # No memory given: Spark's 1g; a Python app's default overhead max(384Mi, 0.4 x 1g).
+        ({"type": "Python"}, {}, 512, 409, "max(384Mi, 0.4 x 1g (Spark default))"),
+        ({"type": "Python", "executor": {"memory": "4g"}}, {}, 2048, 1638, "0.4 x 4g"),
+        ({"type": "Scala", "executor": {"memory": "4g"}}, {}, 2048, 409, "0.1 x 4g"),
+        ({"type": "Scala", "executor": {"memory": "1g"}}, {}, 512, 384, "max(384Mi, 0.1 x 1g)"),
+        ({"type": "Python", "executor": {"memory": "16g"}}, {}, 8192, 6553, "0.4 x 16g"),
         (
-            {"sparkConf": {"spark.executor.pyspark.memory": "4g"}, "executor": {"cores": 4}},
-            "0.5",
-            (4 << 30) // 8,
-            "spark.executor.pyspark.memory",
+            {"type": "Python", "executor": {"memory": "16g", "memoryOverhead": "2g"}},
+            {"statetier.io/memory-fraction": "0.25"},
+            4096,
+            2048,
+            "spec.executor.memoryOverhead 2g",
         ),
         (
-            {"executor": {"cores": 2, "memoryOverhead": "2048"}},
-            "0.25",
-            (2048 << 20) // 8,
-            "executor.memoryOverhead",
+            {"type": "Python", "executor": {"memory": "4g", "memoryOverhead": "1024"}},
+            {"statetier.io/memory-budget": "3g"},
+            3072,
+            1024,
+            "spec.executor.memoryOverhead 1024",
         ),
-        ({"executor": {"cores": 1, "memory": "10g"}}, "1.0", 1 << 30, "executor.memory"),
-        ({"executor": {"cores": 1, "memory": "1g"}}, "1.0", 384 << 20, "executor.memory"),
+        (
+            {
+                "type": "Python",
+                "executor": {"memory": "4g"},
+                "sparkConf": {"spark.executor.memoryOverheadFactor": "0.2"},
+            },
+            {},
+            2048,
+            819,
+            "spark.executor.memoryOverheadFactor: max(384Mi, 0.2 x 4g)",
+        ),
+        (
+            {"sparkConf": {"spark.executor.memory": "2g", "spark.executor.memoryOverhead": "1g"}},
+            {},
+            1024,
+            1024,
+            "spark.executor.memoryOverhead 1g",
+        ),
     ],
 )
-def test_memory_budget_is_derived_per_python_worker(
-    spec: dict[str, Any], fraction: str, expected: int, source: str
+def test_budget_and_memory_overhead_follow_the_one_formula(
+    spec: dict[str, Any],
+    annotations: dict[str, str],
+    budget_mib: int,
+    base_mib: int,
+    words: str,
 ) -> None:
-    settings = ann.parse({"statetier.io/enabled": "true", "statetier.io/memory-fraction": fraction})
-    budget, where = sparkapp.derive_memory_budget(spec, settings)
-    assert budget == expected
-    assert source in where
+    body = _app(spec=spec, annotations=annotations)
+    result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
+    overhead_mib = base_mib + budget_mib + 256  # + the host allowance
+    conf = result.spec_changes["sparkConf"]
+    assert conf["spark.statetier.memory.budget"] == str(budget_mib * MI)
+    assert result.spec_changes["executor"]["memoryOverhead"] == f"{overhead_mib}m"
+    summary = result.summary
+    assert summary["memoryBudget"] == budget_mib * MI
+    assert summary["memoryOverhead"] == (
+        f"{overhead_mib}Mi = {base_mib}Mi ({summary['memoryOverhead'].split('(', 1)[1]}"
+    )
+    assert words in summary["memoryOverhead"]
+    assert f"+ {budget_mib}Mi budget + 256Mi host allowance" in summary["memoryOverhead"]
+    if "statetier.io/memory-budget" in annotations:
+        assert summary["memoryBudgetFrom"] == "annotation statetier.io/memory-budget"
+    else:
+        fraction = annotations.get("statetier.io/memory-fraction", "0.5")
+        assert summary["memoryBudgetFrom"].startswith(f"{fraction} x executor memory ")
+    assert memory.HOST_ALLOWANCE == 256 * MI
 
 
-def test_memory_budget_annotation_wins_and_unknown_memory_writes_nothing() -> None:
-    settings = ann.parse({"statetier.io/enabled": "true", "statetier.io/memory-budget": "3g"})
-    assert sparkapp.derive_memory_budget({}, settings)[0] == 3 << 30
-    none = ann.parse({"statetier.io/enabled": "true"})
-    body = _app(spec={})
-    result = sparkapp.mutate(body, none, None)
+def _mutated(body: dict[str, Any]) -> dict[str, Any]:
+    result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
+    out = copy.deepcopy(body)
+    out["spec"].update(result.spec_changes)
+    out["metadata"]["annotations"].update(result.annotations)
+    return out
+
+
+def test_memory_overhead_is_added_once_and_follows_later_changes() -> None:
+    body = _app(spec={"type": "Python", "executor": {"memory": "4g", "memoryOverhead": "1g"}})
+    once = _mutated(body)
+    assert once["spec"]["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
+    again = sparkapp.mutate(once, ann.parse(once["metadata"]["annotations"]), None)
+    assert again.empty  # nothing added a second time
+    # A new budget is computed from the original overhead, not from the raised one.
+    once["metadata"]["annotations"]["statetier.io/memory-budget"] = "1g"
+    smaller = _mutated(once)
+    assert smaller["spec"]["executor"]["memoryOverhead"] == f"{1024 + 1024 + 256}m"
+    # The user sets a new overhead by hand: it is the new original.
+    smaller["spec"]["executor"]["memoryOverhead"] = "2g"
+    edited = _mutated(smaller)
+    assert edited["spec"]["executor"]["memoryOverhead"] == f"{2048 + 1024 + 256}m"
+    assert "spec.executor.memoryOverhead 2g" in _summary(edited)["memoryOverhead"]
+
+
+def _summary(body: dict[str, Any]) -> Any:
+    return json.loads(body["metadata"]["annotations"][ann.STATUS])
+
+
+def test_unusable_executor_memory_is_a_warning_naming_the_field() -> None:
+    body = _app(spec={"executor": {"memory": "lots"}})
+    result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
     assert "spark.statetier.memory.budget" not in result.spec_changes["sparkConf"]
+    assert "memoryOverhead" not in result.spec_changes["executor"]
+    (warning,) = [w for w in result.warnings if "memory" in w]
+    assert "spec.executor.memory='lots'" in warning
+    factor = _app(spec={"type": "Python", "memoryOverheadFactor": "nan"})
+    result = sparkapp.mutate(factor, ann.parse(factor["metadata"]["annotations"]), None)
+    assert any("spec.memoryOverheadFactor='nan'" in w for w in result.warnings)
 
 
 @pytest.mark.parametrize(
@@ -317,6 +396,42 @@ def test_storage_secret_reaches_driver_and_executors_as_environment_only() -> No
         "annotation statetier.io/storage-secret='Not_A_Name' is not valid: allowed values: "
         "a Secret name (DNS subdomain)"
     ]
+
+
+def test_compaction_token_reaches_driver_and_executors_from_its_secret_only() -> None:
+    user_var = {"name": "STATETIER_COMPACTION_TOKEN", "value": "typed-by-hand"}
+    body = _app(
+        spec={"executor": {"memory": "4g", "env": [user_var]}, "driver": {"cores": 1}},
+        annotations={"statetier.io/compaction-service": "svc"},
+    )
+    settings = ann.parse(body["metadata"]["annotations"])
+    result = sparkapp.mutate(
+        body, settings, "http://svc-gateway.default.svc:8080", None, ("s", "k")
+    )
+    token = {
+        "name": "STATETIER_COMPACTION_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
+    }
+    for role in ("driver", "executor"):  # exactly one, the Secret's (a literal is replaced)
+        assert result.spec_changes[role]["env"] == [token]
+    conf = result.spec_changes["sparkConf"]
+    assert not [k for k in conf if "token" in k.lower()]
+    assert result.summary["compactionTokenSecret"] == "s/k"
+    mutated = _mutated(body)  # without the token: the env is left as the user wrote it
+    assert mutated["spec"]["executor"]["env"] == [user_var]
+    # No endpoint (the service is unknown): no token either.
+    result = sparkapp.mutate(body, settings, None, "not found", ("s", "k"))
+    assert result.spec_changes["executor"]["env"] == [user_var]
+
+
+def test_a_compaction_service_in_another_namespace_needs_its_token_secret_copied() -> None:
+    index = {("other", "svc"): [("svc-compaction-token", "token")]}
+    warnings: list[str] = []
+    ref = webhooks._compaction_token("spark", "other/svc", index, warnings)  # type: ignore[arg-type]
+    assert ref == ("svc-compaction-token", "token")
+    (warning,) = warnings
+    assert "copy its token Secret svc-compaction-token (key token) into namespace spark" in warning
+    assert webhooks._compaction_token("spark", "absent", index, warnings) is None  # type: ignore[arg-type]
 
 
 def test_operator_version() -> None:

@@ -97,12 +97,53 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
     )
     assert config.spill_dirs == ("/var/lib/statetier/spill",)
     assert config.checkpoint_uri == "s3://statetier-checkpoints/wordcount"
-    # 2g pyspark memory shared by 2 cores, half of it for state.
-    assert config.memory_budget == (2 << 30) // 2 // 2
+    # Half of the 4g executor memory for the state host; the 1g overhead grows by the budget
+    # and the host allowance.
+    assert config.memory_budget == 2 << 30
+    assert spec["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
     assert conf["spark.executor.pyspark.memory"] == "2g"  # user settings kept
     summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
     assert summary["spillVolume"] == "ephemeral"
-    assert summary["memoryBudgetFrom"].endswith("spark.executor.pyspark.memory / 2 cores")
+    assert summary["memoryBudgetFrom"] == "0.5 x executor memory 4g"
+    assert summary["memoryOverhead"] == (
+        "3328Mi = 1024Mi (spec.executor.memoryOverhead 1g) + 2048Mi budget + 256Mi host allowance"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "executor", "annotations", "budget_mib", "overhead_mib"),
+    [
+        # budget = 0.5 x memory (or the annotation); overhead = own or Spark's default
+        # max(384Mi, 0.4 (Python) / 0.1 (Scala) x memory) + budget + 256Mi.
+        ("Python", {"memory": "1g"}, {}, 512, 409 + 512 + 256),
+        ("Python", {"memory": "4g"}, {}, 2048, 1638 + 2048 + 256),
+        ("Scala", {"memory": "4g"}, {}, 2048, 409 + 2048 + 256),
+        ("Python", {"memory": "16g", "memoryOverhead": "3g"}, {}, 8192, 3072 + 8192 + 256),
+        ("Scala", {"memory": "16g"}, {"statetier.io/memory-budget": "1g"}, 1024, 1638 + 1024 + 256),
+    ],
+)
+def test_executor_memory_covers_the_state_host_by_the_one_formula(
+    sandbox: Sandbox,
+    kind: str,
+    executor: dict[str, Any],
+    annotations: dict[str, str],
+    budget_mib: int,
+    overhead_mib: int,
+) -> None:
+    app = _app("shape", **{"statetier.io/enabled": "true", **annotations})
+    app["spec"]["type"] = kind
+    app["spec"]["executor"] = {"cores": 2, **executor}
+    mutated = _apply_patch(app, review(sandbox, "mutate-sparkapplication", app))
+    assert mutated["spec"]["sparkConf"]["spark.statetier.memory.budget"] == str(budget_mib << 20)
+    assert mutated["spec"]["executor"]["memoryOverhead"] == f"{overhead_mib}m"
+    summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
+    assert summary["memoryBudget"] == budget_mib << 20
+    assert summary["memoryOverhead"].startswith(f"{overhead_mib}Mi = ")
+    assert summary["memoryOverhead"].endswith(f" + {budget_mib}Mi budget + 256Mi host allowance")
+    assert summary["memoryOverheadOriginal"] == executor.get("memoryOverhead")
+    # Admitted again (an UPDATE of the mutated object): nothing is added a second time.
+    again = review(sandbox, "mutate-sparkapplication", mutated, operation="UPDATE")
+    assert again["allowed"] is True and "patch" not in again
 
 
 def test_second_admission_changes_nothing(sandbox: Sandbox) -> None:

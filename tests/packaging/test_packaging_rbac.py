@@ -107,10 +107,11 @@ def test_a_missing_grant_is_caught() -> None:
     assert not _allowed(request, pruned)
 
 
-def test_no_webhook_configuration_or_secret_access() -> None:
+def test_no_webhook_configuration_access_and_secrets_create_only() -> None:
     """The chart owns the webhook configurations and the certificate: the operator gets no
-    access to admissionregistration objects or Secrets."""
+    access to admissionregistration objects. Of Secrets it may only create (a CompactionService's
+    generated token, if absent): it never reads, lists or changes one."""
     for values in ({}, {"watchNamespaces": ["a", "b"]}):
         grants = _grants(render(values))
         assert not [g for g in grants if g[1] == "admissionregistration.k8s.io"]
-        assert not [g for g in grants if g[2] == "secrets"]
+        assert {g[3] for g in grants if g[2] == "secrets"} == {"create"}

@@ -135,13 +135,15 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "memory-budget",
         "a size such as 2g or 512m",
         _size,
-        "State memory budget per Python worker; overrides the derived one.",
+        "State memory budget of each executor's state host; overrides the derived one "
+        "(the executor's memoryOverhead grows by it either way).",
     ),
     Annotation(
         "memory-fraction",
         "a number between 0.05 and 1.0",
         _fraction,
-        "Share of the Python worker memory given to state (default 0.5).",
+        "Share of the executor memory (spec.executor.memory, default 1g) given to the state "
+        "host's budget (default 0.5).",
     ),
 )
 

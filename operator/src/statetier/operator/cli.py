@@ -131,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         "--compaction-endpoint", help="the CompactionService's status.endpoint, if it uses one"
     )
     render.add_argument(
+        "--compaction-token-secret",
+        metavar="NAME[:KEY]",
+        help="Secret (and key, default token) of the CompactionService's API token; default "
+        "the one the operator generates, <service>-compaction-token",
+    )
+    render.add_argument(
         "--pod-template",
         action="store_true",
         help="put the spill volume, mount and pod label into the Spark Operator's pod templates",
@@ -154,7 +160,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _render_app(args: argparse.Namespace) -> int:
     from statetier.operator.render_app import main as render_main
 
-    return render_main(args.files, args.compaction_endpoint, args.pod_template)
+    return render_main(
+        args.files, args.compaction_endpoint, args.pod_template, args.compaction_token_secret
+    )
 
 
 def _sandbox(args: argparse.Namespace) -> int:

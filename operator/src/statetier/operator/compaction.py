@@ -14,6 +14,8 @@ import copy
 import datetime
 from typing import Any
 
+from statetier.operator import compaction_token
+
 __all__ = [
     "GROUP",
     "PLURAL",
@@ -24,7 +26,9 @@ __all__ = [
     "desired_workers",
     "endpoint",
     "names",
+    "owner_reference",
     "spec_problems",
+    "token_secret",
     "with_defaults",
     "worker_selector",
 ]
@@ -142,15 +146,10 @@ def _storage_env(spec: Obj) -> list[Obj]:
     return env
 
 
-def _token_env(spec: Obj) -> list[Obj]:
-    """The shared API token of the service, from a Secret, as the backend's setting
-    ``compaction.token`` reads it (clients set the same variable)."""
-    ref = spec.get("tokenSecretRef")
-    if not ref:
-        return []
-    key = ref.get("key", "token")
-    selector = {"secretKeyRef": {"name": ref["name"], "key": key}}
-    return [{"name": "STATETIER_COMPACTION_TOKEN", "valueFrom": selector}]
+def _token_env(name: str, spec: Obj) -> list[Obj]:
+    """The service's API token, from its Secret (the user's or the generated one), as the
+    backend's setting ``compaction.token`` reads it (clients set the same variable)."""
+    return [compaction_token.env(*compaction_token.secret_ref(name, spec))]
 
 
 def _prefix_args(spec: Obj) -> list[str]:
@@ -222,29 +221,43 @@ def _deployment(name: str, namespace: str, component: str, replicas: int, pod: O
     }
 
 
+def owner_reference(body: Obj) -> Obj:
+    """The controller reference the owned objects carry (garbage-collected with ``body``)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def token_secret(body: Obj) -> Obj | None:
+    """The token Secret to create if absent (see :mod:`statetier.operator.compaction_token`),
+    or None when the spec names one."""
+    name = body["metadata"]["name"]
+    return compaction_token.generated_secret(body, owner_reference(body), _labels(name, "token"))
+
+
 def desired_objects(body: Obj) -> list[Obj]:
     """Gateway Deployment, gateway Service and worker Deployment, owned by ``body``.
 
     The worker Deployment's replicas are the clamped desired count; the gateway's command line
     carries the scheduling policy and port; both get the object-storage settings and
-    credentials as environment variables (AWS_* as s3fs and boto3 read them).
+    credentials as environment variables (AWS_* as s3fs and boto3 read them) and the API token
+    from its Secret (the generated one unless the spec names one: see :func:`token_secret`).
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = with_defaults(body.get("spec"))
-    owner = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "name": name,
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    owner = owner_reference(body)
     port = spec["gateway"]["port"]
     common = {
         "image": spec["image"],
         "imagePullPolicy": spec["imagePullPolicy"],
-        "env": _storage_env(spec) + _token_env(spec),
+        "env": _storage_env(spec) + _token_env(name, spec),
     }
     gateway_container: Obj = {
         **common,

@@ -1,6 +1,7 @@
 """kopf handlers that reconcile CompactionService resources.
 
-One reconciliation applies the three owned objects with server-side apply (field manager
+One reconciliation creates the generated token Secret if it is missing (create only, never
+rewritten), applies the three owned objects with server-side apply (field manager
 ``statetier-operator``, forced, as a controller owns what it creates) and then writes the
 status. There is no hand comparison of specs: the apiserver merges, defaults and canonicalises
 (``"0.5"`` CPU is stored as ``500m``, ``env: []`` vanishes), and an apply that changes nothing
@@ -18,7 +19,7 @@ import contextlib
 from typing import Any, cast
 
 import kopf
-from statetier.operator import compaction, kube, metrics
+from statetier.operator import compaction, compaction_token, kube, metrics
 from statetier.operator.compaction import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
@@ -53,6 +54,15 @@ async def _apply_all(api: kube.Kube, objects: list[Obj]) -> list[str]:
     ]
 
 
+async def _ensure_token(api: kube.Kube, body: Obj) -> list[str]:
+    """Create the generated token Secret if the service names none and it does not exist yet,
+    before the Deployments that read it; an existing one is kept (see compaction_token)."""
+    secret = compaction.token_secret(body)
+    if secret is None or not await api.create_if_absent(secret):
+        return []
+    return [f"Secret {secret['metadata']['name']} created"]
+
+
 def _edited_by_others(deployment: Obj) -> bool:
     """Whether a field manager other than the operator (``kubectl scale``, ``kubectl edit``)
     owns part of the Deployment's spec: the one sign of drift a watch event carries. The
@@ -65,10 +75,25 @@ def _edited_by_others(deployment: Obj) -> bool:
     )
 
 
-async def refresh_status(namespace: str, name: str, body: Obj | None = None) -> Obj | None:
-    """Recompute the status from the owned Deployments and write it if it changed."""
+_status_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+
+async def refresh_status(namespace: str, name: str) -> Obj | None:
+    """Recompute the status from the owned Deployments and write it if it changed.
+
+    kopf runs the handlers of different objects concurrently: the gateway's and the workers'
+    Deployment events, and the service's own reconcile, each refresh the same status. Reading
+    and writing under one lock per service, from a fresh read of the service, keeps a refresh
+    that read the Deployments earlier from writing its older status last (the stale status
+    would stay until the next event)."""
+    lock = _status_locks.setdefault((namespace, name), asyncio.Lock())
+    async with lock:
+        return await _refresh_status(namespace, name)
+
+
+async def _refresh_status(namespace: str, name: str) -> Obj | None:
     api = await kube.client()
-    cs = body if body is not None else await api.read_compaction_service(namespace, name)
+    cs = await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
     spec = compaction.with_defaults(cs.get("spec"))
@@ -122,13 +147,14 @@ async def reconcile(
         if problems:
             message = "; ".join(problems)
             kopf.warn(body, reason="InvalidSpec", message=message)
-            await refresh_status(namespace, name, raw)
+            await refresh_status(namespace, name)
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
         api = await kube.client()
         try:
-            changes = await _apply_all(api, compaction.desired_objects(raw))
-            await refresh_status(namespace, name, raw)
+            changes = await _ensure_token(api, raw)
+            changes += await _apply_all(api, compaction.desired_objects(raw))
+            await refresh_status(namespace, name)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
             kopf.warn(body, reason="ReconcileFailed", message=str(exc))
@@ -155,6 +181,7 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
     ):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+    _status_locks.pop((namespace, name), None)
     logger.info("CompactionService %s/%s deleted; its objects go with it", namespace, name)
 
 
@@ -191,7 +218,7 @@ async def deployment_changed(
                 message = f"{change} (drift)"
                 kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
                 logger.info("reconciled %s/%s: %s", namespace, owner, message)
-        await refresh_status(namespace, owner, cs)
+        await refresh_status(namespace, owner)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()
         raise
@@ -204,3 +231,12 @@ def compaction_endpoints(
     """Endpoint of every CompactionService, for the mutating webhook (no API call there)."""
     endpoint = status.get("endpoint")
     return {(namespace or "", name): str(endpoint) if endpoint else None}
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def compaction_tokens(
+    name: str, namespace: str | None, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(Secret, key) of every CompactionService's token, for the mutating webhook: the Spark
+    pods of an application naming the service read the token from that Secret."""
+    return {(namespace or "", name): compaction_token.secret_ref(name, dict(spec))}

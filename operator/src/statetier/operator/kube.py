@@ -2,7 +2,8 @@
 
 kopf watches and patches the resources it handles; the operator also applies Deployments and
 Services (server-side apply, field manager ``statetier-operator``, forced, as a controller owns
-what it creates), patches CompactionServices and their status, and reads objects. It does so
+what it creates), creates a CompactionService's token Secret once (create only: it never reads
+or rewrites Secrets), patches CompactionServices and their status, and reads objects. It does so
 through ``kubernetes_asyncio``, the generated asyncio twin of the official ``kubernetes``
 client, which runs on kopf's event loop: typed API groups, the same in-cluster and kubeconfig
 credentials kopf logs in with, and the service account's token re-read from its file as the
@@ -143,6 +144,22 @@ class Kube:
         except ApiException as exc:
             raise _error(exc, f"apply {obj['kind']} {meta['namespace']}/{meta['name']}") from None
         return status == 201, self._plain(data)
+
+    async def create_if_absent(self, obj: Obj) -> bool:
+        """Create a Secret unless one of that name exists (HTTP 409): whether it was created.
+        An existing Secret is kept as it is, so a generated token is never replaced."""
+        meta = obj["metadata"]
+        try:
+            # A plain dict body: the generated client serialises it as it is.
+            body = cast(k8s.V1Secret, obj)
+            await self._core.create_namespaced_secret(
+                meta["namespace"], body, field_manager=FIELD_MANAGER
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise _error(exc, f"create secret {meta['namespace']}/{meta['name']}") from None
+        return True
 
     async def patch_compaction_service(
         self, namespace: str, name: str, patch: Obj, *, status: bool = False

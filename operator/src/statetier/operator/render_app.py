@@ -5,10 +5,12 @@ in favour of pod templates; statetier should not depend on one mechanism. This c
 what the webhook would write into the application manifest itself, for a GitOps pipeline
 (kustomize, a Helm post-renderer, CI): the same :func:`statetier.operator.sparkapp.mutate`, with
 the CompactionService endpoint given on the command line instead of read from the operator's
-index. With ``--pod-template`` the spill volume, its mount and the opt-in pod label go into the
-Spark Operator's pod templates (``spec.driver.template``, ``spec.executor.template``) instead of
-its ``volumes``/``volumeMounts``/``labels`` fields. Either way, a webhook that does run later
-finds nothing left to change for the first form.
+index, and its token Secret for ``STATETIER_COMPACTION_TOKEN`` the one the operator generates
+(``<service>-compaction-token``) unless ``--compaction-token-secret NAME[:KEY]`` names the
+service's own. With ``--pod-template`` the spill volume, its mount and the opt-in pod label go
+into the Spark Operator's pod templates (``spec.driver.template``, ``spec.executor.template``)
+instead of its ``volumes``/``volumeMounts``/``labels`` fields. Either way, a webhook that does
+run later finds nothing left to change for the first form.
 
     statetier-operator render-app app.yaml --compaction-endpoint http://compaction-gateway.ns.svc:8080
 """
@@ -22,7 +24,7 @@ from typing import Any, TextIO
 
 import yaml
 from statetier.operator import annotations as ann
-from statetier.operator import sparkapp
+from statetier.operator import compaction_token, sparkapp
 
 __all__ = ["RenderError", "render", "render_stream"]
 
@@ -62,15 +64,33 @@ def _into_pod_templates(spec: Obj) -> Obj:
     return spec
 
 
-def render(app: Obj, endpoint: str | None, *, pod_template: bool = False, where: str = "") -> Obj:
-    """``app`` configured for statetier (unchanged unless it opted in)."""
+def _default_token(settings: ann.AppSettings) -> tuple[str, str] | None:
+    """The token Secret the operator generates for the named CompactionService (the one to
+    use unless the service names its own: then pass ``--compaction-token-secret``)."""
+    if not settings.compaction_service:
+        return None
+    service = settings.compaction_service.rpartition("/")[2]
+    return service + compaction_token.SECRET_SUFFIX, compaction_token.TOKEN_KEY
+
+
+def render(
+    app: Obj,
+    endpoint: str | None,
+    *,
+    pod_template: bool = False,
+    where: str = "",
+    token: tuple[str, str] | None = None,
+) -> Obj:
+    """``app`` configured for statetier (unchanged unless it opted in). ``token``: (Secret,
+    key) of the CompactionService's API token, by default the operator-generated Secret."""
     annotations = dict((app.get("metadata") or {}).get("annotations") or {})
     if app.get("kind") != "SparkApplication" or not ann.enabled(annotations):
         return app
     problems = ann.problems(annotations)
     if problems:
         raise RenderError(f"{where}{app['metadata'].get('name', '?')}: {'; '.join(problems)}")
-    result = sparkapp.mutate(app, ann.parse(annotations), endpoint)
+    settings = ann.parse(annotations)
+    result = sparkapp.mutate(app, settings, endpoint, None, token or _default_token(settings))
     out = copy.deepcopy(app)
     out["spec"] = {**(out.get("spec") or {}), **result.spec_changes}
     out["metadata"].setdefault("annotations", {}).update(result.annotations)
@@ -80,25 +100,45 @@ def render(app: Obj, endpoint: str | None, *, pod_template: bool = False, where:
 
 
 def render_stream(
-    source: TextIO, sink: TextIO, endpoint: str | None, *, pod_template: bool, where: str
+    source: TextIO,
+    sink: TextIO,
+    endpoint: str | None,
+    *,
+    pod_template: bool,
+    where: str,
+    token: tuple[str, str] | None = None,
 ) -> None:
     """Every document of ``source`` to ``sink``, opted-in SparkApplications configured."""
     docs = [d for d in yaml.safe_load_all(source) if d]
-    rendered = [render(d, endpoint, pod_template=pod_template, where=where) for d in docs]
+    rendered = [
+        render(d, endpoint, pod_template=pod_template, where=where, token=token) for d in docs
+    ]
     yaml.safe_dump_all(rendered, sink, sort_keys=False)
 
 
-def main(files: list[str], endpoint: str | None, pod_template: bool) -> int:
+def parse_token_secret(text: str | None) -> tuple[str, str] | None:
+    """``NAME`` or ``NAME:KEY`` of ``--compaction-token-secret`` (the key defaults to token)."""
+    if not text:
+        return None
+    name, _, key = text.partition(":")
+    if not name:
+        raise RenderError(f"--compaction-token-secret {text!r}: expected NAME or NAME:KEY")
+    return name, key or compaction_token.TOKEN_KEY
+
+
+def main(
+    files: list[str], endpoint: str | None, pod_template: bool, token_secret: str | None = None
+) -> int:
     """The CLI: exit 2 naming the file and the annotation when an application is invalid."""
     try:
+        token = parse_token_secret(token_secret)
         for name in files or ["-"]:
+            options: dict[str, Any] = {"pod_template": pod_template, "token": token}
             if name == "-":
-                render_stream(sys.stdin, sys.stdout, endpoint, pod_template=pod_template, where="")
+                render_stream(sys.stdin, sys.stdout, endpoint, where="", **options)
                 continue
             with Path(name).open(encoding="utf-8") as handle:
-                render_stream(
-                    handle, sys.stdout, endpoint, pod_template=pod_template, where=f"{name}: "
-                )
+                render_stream(handle, sys.stdout, endpoint, where=f"{name}: ", **options)
     except (RenderError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,10 +3,12 @@
 :func:`mutate` takes the application and returns the fields to change: the spill volume (named
 ``spark-local-dir-statetier`` so that Spark uses it as a local dir, as the Spark Operator
 documents for volumes with that prefix), its mount on the executors, and the backend settings
-in ``spec.sparkConf`` under exactly the keys of :mod:`statetier.backend.config`. Each value is
-parsed by the backend's own parser before it is written, so the operator cannot write anything
-the backend would refuse. Applying it to its own output changes nothing (idempotent), which is
-what lets the apiserver call the webhook again on every update.
+in ``spec.sparkConf`` under exactly the keys of :mod:`statetier.backend.config`, and the
+executors' ``memoryOverhead`` raised to cover the state host (:mod:`statetier.operator.memory`:
+the budget and the overhead follow one formula; the status annotation shows its arithmetic).
+Each value is parsed by the backend's own parser before it is written, so the operator cannot
+write anything the backend would refuse. Applying it to its own output changes nothing
+(idempotent), which is what lets the apiserver call the webhook again on every update.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import copy
 import json
 from typing import Any
 
-from statetier.backend.config import SETTINGS, Setting, parse_size
+from statetier.backend.config import SETTINGS, Setting
+from statetier.operator import compaction_token, memory
 from statetier.operator.annotations import STATUS, AppSettings
 
-__all__ = ["POD_LABEL", "VOLUME_NAME", "Mutation", "derive_memory_budget", "mutate", "spark_key"]
+__all__ = ["POD_LABEL", "VOLUME_NAME", "Mutation", "mutate", "spark_key"]
 
 Obj = dict[str, Any]
 VOLUME_NAME = "spark-local-dir-statetier"
@@ -39,40 +42,26 @@ def _checked(name: str, value: Any) -> str:
     return str(parsed)
 
 
-def _spark_memory(text: Any) -> int | None:
-    """Spark memory strings (``4g``, ``512m``, bare numbers are MiB) in bytes."""
-    if text is None:
-        return None
-    raw = str(text).strip().lower()
-    return parse_size(raw if raw[-1:].isalpha() else raw + "m")
+def _previous_summary(body: Obj) -> Obj:
+    """The status annotation an earlier mutation wrote, or {} (absent or not ours)."""
+    text = ((body.get("metadata") or {}).get("annotations") or {}).get(STATUS)
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
-def derive_memory_budget(spec: Obj, settings: AppSettings) -> tuple[int | None, str]:
-    """Budget for the state in one Python worker, and where it came from.
-
-    The state lives in the Python workers, which Spark bounds with
-    ``spark.executor.pyspark.memory`` shared by the executor's cores (one worker per core);
-    without it they live in the memory overhead. The budget is ``memory-fraction`` of one
-    worker's share, or the ``memory-budget`` annotation verbatim.
-    """
-    if settings.memory_budget is not None:
-        return settings.memory_budget, "annotation statetier.io/memory-budget"
-    executor = spec.get("executor") or {}
-    cores = max(1, int(executor.get("cores") or 1))
-    conf = spec.get("sparkConf") or {}
-    pyspark = _spark_memory(conf.get("spark.executor.pyspark.memory"))
-    source = "spark.executor.pyspark.memory"
-    if pyspark is None:
-        pyspark = _spark_memory(executor.get("memoryOverhead"))
-        source = "executor.memoryOverhead"
-    if pyspark is None:
-        heap = _spark_memory(executor.get("memory"))
-        if heap is None:
-            return None, "unknown (no executor memory settings): the backend uses the cgroup limit"
-        pyspark = max(384 << 20, heap // 10)
-        source = "executor.memory (default overhead: max(384m, 10%))"
-    budget = int(pyspark * settings.memory_fraction / cores)
-    return budget, f"{settings.memory_fraction:g} x {source} / {cores} cores"
+def _original_overhead(executor: Obj, previous: Obj) -> str | None:
+    """The application's own executor memoryOverhead: the one recorded by an earlier mutation
+    while the field still holds what that mutation wrote, else the field as it is (the user
+    set or changed it since)."""
+    current = executor.get("memoryOverhead")
+    written = previous.get("memoryOverheadWritten")
+    if written is not None and current is not None and str(current) == written:
+        original = previous.get("memoryOverheadOriginal")
+        return None if original is None else str(original)
+    return None if current is None else str(current)
 
 
 def _volume(settings: AppSettings) -> Obj:
@@ -114,6 +103,17 @@ def _with_secret_env(pod: Obj, secret: str | None) -> Obj:
     return pod
 
 
+def _with_env_var(pod: Obj, var: Obj | None) -> Obj:
+    """``pod`` with ``var`` in its ``env``, replacing any variable of that name (so a second
+    mutation, or a service whose Secret changed, leaves exactly one)."""
+    pod = dict(pod)
+    if var is None:
+        return pod
+    others = [e for e in pod.get("env") or [] if e.get("name") != var["name"]]
+    pod["env"] = [*others, var]
+    return pod
+
+
 class Mutation:
     """The result of :func:`mutate`: changed top-level spec fields, annotations, a summary."""
 
@@ -135,15 +135,24 @@ def mutate(
     settings: AppSettings,
     compaction_endpoint: str | None,
     compaction_problem: str | None = None,
+    compaction_token_ref: tuple[str, str] | None = None,
 ) -> Mutation:
-    """Compute what to change in ``body`` (a SparkApplication) for statetier."""
+    """Compute what to change in ``body`` (a SparkApplication) for statetier.
+
+    ``compaction_token_ref`` is the (Secret, key) of the CompactionService's API token: with an
+    endpoint, the driver and executors get it as ``STATETIER_COMPACTION_TOKEN`` from the
+    Secret (``env`` ``valueFrom``), never as a value in ``sparkConf``.
+    """
     spec = copy.deepcopy(body.get("spec") or {})
     warnings: list[str] = []
 
     volume = _volume(settings)
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME_NAME] + [volume]
+    token_ref = compaction_token_ref if compaction_endpoint else None
+    token = compaction_token.env(*token_ref) if token_ref else None
     executor = _with_secret_env(spec.get("executor") or {}, settings.storage_secret)
     driver = _with_secret_env(spec.get("driver") or {}, settings.storage_secret)
+    executor, driver = _with_env_var(executor, token), _with_env_var(driver, token)
     mount = {"name": VOLUME_NAME, "mountPath": settings.mount_path}
     mounts = [m for m in executor.get("volumeMounts") or [] if m.get("name") != VOLUME_NAME]
     executor["volumeMounts"] = [*mounts, mount]
@@ -152,11 +161,17 @@ def mutate(
     for role in (driver, executor):
         role["labels"] = {**(role.get("labels") or {}), POD_LABEL: "true"}
 
-    budget, budget_source = derive_memory_budget(spec, settings)
+    original = _original_overhead(executor, _previous_summary(body))
+    try:
+        sizing: memory.MemoryPlan | None = memory.plan(spec, settings, original)
+    except ValueError as exc:
+        sizing = None
+        warnings.append(f"executor memory left as it is, no state budget set: {exc}")
     conf = dict(spec.get("sparkConf") or {})
     conf[spark_key("spill.dirs")] = _checked("spill.dirs", settings.mount_path)
-    if budget is not None:
-        conf[spark_key("memory.budget")] = _checked("memory.budget", budget)
+    if sizing is not None:
+        conf[spark_key("memory.budget")] = _checked("memory.budget", sizing.budget)
+        executor["memoryOverhead"] = sizing.spark_overhead
     if settings.checkpoint_uri:
         conf[spark_key("checkpoint.uri")] = _checked("checkpoint.uri", settings.checkpoint_uri)
     else:
@@ -178,12 +193,16 @@ def mutate(
     summary: Obj = {
         "spillVolume": settings.spill_volume,
         "spillDirs": settings.mount_path,
-        "memoryBudget": budget,
-        "memoryBudgetFrom": budget_source,
+        "memoryBudget": sizing.budget if sizing else None,
+        "memoryBudgetFrom": sizing.budget_from if sizing else None,
+        "memoryOverhead": sizing.explanation if sizing else None,
+        "memoryOverheadOriginal": original,
+        "memoryOverheadWritten": sizing.spark_overhead if sizing else None,
         "checkpointUri": settings.checkpoint_uri,
         "checkpointRetention": settings.retention,
         "compactionEndpoint": compaction_endpoint,
         "storageSecret": settings.storage_secret,
+        "compactionTokenSecret": "/".join(token_ref) if token_ref else None,
     }
     if warnings:
         summary["warnings"] = warnings

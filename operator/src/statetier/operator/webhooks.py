@@ -46,6 +46,28 @@ def _compaction_endpoint(
     return str(endpoints[0]), None
 
 
+def _compaction_token(
+    namespace: str, ref: str | None, index: kopf.Index[Any, Any], warnings: list[str]
+) -> tuple[str, str] | None:
+    """(Secret, key) of the referenced CompactionService's token, from the index. A Secret is
+    readable only by pods of its own namespace: a service elsewhere needs a copy here."""
+    if not ref:
+        return None
+    ref_ns, _, ref_name = ref.rpartition("/")
+    key = (ref_ns or namespace, ref_name)
+    found = list(index.get(key, ()))
+    if not found:
+        return None
+    secret, field = found[0]
+    if key[0] != namespace:
+        warnings.append(
+            f"CompactionService {key[0]}/{key[1]} is in another namespace: copy its token "
+            f"Secret {secret} (key {field}) into namespace {namespace}, where the Spark pods "
+            "read it"
+        )
+    return str(secret), str(field)
+
+
 OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
 
 
@@ -69,10 +91,12 @@ def mutate(
 ) -> None:
     """Add the spill volume, its mount and the backend settings to an opted-in application.
 
-    ``kwargs["compaction_endpoints"]`` is the index of CompactionService endpoints (kopf passes
-    indices by name), so admission never waits on an API call.
+    ``kwargs["compaction_endpoints"]`` and ``kwargs["compaction_tokens"]`` are the indices of
+    CompactionService endpoints and token Secrets (kopf passes indices by name), so admission
+    never waits on an API call.
     """
     compaction_endpoints: kopf.Index[Any, Any] = kwargs["compaction_endpoints"]
+    compaction_tokens: kopf.Index[Any, Any] = kwargs["compaction_tokens"]
     annotations = dict(body.get("metadata", {}).get("annotations") or {})
     if not ann.enabled(annotations):
         metrics.ADMISSIONS.labels("mutate", "skipped").inc()
@@ -86,8 +110,12 @@ def mutate(
     endpoint, problem = _compaction_endpoint(
         namespace or "default", app.compaction_service, compaction_endpoints
     )
-    result = sparkapp.mutate(dict(body), app, endpoint, problem)
-    warnings.extend(result.warnings)
+    token_warnings: list[str] = []
+    token = _compaction_token(
+        namespace or "default", app.compaction_service, compaction_tokens, token_warnings
+    )
+    result = sparkapp.mutate(dict(body), app, endpoint, problem, token)
+    warnings.extend(result.warnings + (token_warnings if endpoint else []))
     if result.empty:
         metrics.ADMISSIONS.labels("mutate", "unchanged").inc()
         return

@@ -9,6 +9,7 @@ emulator fills them in so tests see stored objects as a cluster stores them.
 
 from __future__ import annotations
 
+import base64
 import secrets
 from typing import Any
 
@@ -79,8 +80,22 @@ def _service(spec: Obj) -> None:
         port.setdefault("targetPort", port.get("port"))
 
 
+def _secret(obj: Obj) -> None:
+    """``stringData`` is write-only: the apiserver merges it into ``data`` (base64, its keys
+    winning) and never stores it; ``type`` defaults to Opaque."""
+    obj.setdefault("type", "Opaque")
+    plain = obj.pop("stringData", None)
+    if isinstance(plain, dict) and plain:
+        encoded = {k: base64.b64encode(str(v).encode()).decode() for k, v in plain.items()}
+        obj["data"] = {**(obj.get("data") or {}), **encoded}
+
+
 def apply_builtin_defaults(obj: Obj) -> Obj:
-    """``obj`` (a Deployment, Service or Pod; others untouched) with the apiserver's defaults."""
+    """``obj`` (a Deployment, Service, Pod or Secret; others untouched) with the apiserver's
+    defaults."""
+    if obj.get("kind") == "Secret":
+        _secret(obj)
+        return obj
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return obj

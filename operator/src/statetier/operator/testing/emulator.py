@@ -30,7 +30,8 @@ paths and answers every resource request itself, fixing these gaps:
 * server-side apply and ``metadata.managedFields`` (:mod:`.apply`), the field manager named by
   ``?fieldManager`` or the User-Agent;
 * finalizers, ``deletionTimestamp``, and garbage collection of dependents by
-  ``ownerReferences``, in the background a moment after the owner goes (``GC_DELAY``);
+  ``ownerReferences``, in the background a moment after the owner goes (``GC_DELAY``), and of
+  an object written with owners that are already all gone;
 * the Deployment controller's status (:mod:`.controllers`), written ``CONTROLLER_DELAY`` after
   every change of a Deployment, long before any Pod is ready;
 * ``kubectl get`` tables with the CRD's printer columns (Name and Age for built-ins);
@@ -1015,11 +1016,24 @@ class ApiEmulator(kmock.KubernetesEmulator):
         task.add_done_callback(self._tasks.discard)
 
     def _after_write(self, rdef: ResourceDef, obj: Obj) -> None:
-        """Wake the Deployment controller, as a real control plane would within a second."""
+        """Wake the Deployment controller, as a real control plane would within a second, and
+        the garbage collector for an object whose owners are all gone already (a controller
+        that acted on a stale copy of a deleted owner: the collector removes what it made)."""
+        meta = obj["metadata"]
         if (rdef.group, rdef.plural) == ("apps", "deployments"):
-            meta = obj["metadata"]
             key = (meta.get("namespace", ""), meta["name"])
             self._later(CONTROLLER_DELAY, functools.partial(self._sync_deployment, rdef, key))
+        owners = [ref.get("uid") for ref in meta.get("ownerReferences") or []]
+        if owners and not any(self._uid_exists(uid) for uid in owners):
+            for uid in owners:
+                self._later(GC_DELAY, functools.partial(self._collect_garbage, uid))
+
+    def _uid_exists(self, uid: str | None) -> bool:
+        return any(
+            obj["metadata"].get("uid") == uid
+            for objects in self._store.values()
+            for obj in objects.values()
+        )
 
     def _sync_deployment(self, rdef: ResourceDef, key: tuple[str, str]) -> None:
         current = self._bucket(rdef).get(key)

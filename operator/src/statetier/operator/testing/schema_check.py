@@ -53,5 +53,11 @@ def problems(schema: Obj | None, obj: Obj) -> list[str]:
             continue
         where = _path(error)
         value = json.dumps(error.instance)
+        if error.validator == "pattern":  # the apiserver's (kube-openapi's) own words
+            found.append(
+                f"{where}: Invalid value: {value}: {where} in body should match "
+                f"'{error.validator_value}'"
+            )
+            continue
         found.append(f"{where}: Invalid value: {value}: {where} {error.message}")
     return found
