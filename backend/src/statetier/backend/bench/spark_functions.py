@@ -13,10 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 from statetier.backend.descriptors import ValueStateDescriptor
-from statetier.backend.functions import RuntimeContext
+from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark.functions import KeyGroupFunction
 
-__all__ = ["ArrowWordCount"]
+__all__ = ["ArrowWordCount", "Sessions", "SESSION_GAP_MS"]
+
+SESSION_GAP_MS = 30_000  # sessions benchmark: a session ends after 30 s without a click
 
 
 class ArrowWordCount(KeyGroupFunction):
@@ -38,3 +40,30 @@ class ArrowWordCount(KeyGroupFunction):
             update(total)
             totals.append(total)
         return pa.table({"word": words, "count": pa.array(totals, pa.int64())})
+
+
+class Sessions(KeyedProcessFunction[str, int, tuple[str, int, int, int]]):
+    """Sessionization with an event-time timer per user (``statetier bench timers``): a click
+    extends the user's session and moves its timer to the last click plus the gap; the timer
+    emits the session (user, first click, last click, clicks) and clears it."""
+
+    def open(self, context: RuntimeContext) -> None:
+        self.session = context.get_state(ValueStateDescriptor[list[int]]("session"))
+
+    def process(self, key: str, value: int, context: RuntimeContext) -> list[Any]:
+        timers = context.timer_service
+        session, out = self.session.value(), []
+        if session is not None:
+            timers.delete_event_time_timer(session[1] + SESSION_GAP_MS)
+            if value - session[1] >= SESSION_GAP_MS:  # over before the watermark said so
+                out.append((key, *session))
+                session = None
+        start, end, clicks = session or (value, value, 0)
+        self.session.update([min(start, value), max(end, value), clicks + 1])
+        timers.register_event_time_timer(max(end, value) + SESSION_GAP_MS)
+        return out
+
+    def on_timer(self, timestamp: int, key: str, context: RuntimeContext) -> list[Any]:
+        start, end, clicks = self.session.value() or (0, 0, 0)
+        self.session.clear()
+        return [(key, start, end, clicks)]
