@@ -147,8 +147,9 @@ def expected_fires(batches: list[list[tuple[str, int]]], delay: int) -> list[Fir
     return sorted(out.values())
 
 
+@pytest.mark.parametrize("api", ["write_stream", "foreach_batch"])
 def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
-    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, api: str
 ) -> None:
     source = tmp_path / "in"
     source.mkdir()
@@ -170,9 +171,13 @@ def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
             .withWatermark("t", "500 milliseconds")
             .select("key", "ts")
         )
-        query = (
+        writer = (
             pipeline.write_stream(events, fired_rows(out))
-            .option("checkpointLocation", str(tmp_path / "spark-ckpt"))
+            if api == "write_stream"
+            else events.writeStream.foreachBatch(pipeline.foreach_batch(fired_rows(out)))
+        )
+        query = (
+            writer.option("checkpointLocation", str(tmp_path / "spark-ckpt"))
             .trigger(availableNow=True)
             .start()
         )
