@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
+from statetier.backend.keygroups import assign_to_key_group, operator_index_for_key_group
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import ManualClock
@@ -190,6 +191,13 @@ def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
     first = run_query(range(4), FailingEventTimer, 4)
     assert [r.epoch for r in first.reports] == [1, 2, 3, 4]
     assert first.reports[2].restored >= 1
+    mp = first.store.manifest(3).max_parallelism
+    failed_range = {
+        k
+        for k, _, _, epoch, _ in out
+        if epoch == 3 and operator_index_for_key_group(mp, 4, assign_to_key_group(k, mp)) == 1
+    }
+    assert failed_range, "the failed range fired timers in epoch 3 before it failed"
     second = run_query(range(4, 6), EventTimer, 3)  # restarted, at another parallelism
     assert [r.epoch for r in second.reports] == [5, 6] and second.reports[0].restored == 3
     assert len(out) == len(set(out))  # no timer fired twice
