@@ -1,8 +1,7 @@
 """Event-time sessions with timers: each session is emitted once, when the watermark passes its
 last event by the gap, across a restart at another parallelism; checked against an oracle.
 
-Runs on the local runner. (The same function will run on Spark once the state host drives
-timers from the query's watermark.)
+Runs on the local runner; examples/06-spark-sessions runs the same function on Spark.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "checkpoint": "statetier.backend.bench.checkpoint",
     "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
     "spark-wordcount": "statetier.backend.bench.spark_wordcount",  # needs the spark extra
+    "timers": "statetier.backend.bench.spark_timers",  # needs the spark extra
 }
 BENCHMARK_HELP = {
     "state": "state API operations against a plain dict",

@@ -58,6 +58,7 @@ from statetier.backend.spark.functions import (
     processes_ranges,
     set_current_task,
 )
+from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -74,6 +75,7 @@ from statetier.backend.spark.results import (
     result_name,
     snapshot_to_dict,
 )
+from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
@@ -97,6 +99,7 @@ class HostedRange:
     instance: OperatorInstance
     epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
     token: str | None = None  # the task attempt that produced it
+    notified: int = 0  # the latest epoch the function was told is committed
 
     @property
     def lock(self) -> threading.RLock:
@@ -306,11 +309,14 @@ class StateHost:
             )
             try:
                 out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
-                outputs = self._process(hosted.instance, header, batches, out_schema)
-                if hosted.instance.spill is not None:
+                instance = hosted.instance
+                outputs = as_batches(timers_before(instance, header), out_schema)
+                outputs += self._process(instance, header, batches, out_schema)
+                outputs += as_batches(timers_after(instance, header), out_schema)
+                if instance.spill is not None:
                     # a vectorized function touches each key once per batch: a range's records
                     # may never reach the 64 per key group that poll the governor otherwise
-                    hosted.instance.spill.poll()
+                    instance.spill.poll()
             finally:
                 set_current_task(None)
         except BaseException:
@@ -349,10 +355,16 @@ class StateHost:
                         self.ranges.pop(other).instance.close()
         if hosted is not None:
             hosted.lock.acquire()
-            if hosted.epoch == base and hosted.token == header["base_token"] and base > 0:
-                return hosted, "warm", 0.0
-            if hosted.epoch == base == 0 and header["base_token"] is None:
-                return hosted, "fresh", 0.0
+            try:
+                if hosted.epoch == base and hosted.token == header["base_token"] and base > 0:
+                    hosted.notified = notify_committed(hosted.instance, base, hosted.notified)
+                    return hosted, "warm", 0.0
+                if hosted.epoch == base == 0 and header["base_token"] is None:
+                    return hosted, "fresh", 0.0
+                notify_aborted(hosted.instance, hosted.epoch, base, hosted.notified)
+            except BaseException:
+                hosted.lock.release()
+                raise
             hosted.lock.release()
             with contextlib.suppress(Exception):
                 hosted.instance.close()
@@ -364,6 +376,7 @@ class StateHost:
             header["max_parallelism"],
             store=store,
             restore_epoch=base if base > 0 else None,
+            clock=EpochClock(header),
             config=config,
         )
         restore_s = time.perf_counter() - t0

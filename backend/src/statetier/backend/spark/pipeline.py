@@ -62,6 +62,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.spark.checks import check_key_columns
+from statetier.backend.spark.epoch_time import EpochTime, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.protocol import epoch_property, process_alive
@@ -74,6 +75,7 @@ from statetier.backend.spark.results import (
 )
 from statetier.backend.spark.task import combine_function, partition_function
 from statetier.backend.spill.metrics import serve_metrics
+from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
 
@@ -135,6 +137,7 @@ class StatefulPipeline:
         config: Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         name: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.function_bytes = bytes(cloudpickle.dumps(function))  # type: ignore[no-untyped-call]
         combiner = getattr(function, "combiner", None)
@@ -160,6 +163,8 @@ class StatefulPipeline:
         self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
+        # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
+        self.clock = clock
 
     # ------------------------------------------------------------------ setup
 
@@ -196,17 +201,39 @@ class StatefulPipeline:
 
     # ------------------------------------------------------------------ epochs
 
-    def run(self, df: DataFrame, sink: Sink | None = None) -> EpochReport:
-        """Process a batch DataFrame as the next epoch and commit it."""
+    def run(
+        self,
+        df: DataFrame,
+        sink: Sink | None = None,
+        *,
+        watermark: int | None = None,
+        end_of_input: bool = False,
+    ) -> EpochReport:
+        """Process a batch DataFrame as the next epoch and commit it.
+
+        Timers fire at ``watermark`` (ms; None: event time does not move) and the pipeline
+        clock's processing time; ``end_of_input`` then fires every event-time timer.
+        """
         store = self._setup(df.sparkSession)
         epochs = store.epochs()
-        return self.run_epoch(df, (epochs[-1] if epochs else 0) + 1, sink)
+        time_ = EpochTime(watermark, self._now_ms(), end_of_input)
+        return self.run_epoch(df, (epochs[-1] if epochs else 0) + 1, sink, time=time_)
+
+    def _now_ms(self) -> int:
+        return (self.clock or SystemClock()).now_ms()
+
+    def _batch_time(self, batch: DataFrame, batch_id: int) -> EpochTime:
+        """A micro-batch's time: the query's (its offset log), the clock's if one was given."""
+        spark_time = micro_batch_time(batch, batch_id)
+        if self.clock is None:
+            return spark_time
+        return dataclasses.replace(spark_time, processing_time=self.clock.now_ms())
 
     def foreach_batch(self, sink: Sink | None = None) -> Callable[[DataFrame, int], None]:
         """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``."""
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
-            self.run_epoch(batch, batch_id + 1, sink)
+            self.run_epoch(batch, batch_id + 1, sink, time=self._batch_time(batch, batch_id))
 
         return on_batch
 
@@ -226,7 +253,7 @@ class StatefulPipeline:
         def on_batch(batch: DataFrame, batch_id: int) -> None:
             started = time.perf_counter()
             epoch = batch_id + 1
-            spec = self._begin_epoch(batch.sparkSession, epoch)
+            spec = self._begin_epoch(batch.sparkSession, epoch, self._batch_time(batch, batch_id))
             if spec["max_parallelism"] != static["max_parallelism"]:
                 raise ValueError(
                     f"the checkpoint at {self.store.uri} now has max parallelism "
@@ -242,13 +269,17 @@ class StatefulPipeline:
 
         return out.writeStream.foreachBatch(on_batch)
 
-    def transform(self, df: DataFrame, epoch: int) -> DataFrame:
-        """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran."""
-        epoch_spec = self._begin_epoch(df.sparkSession, epoch)
+    def transform(self, df: DataFrame, epoch: int, time: EpochTime | None = None) -> DataFrame:
+        """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
+        timers fire at ``time`` (default: no watermark, the clock's processing time)."""
+        epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
         return self._plan(df, {**self._static_spec(df.sparkSession), **epoch_spec})
 
-    def _begin_epoch(self, spark: SparkSession, epoch: int) -> dict[str, Any]:
-        """Check that ``epoch`` can run here; what its tasks need to know of it."""
+    def _begin_epoch(
+        self, spark: SparkSession, epoch: int, time: EpochTime | None
+    ) -> dict[str, Any]:
+        """Check that ``epoch`` can run here; what its tasks need to know of it (read once:
+        every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
         lease = self._take_lease(store)
         latest, max_parallelism = self._location(store, epoch)
@@ -265,6 +296,7 @@ class StatefulPipeline:
             "base_tokens": dict(self._tokens) if self._tokens_epoch == base else {},
             "owner": lease.owner,
             "max_parallelism": max_parallelism,
+            **(time or EpochTime(None, self._now_ms())).to_spec(),
         }
 
     def _count_executors(self, spark: SparkSession) -> None:
@@ -415,10 +447,17 @@ class StatefulPipeline:
         schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
         return keyed.mapInArrow(combine_function(groups, combiner.partial(), schema_bytes), schema)
 
-    def run_epoch(self, df: DataFrame, epoch: int, sink: Sink | None = None) -> EpochReport:
-        """Process ``df`` as ``epoch``: run the sink on the output, then commit."""
-        started = time.perf_counter()
-        return self._run_and_commit(self.transform(df, epoch), epoch, sink, started)
+    def run_epoch(
+        self,
+        df: DataFrame,
+        epoch: int,
+        sink: Sink | None = None,
+        *,
+        time: EpochTime | None = None,
+    ) -> EpochReport:
+        """Process ``df`` as ``epoch`` at ``time``: run the sink on the output, then commit."""
+        started = _perf_counter()
+        return self._run_and_commit(self.transform(df, epoch, time), epoch, sink, started)
 
     def _run_and_commit(
         self, out: DataFrame, epoch: int, sink: Sink | None, started: float
@@ -592,6 +631,10 @@ class StatefulPipeline:
             while host.node == here and process_alive(host.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _perf_counter() -> float:
+    return time.perf_counter()
 
 
 def _local_master(spark: SparkSession) -> bool:

@@ -1,0 +1,230 @@
+"""Timers and checkpoint listeners on real Spark (local[2]): batch runs and streaming queries."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from statetier.backend.keygroups import assign_to_key_group, operator_index_for_key_group
+from statetier.backend.spark import StatefulPipeline
+from statetier.backend.timers import MAX_WATERMARK
+from statetier.backend.ttl import ManualClock
+
+from tests.spark.timer_support import (
+    SCHEMA,
+    EventTimer,
+    FailingEventTimer,
+    KeyGroupTimerProbe,
+    ListenerProbe,
+    TimerProbe,
+)
+
+Fired = tuple[str, str, int, int, int]  # key, domain, ts, epoch, watermark
+
+
+def make(
+    pipelines: list[StatefulPipeline], function: Any, tmp_path: Path, p: int, **kwargs: Any
+) -> StatefulPipeline:
+    config = {"checkpoint.uri": f"file://{tmp_path}/ckpt", **kwargs.pop("config", {})}
+    pipeline = StatefulPipeline(
+        function, key="key", output_schema=SCHEMA, parallelism=p, config=config, **kwargs
+    )
+    pipelines.append(pipeline)
+    return pipeline
+
+
+def ops(spark: SparkSession, rows: list[tuple[str, str, int]]) -> DataFrame:
+    # one input partition: a key's operations reach its range in this order
+    return spark.createDataFrame(rows, "key string, op string, ts bigint").coalesce(1)
+
+
+def fired_rows(out: list[Fired]) -> Any:
+    def sink(df: DataFrame, epoch: int) -> None:
+        out.extend(tuple(r) for r in df.collect())
+
+    return sink
+
+
+@pytest.mark.parametrize("function", [TimerProbe, KeyGroupTimerProbe])
+def test_processing_and_event_time_timers_in_batch_runs(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, function: Any
+) -> None:
+    clock = ManualClock(1_000)
+    pipeline = make(pipelines, function, tmp_path, 2, clock=clock)
+    out: list[Fired] = []
+    sink = fired_rows(out)
+    first = [
+        ("a", "event", 100),
+        ("a", "event", 100),  # the same timestamp twice: one timer
+        ("a", "event", 200),
+        ("a", "del-event", 200),  # deleted: never fires
+        ("b", "proc", 1_500),
+        ("b", "proc", 3_000),
+        ("c", "event", 50),
+        ("c", "del-event", 50),
+        ("c", "event", 50),  # registered again after its delete: fires
+        ("d", "event", 500),
+    ]
+    pipeline.run(ops(spark, first), sink)
+    assert out == []  # no watermark yet, processing time 1000
+    clock.set(2_000)
+    pipeline.run(ops(spark, []), sink, watermark=150)
+    # processing-time timers first, then event time in timestamp order
+    assert out == [
+        ("b", "proc", 1_500, 2, 150),
+        ("c", "event", 50, 2, 150),
+        ("a", "event", 100, 2, 150),
+    ]
+    out.clear()
+    clock.set(2_500)
+    late = [("e", "event", 120), ("b", "del-proc", 3_000)]  # e: already due when set
+    pipeline.run(ops(spark, late), sink)  # no new watermark: it stays at 150
+    assert out == [("e", "event", 120, 3, 150)]
+    out.clear()
+    clock.set(5_000)
+    pipeline.run(ops(spark, []), sink, end_of_input=True)  # b's 3000 was deleted
+    assert out == [("d", "event", 500, 4, MAX_WATERMARK)]
+    out.clear()
+    pipeline.run(ops(spark, []), sink, end_of_input=True)
+    assert out == []  # each timer fired once
+
+
+def test_timers_of_spilled_key_groups_fire(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    spill = {
+        "spill.enabled": True,
+        "memory.budget": "1m",
+        "spill.check-interval": "10ms",
+        "spill.dirs": str(tmp_path / "spill"),
+    }
+    pipeline = make(pipelines, EventTimer, tmp_path, 2, config=spill)
+    keys = [f"k{i:05d}-{'x' * 40}" for i in range(20_000)]
+    events = spark.createDataFrame(
+        [(k, i % 1_000) for i, k in enumerate(keys)], "key string, ts bigint"
+    )
+    none = spark.createDataFrame([], "key string, ts bigint")
+    out: list[Fired] = []
+    pipeline.run(events, fired_rows(out))
+    for _ in range(2):  # let the governor spill key groups between epochs
+        pipeline.run(none, fired_rows(out))
+    pipeline.run(none, fired_rows(out), watermark=1_500)
+    assert max(r.spilled_key_groups for r in pipeline.reports) > 0
+    assert sorted((k, ts) for k, _, ts, _, _ in out) == sorted(
+        (k, i % 1_000 + 1_000) for i, k in enumerate(keys) if i % 1_000 <= 500
+    )
+    pipeline.run(none, fired_rows(out), end_of_input=True)
+    assert len(out) == len({(k, ts) for k, _, ts, _, _ in out}) == len(keys)
+
+
+def spark_watermarks(batches: list[list[tuple[str, int]]], delay: int) -> list[int | None]:
+    """The watermark Spark gives each micro-batch: the largest earlier event time less delay."""
+    marks: list[int | None] = []
+    latest: int | None = None
+    for batch in batches:
+        marks.append(None if latest is None or latest - delay <= 0 else latest - delay)
+        biggest = max(ts for _, ts in batch)
+        latest = biggest if latest is None else max(latest, biggest)
+    return marks
+
+
+def expected_fires(batches: list[list[tuple[str, int]]], delay: int) -> list[Fired]:
+    """Each (key, ts + GAP) timer, in the first epoch whose watermark reaches it."""
+    marks = spark_watermarks(batches, delay)
+    out: dict[tuple[str, int], Fired] = {}
+    for registered, batch in enumerate(batches):
+        for key, ts in batch:
+            timer = ts + EventTimer.GAP
+            for b in range(registered, len(batches)):
+                mark = marks[b]
+                if mark is not None and mark >= timer:
+                    out.setdefault((key, timer), (key, "event", timer, b + 1, mark))
+                    break
+    return sorted(out.values())
+
+
+@pytest.mark.parametrize("api", ["write_stream", "foreach_batch"])
+def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, api: str
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    batches = [[(f"k{j}", b * 700 + (j * 131) % 900) for j in range(24)] for b in range(6)]
+    out: list[Fired] = []
+
+    def run_query(files: range, function: Any, p: int) -> StatefulPipeline:
+        for i in files:
+            rows = "\n".join(f"{k},{ts}" for k, ts in batches[i])
+            path = source / f"part-{i:03d}.csv"
+            path.write_text(rows + "\n")
+            os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # read in this order
+        pipeline = make(pipelines, function, tmp_path, p)
+        events = (
+            spark.readStream.schema("key string, ts bigint")
+            .option("maxFilesPerTrigger", 1)
+            .csv(str(source))
+            .withColumn("t", sf.timestamp_millis("ts"))
+            .withWatermark("t", "500 milliseconds")
+            .select("key", "ts")
+        )
+        writer = (
+            pipeline.write_stream(events, fired_rows(out))
+            if api == "write_stream"
+            else events.writeStream.foreachBatch(pipeline.foreach_batch(fired_rows(out)))
+        )
+        query = (
+            writer.option("checkpointLocation", str(tmp_path / "spark-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        query.stop()
+        return pipeline
+
+    # range 1 of epoch 3 fails once after its timers fired: the retry fires them again from
+    # the restored state; Spark keeps one attempt's output
+    first = run_query(range(4), FailingEventTimer, 4)
+    assert [r.epoch for r in first.reports] == [1, 2, 3, 4]
+    assert first.reports[2].restored >= 1
+    mp = first.store.manifest(3).max_parallelism
+    failed_range = {
+        k
+        for k, _, _, epoch, _ in out
+        if epoch == 3 and operator_index_for_key_group(mp, 4, assign_to_key_group(k, mp)) == 1
+    }
+    assert failed_range, "the failed range fired timers in epoch 3 before it failed"
+    second = run_query(range(4, 6), EventTimer, 3)  # restarted, at another parallelism
+    assert [r.epoch for r in second.reports] == [5, 6] and second.reports[0].restored == 3
+    assert len(out) == len(set(out))  # no timer fired twice
+    assert sorted(out) == expected_fires(batches, 500)
+    assert {epoch for *_, epoch, _ in out} >= {3, 4, 5, 6}
+
+
+def test_listeners_hear_committed_and_aborted_epochs(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    pipeline = make(pipelines, functools.partial(ListenerProbe, str(logs)), tmp_path, 2)
+    rows = ops(spark, [(f"k{i}", "event", i) for i in range(40)])
+    for _ in range(3):
+        pipeline.run(rows)
+    # epoch 4 runs, but its driver never commits it (it died, say): the same epoch runs again
+    pipeline.transform(rows, 4).write.format("noop").mode("overwrite").save()
+    pipeline.run_epoch(rows, 4)
+    pipeline.run(rows)
+    lines = [line.split() for f in sorted(logs.iterdir()) for line in f.read_text().splitlines()]
+    for index in ("0", "1"):
+        heard = [(what, int(epoch)) for what, epoch, i in lines if i == index]
+        assert heard == [
+            ("complete", 1),
+            ("complete", 2),
+            ("complete", 3),
+            ("aborted", 4),
+            ("complete", 4),
+        ]
