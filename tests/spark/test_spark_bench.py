@@ -37,4 +37,6 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     assert report["ratios"]["ceiling"] == round(
         statetier["records_per_s"] / pipelines["ceiling"]["records_per_s"], 3
     )
-    assert report["meets_target"] is False  # the RocksDB and pandas peers did not run
+    # the RocksDB and pandas peers did not run: their targets are named, not judged
+    assert report["unmeasured_targets"] == ["spark_rocksdb_count", "transform_with_state_in_pandas"]
+    assert report["meets_target"] is (report["ratios"]["ceiling"] >= report["targets"]["ceiling"])

@@ -82,6 +82,7 @@ def test_new_ranges_wait_briefly_for_executors_whose_hosts_have_not_joined(
 ) -> None:
     a = FakeHost(registry, "a")
     registry.executors = 2
+    registry.join_wait = 30.0  # b joins after 0.3 s: a loaded machine must not make it late
     joined: list[FakeHost] = []
     threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b"))).start()
     owners = [route(registry, i, "a") for i in range(4)]

@@ -96,6 +96,7 @@ class HostRegistry:
         self.owners: dict[RangeKey, str] = {}
         self.moves = 0  # ranges that changed owner (a host lost or unreachable)
         self.executors = 0  # executors the application has (the driver updates it each epoch)
+        self.join_wait = JOIN_WAIT_S
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._server = Server(secret, self._connection, "statetier-registry")
@@ -216,7 +217,7 @@ class HostRegistry:
         its share, else the least loaded live host. While fewer hosts are registered than the
         application has executors (the first micro-batch starts them), wait a moment for the
         others rather than pile every range on the first."""
-        deadline = time.monotonic() + JOIN_WAIT_S
+        deadline = time.monotonic() + self.join_wait
         while True:
             live = [h for h in self.hosts.values() if h.alive]
             expected = max(len(live), self.executors)
