@@ -80,6 +80,7 @@ def main() -> None:
     )
     outputs: dict[str, int] = {}
     killed: list[int] = []
+    killed_ranges: list[int] = []
 
     def sink(out: DataFrame, epoch: int) -> None:
         if epoch == config.get("kill_at"):
@@ -89,9 +90,9 @@ def main() -> None:
     def kill_an_owner() -> None:
         registry = pipeline._registry
         assert registry is not None
-        host = max(
-            registry.live_hosts(), key=lambda h: list(registry.owners.values()).count(h.host_id)
-        )
+        owners = list(registry.owners.values())
+        host = max(registry.live_hosts(), key=lambda h: owners.count(h.host_id))
+        killed_ranges.append(owners.count(host.host_id))
         jvm = watched_jvm(host.pid)
         os.kill(jvm, signal.SIGKILL)
         killed.append(jvm)
@@ -110,6 +111,7 @@ def main() -> None:
         "error": str(error) if error else None,
         "exact": outputs == expected_counts(batches),
         "killed": killed,
+        "killed_ranges": sum(killed_ranges),
         "epochs": [
             {
                 "epoch": r.epoch,
