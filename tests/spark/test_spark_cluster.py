@@ -67,13 +67,13 @@ def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(tmp_path:
     assert epochs[1]["warm"] == 4
     # the kill lands while epoch 3's job runs (or, on a slow machine, just after it). Each of the
     # dead host's ranges is restored once on another host: in epoch 3 if its task had not run
-    # there yet, else in epoch 4, since epoch 3 committed the result it had written; an epoch
-    # run again after a lost snapshot restores all its ranges
+    # there yet, else in epoch 4, since epoch 3 committed the result it had written. A range of
+    # the surviving host whose task ran on the dead executor was fed part of its records: its
+    # retry restores it too. An epoch run again after a lost snapshot restores all its ranges
     restoring = [e for e in epochs[2:] if e["restored"]]
     assert restoring and {e["epoch"] for e in restoring} <= {3, 4}, epochs
     restored = sum(e["restored"] for e in restoring)
-    if not any(e["reruns"] for e in restoring):
-        assert restored == report["killed_ranges"], (report["killed_ranges"], epochs)
+    assert report["killed_ranges"] <= restored <= 4, (report["killed_ranges"], epochs)
     assert all(e["restored_bytes"] > 0 for e in restoring)
     # ... and every later epoch is warm again on the new owners
     later = epochs[max(e["epoch"] for e in restoring) :]
