@@ -76,12 +76,6 @@ class OperatorInstance:
         # Snapshots of this instance: full, or deltas on the chains of its own range.
         incremental = config.checkpoint_incremental if config is not None else True
         self.writer = SubtaskWriter(self.keyed, self.operator, incremental=incremental)
-        if config is not None and config.spill_enabled:
-            # the process's governor exists before any restored state: it measures the
-            # runtime's own memory when it starts
-            from statetier.backend.spill.governor import MemoryGovernor
-
-            MemoryGovernor.for_config(config)
         restored = store is not None and restore_epoch is not None
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:

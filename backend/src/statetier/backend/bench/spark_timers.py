@@ -32,13 +32,12 @@ import random
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from statetier.backend.bench import print_table
 from statetier.backend.bench.spark_functions import SESSION_GAP_MS, Sessions
-from statetier.backend.bench.spark_wordcount import spark_session
+from statetier.backend.bench.spark_wordcount import run_query, spark_session
 
 Click = tuple[str, int]
 Session = tuple[str, int, int, int]
@@ -113,16 +112,6 @@ def collector(out: list[Session]) -> Any:
         out.extend(zip(*columns, strict=True))
 
     return sink
-
-
-def run_query(writer: Any, checkpoint: Path) -> float:
-    started = time.perf_counter()
-    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
-    query.awaitTermination()
-    elapsed = time.perf_counter() - started
-    if query.exception() is not None:
-        raise RuntimeError(str(query.exception()))
-    return elapsed
 
 
 def bench_statetier(

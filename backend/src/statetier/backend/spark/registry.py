@@ -199,12 +199,14 @@ class HostRegistry:
             if host is None or not host.alive or self.owners.get(key) != host_id:
                 return  # already gone or moved: route afresh
             tcp = host.tcp()
+        if tcp is None:
+            self._lost(host, "it registered no TCP endpoint")
+            return
         try:
-            assert tcp is not None
             with contextlib.closing(connect(tcp, self.secret, PROBE_TIMEOUT_S)) as conn:
                 conn.send_bytes(b'{"op": "ping"}')
                 conn.recv_bytes()
-        except (OSError, EOFError, AssertionError) as e:
+        except (OSError, EOFError) as e:
             self._lost(host, f"unreachable from a task and from the driver ({e})")
             return
         raise RouteError(

@@ -71,8 +71,7 @@ class MemoryGovernor:
 
     @classmethod
     def for_config(cls, config: StatetierConfig) -> MemoryGovernor:
-        """The process's governor for these spill settings (made on first use, before the state
-        of its first backend is restored: its RSS then is the runtime's allowance)."""
+        """The process's governor for these spill settings (made on first use)."""
         from statetier.backend.spill.manager import default_spill_dirs
 
         dirs = tuple(config.spill_dirs) or tuple(default_spill_dirs())
