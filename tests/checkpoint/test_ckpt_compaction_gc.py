@@ -19,7 +19,7 @@ from statetier.backend.snapshot import (
     LocalCompactor,
     SnapshotStore,
 )
-from statetier.backend.snapshot.checkpointer import CUT_FACTOR
+from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.store import epoch_of
@@ -210,7 +210,7 @@ def test_a_failing_compactor_never_stops_retention(
     )
     failed = _samples("statetier_compactions_total", "failed")
     retained = _samples("statetier_retention_runs_total", "succeeded")
-    caplog.set_level(logging.INFO, logger="statetier.backend.snapshot.checkpointer")
+    caplog.set_level(logging.INFO, logger="statetier.backend.snapshot")
     longest = 0
     for epoch in range(1, 16):
         live.process(records(epoch))

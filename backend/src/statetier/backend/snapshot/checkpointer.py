@@ -22,23 +22,18 @@ import time
 from collections.abc import Sequence
 
 from statetier.backend import metrics as backend_metrics
+from statetier.backend.snapshot.chain_compaction import ChainCompaction, apply_update
 from statetier.backend.snapshot.commit import commit_snapshot
-from statetier.backend.snapshot.compaction import (
-    Compactor,
-    LocalCompactor,
-    make_request,
-    needs_compaction,
-)
+from statetier.backend.snapshot.compaction import Compactor, LocalCompactor
 from statetier.backend.snapshot.fencing import FencedError
 from statetier.backend.snapshot.gc import collect_garbage
-from statetier.backend.snapshot.manifest import FileEntry, Manifest
-from statetier.backend.snapshot.store import SnapshotStore, WriterLease, state_dir
+from statetier.backend.snapshot.manifest import Manifest
+from statetier.backend.snapshot.store import SnapshotStore, WriterLease
 from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
 
 log = logging.getLogger(__name__)
-CUT_FACTOR = 3  # a chain that failed compaction is cut at this many times the delta trigger
 
 
 class CheckpointError(RuntimeError):
@@ -213,62 +208,19 @@ class Checkpointer:
 
     def compact(self, manifest: Manifest) -> int:
         """Compact the chains of ``manifest`` that hit a trigger; return how many."""
-        done = 0
         by_range = {str(w.keyed.key_groups): w for w in self.writers if w.keyed is not None}
-        for chain in manifest.chains():
-            writer = by_range.get(chain.key_groups)
-            if writer is None:
-                continue
-            if not needs_compaction(chain, self.settings.delta_trigger, self.settings.size_ratio):
-                continue
-            output_dir = (
-                f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir(chain.state)}"
-            )
-            request = make_request(
-                self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
-            )
-            try:
-                result = self.compactor.compact(request)
-            except Exception as exc:  # this chain stays as it is; the others go on
-                log.warning(
-                    "compaction of %s %s after epoch %d failed (the chain is kept and retried "
-                    "at the next commit): %s",
-                    chain.state,
-                    chain.key_groups,
-                    manifest.epoch,
-                    exc,
-                )
-                backend_metrics.compaction_done(False)
-                self._cut_if_too_long(writer, chain.state, len(chain.deltas))
-                continue
-            backend_metrics.compaction_done(True)
-            output = result.outputs[0]
-            name = output.url[len(self.store.uri) + 1 :]
-            base = FileEntry(
-                path=name,
-                size=output.size,
-                crc32=output.crc32,
-                state=chain.state,
-                key_groups=chain.key_groups,
-                kind="base",
-                epoch=chain.files[-1].epoch,
-            )
-            if writer.replace_prefix(chain.state, chain.files, base):
-                done += 1
+        compaction = ChainCompaction(
+            self.store,
+            self.compactor,
+            delta_trigger=self.settings.delta_trigger,
+            size_ratio=self.settings.size_ratio,
+        )
+        due = compaction.due(manifest, skip=lambda chain: chain.key_groups not in by_range)
+        done = 0
+        for update in compaction.run(manifest, self.owner, due):
+            took = apply_update(by_range[update.key_groups], update)
+            done += took and update.base is not None
         return done
-
-    def _cut_if_too_long(self, writer: SubtaskWriter, state: str, deltas: int) -> None:
-        """A chain that failed compaction keeps growing; past ``CUT_FACTOR`` times the trigger
-        its next snapshot is a full base instead, so files stay bounded even when compaction
-        keeps failing (retention then deletes the old chain with its epochs)."""
-        if deltas >= CUT_FACTOR * self.settings.delta_trigger:
-            writer.cut(state)
-            log.warning(
-                "chain of %s has %d deltas and could not be compacted: the next snapshot "
-                "writes a full base",
-                state,
-                deltas,
-            )
 
     def drain(self) -> None:
         """Wait for background compaction and retention to finish."""

@@ -1,0 +1,168 @@
+"""The writer side of compaction, shared by every runtime: which chains of a committed epoch to
+compact, and what the writers of their ranges must change afterwards.
+
+Compaction runs after a commit, in the background, on whoever holds the writer lease (the local
+runner's checkpointer, the Spark driver), never on the epoch's path: the compactor is the
+compaction service when ``compaction.endpoints`` is set, else a local one. Its result is a
+:class:`ChainUpdate`: "swap these files, a prefix of the chain, for this base". The writer that
+owns the range applies it before its next snapshot (in the same process for the local runner,
+in the state host on the next epoch for Spark), so the next manifest names the compacted base;
+until then the base is named by no manifest and invisible to readers. A chain whose compaction
+keeps failing gets a cut instead: its next snapshot writes a full base, so files stay bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from statetier.backend import metrics as backend_metrics
+from statetier.backend.snapshot.compaction import Compactor, make_request, needs_compaction
+from statetier.backend.snapshot.manifest import Chain, FileEntry, Manifest
+from statetier.backend.snapshot.store import SnapshotStore, state_dir
+
+__all__ = ["CUT_FACTOR", "ChainCompaction", "ChainUpdate", "apply_update"]
+
+log = logging.getLogger(__name__)
+CUT_FACTOR = 3  # a chain that failed compaction is cut at this many times the delta trigger
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainUpdate:
+    """What a range's writer changes in one state's chain: ``inputs`` (a prefix of the chain)
+    become ``base``; with no ``base``, the chain is cut (the next snapshot is a full base)."""
+
+    state: str
+    key_groups: str
+    inputs: tuple[FileEntry, ...]
+    base: FileEntry | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChainUpdate:
+        base = data["base"]
+        return cls(
+            state=data["state"],
+            key_groups=data["key_groups"],
+            inputs=tuple(FileEntry(**f) for f in data["inputs"]),
+            base=FileEntry(**base) if base is not None else None,
+        )
+
+    def applies_to(self, chain: Chain) -> bool:
+        """Whether ``chain`` still starts with this update's inputs (nothing replaced it)."""
+        files = chain.files
+        return (
+            chain.state == self.state
+            and chain.key_groups == self.key_groups
+            and files[: len(self.inputs)] == list(self.inputs)
+        )
+
+    def named_by(self, manifest: Manifest) -> bool:
+        """Whether ``manifest`` names this update's compacted base (it took effect)."""
+        return self.base is not None and any(f.path == self.base.path for f in manifest.files())
+
+
+def apply_update(writer: Any, update: ChainUpdate) -> bool:
+    """Apply ``update`` to a :class:`~statetier.backend.snapshot.writer.SubtaskWriter`; whether
+    it took (False: the chain moved on, e.g. a full snapshot replaced it)."""
+    if update.base is None:
+        writer.cut(update.state)
+        return True
+    result: bool = writer.replace_prefix(update.state, update.inputs, update.base)
+    return result
+
+
+class ChainCompaction:
+    """Plans and runs the compactions a committed manifest's chains call for."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        compactor: Compactor,
+        *,
+        delta_trigger: int,
+        size_ratio: float,
+    ) -> None:
+        self.store = store
+        self.compactor = compactor
+        self.delta_trigger = delta_trigger
+        self.size_ratio = size_ratio
+
+    def due(self, manifest: Manifest, skip: Callable[[Chain], bool] | None = None) -> list[Chain]:
+        """The chains of ``manifest`` that hit a trigger (less those ``skip`` says are being
+        taken care of already)."""
+        return [
+            chain
+            for chain in manifest.chains()
+            if needs_compaction(chain, self.delta_trigger, self.size_ratio)
+            and not (skip is not None and skip(chain))
+        ]
+
+    def run(self, manifest: Manifest, owner: str, chains: Iterable[Chain]) -> list[ChainUpdate]:
+        """Compact ``chains`` of ``manifest``, one at a time; the updates their writers apply.
+
+        A chain that fails stays as it is (retried after the next commit) and the others go on;
+        one that failed past ``CUT_FACTOR`` times the trigger gets a cut."""
+        updates = []
+        for chain in chains:
+            update = self._compact(manifest, owner, chain)
+            if update is not None:
+                updates.append(update)
+        return updates
+
+    def _compact(self, manifest: Manifest, owner: str, chain: Chain) -> ChainUpdate | None:
+        output_dir = f"data/epoch-{manifest.epoch:010d}/{owner}/compacted/{state_dir(chain.state)}"
+        request = make_request(
+            self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
+        )
+        try:
+            result = self.compactor.compact(request)
+            base = self._checked_base(chain, result.outputs)
+        except Exception as exc:
+            log.warning(
+                "compaction of %s %s after epoch %d failed (the chain is kept and retried after "
+                "the next commit): %s",
+                chain.state,
+                chain.key_groups,
+                manifest.epoch,
+                exc,
+            )
+            backend_metrics.compaction_done(False)
+            if len(chain.deltas) >= CUT_FACTOR * self.delta_trigger:
+                log.warning(
+                    "chain of %s %s has %d deltas and could not be compacted: its next snapshot "
+                    "writes a full base",
+                    chain.state,
+                    chain.key_groups,
+                    len(chain.deltas),
+                )
+                return ChainUpdate(chain.state, chain.key_groups, tuple(chain.files), None)
+            return None
+        backend_metrics.compaction_done(True)
+        return ChainUpdate(chain.state, chain.key_groups, tuple(chain.files), base)
+
+    def _checked_base(self, chain: Chain, outputs: list[Any]) -> FileEntry:
+        """The compacted base as a manifest entry, once storage shows it with its size: a
+        manifest never names a file that is not there."""
+        if len(outputs) != 1:
+            raise RuntimeError(f"a compaction returned {len(outputs)} outputs, not one")
+        output = outputs[0]
+        prefix = self.store.uri.rstrip("/") + "/"
+        if not output.url.startswith(prefix):
+            raise RuntimeError(f"compaction output {output.url} is outside {self.store.uri}")
+        base = FileEntry(
+            path=output.url[len(prefix) :],
+            size=output.size,
+            crc32=output.crc32,
+            state=chain.state,
+            key_groups=chain.key_groups,
+            kind="base",
+            epoch=chain.files[-1].epoch,
+        )
+        if self.store.missing([base]):
+            raise RuntimeError(f"compaction output {output.url} is not in storage with its size")
+        return base
