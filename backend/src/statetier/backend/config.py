@@ -509,6 +509,18 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "--insecure-no-token). Prefer the environment variable to a Spark conf key for a secret.",
     ),
     Setting(
+        "compaction.mode",
+        "enum",
+        parse_str,
+        "background",
+        "Where chains of deltas are merged into new bases. background: after each commit, off "
+        "the epoch's path, on the compaction service when compaction.endpoints is set, else in "
+        "the process that commits (the Spark driver, the local runner). executor (Spark only, "
+        "to compare): the state host writes a full base inside its snapshot once a chain is "
+        "longer than compaction.delta-trigger.",
+        one_of("background", "executor"),
+    ),
+    Setting(
         "compaction.delta-trigger",
         "int",
         parse_int,

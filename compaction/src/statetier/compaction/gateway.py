@@ -234,6 +234,7 @@ class Gateway:
             m.leases_lost.inc()
         elif event in ("succeeded", "failed", "aborted"):
             m.finished.labels(event).inc()
+            m.tenant_finished.labels(job.tenant, event).inc()
             if job.finished_at is not None:
                 m.duration.labels(event).observe(job.finished_at - job.submitted_at)
             if event == "succeeded" and job.result is not None:

@@ -21,6 +21,7 @@ DOCUMENTED: tuple[str, ...] = tuple(
         "workers_alive",
         "jobs_submitted_total",
         "jobs_total",
+        "tenant_jobs_total",
         "job_duration_seconds",
         "input_bytes_total",
         "output_bytes_total",
@@ -46,6 +47,12 @@ class GatewayMetrics:
         self.submitted = self._counter("jobs_submitted", "Jobs accepted by the gateway.")
         self.finished = self._counter(
             "jobs", "Jobs finished, by outcome (succeeded, failed, aborted).", "outcome"
+        )
+        self.tenant_finished = self._counter(
+            "tenant_jobs",
+            "Jobs finished, by tenant (the checkpoint location a job writes under) and outcome.",
+            "tenant",
+            "outcome",
         )
         self.duration = Histogram(
             PREFIX + "job_duration_seconds",

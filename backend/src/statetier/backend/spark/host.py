@@ -48,6 +48,7 @@ from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.checks import check_output_rows
 from statetier.backend.spark.functions import (
@@ -401,7 +402,8 @@ class StateHost:
         instance = hosted.instance
         try:
             t1 = time.perf_counter()
-            snapshot = self._snapshot(instance, store, epoch, token, config)
+            updates = [ChainUpdate.from_dict(u) for u in header.get("chain_updates", ())]
+            snapshot = self._snapshot(instance, store, epoch, token, config, updates)
             snapshot_s = time.perf_counter() - t1
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
             result = RangeResult(
@@ -512,13 +514,25 @@ class StateHost:
         return out
 
     def _snapshot(
-        self, instance: OperatorInstance, store: SnapshotStore, epoch: int, owner: str, config: Any
+        self,
+        instance: OperatorInstance,
+        store: SnapshotStore,
+        epoch: int,
+        owner: str,
+        config: Any,
+        updates: list[ChainUpdate],
     ) -> dict[str, Any]:
         instance.before_snapshot(epoch)
-        chains = instance.writer.chains()
-        # compaction in the host: a base instead of a delta once a chain is long
-        full = any(len(files) > config.compaction_delta_trigger for files in chains.values())
-        prepared = instance.writer.prepare(store, epoch, owner, full=full)
+        writer = instance.writer
+        mine = str(instance.keyed.key_groups)
+        for update in updates:
+            if update.key_groups == mine:
+                apply_update(writer, update)  # the driver's compactions of this range
+        full = False
+        if config.compaction_mode == "executor":  # compaction in the host, to compare
+            chains = writer.chains()
+            full = any(len(files) > config.compaction_delta_trigger for files in chains.values())
+        prepared = writer.prepare(store, epoch, owner, full=full)
         try:
             if len(prepared.uploads) > 1:
                 pool = self._upload_pool(config.checkpoint_upload_concurrency)

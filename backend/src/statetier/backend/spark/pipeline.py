@@ -22,7 +22,6 @@ the micro-batch id + 1. Each epoch:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -58,7 +57,6 @@ from statetier.backend.snapshot import (
     CorruptFileError,
     SnapshotStore,
     WriterLease,
-    collect_garbage,
     commit_snapshot,
 )
 from statetier.backend.spark.checks import check_key_columns
@@ -74,6 +72,7 @@ from statetier.backend.spark.results import (
     snapshot_from_dict,
 )
 from statetier.backend.spark.task import combine_function, partition_function
+from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
 
@@ -159,8 +158,7 @@ class StatefulPipeline:
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
         self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
-        self._gc: concurrent.futures.Future[Any] | None = None  # the running retention
-        self._gc_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
         # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
@@ -296,6 +294,7 @@ class StatefulPipeline:
             "base_tokens": dict(self._tokens) if self._tokens_epoch == base else {},
             "owner": lease.owner,
             "max_parallelism": max_parallelism,
+            "chain_updates": self.upkeep.updates(),
             **(time or EpochTime(None, self._now_ms())).to_spec(),
         }
 
@@ -498,15 +497,14 @@ class StatefulPipeline:
         else:
             snapshots = [snapshot_from_dict(r.snapshot) for r in results]
             try:
-                commit_snapshot(store, epoch, snapshots, self._lease)
+                manifest = commit_snapshot(store, epoch, snapshots, self._lease)
             except Exception:
                 backend_metrics.checkpoint_failed()
                 raise
             self._tokens = {str(r.index): r.token for r in results}
             self._tokens_epoch = epoch
             self._latest = max(self._latest or 0, epoch)
-            assert self.config is not None
-            self._collect_garbage(store, self.config.checkpoint_retained)
+            self.upkeep.committed(manifest, self._lease.owner)
         report = EpochReport(
             epoch=epoch,
             adopted=adopted,
@@ -533,25 +531,18 @@ class StatefulPipeline:
         backend_metrics.cold_restore(report.restored)
         return report
 
-    def _collect_garbage(self, store: SnapshotStore, retained: int) -> None:
-        """Retention in the background, one run at a time, overlapping the next epoch.
-
-        Safe beside the next epoch's writes: retention only deletes files of epochs older than
-        the oldest retained one, never files a newer (still uncommitted) epoch is writing.
-        """
-        if self._gc is not None:
-            self._gc.result()  # its failure (a storage error) surfaces here, as it did inline
-        if self._gc_pool is None:
-            self._gc_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="statetier-retention"
-            )
-        self._gc = self._gc_pool.submit(collect_garbage, store, retained)
+    @property
+    def upkeep(self) -> EpochUpkeep:
+        """Compaction and retention after this pipeline's commits (see spark.upkeep)."""
+        if self._upkeep is None:
+            assert self.config is not None
+            self._upkeep = EpochUpkeep(self.store, self.config)
+        return self._upkeep
 
     def drain(self) -> None:
-        """Wait for background retention (tests and tools that list the files)."""
-        if self._gc is not None:
-            gc, self._gc = self._gc, None
-            gc.result()
+        """Wait for background compaction and retention (tests and tools that list files)."""
+        if self._upkeep is not None:
+            self._upkeep.drain()
 
     def _result(self, epoch: int, index: int) -> RangeResult:
         """Range ``index``'s result, once its host has written it (after the job returned)."""

@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import pyarrow as pa
+from statetier.backend.keygroups import key_group_range_for_operator
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -211,6 +212,12 @@ def partition_function(
             owner_host=owner.host_id,
         )
         header.pop("base_tokens")
+        mine = str(
+            key_group_range_for_operator(header["max_parallelism"], spec["parallelism"], index)
+        )
+        header["chain_updates"] = [
+            u for u in header.get("chain_updates", ()) if u["key_groups"] == mine
+        ]
         with contextlib.closing(conn):
             try:
                 yield from _stream(conn, header, function_bytes, batches)

@@ -1,0 +1,239 @@
+"""Compaction off the executors, on real Spark (``local[2]``), SeaweedFS and the compaction
+service: the state hosts write only deltas, the driver has the gateway's workers merge them, and
+the hosts name the compacted bases in their next snapshots. Also with the gateway killed
+mid-stream (the job falls back to compacting in the driver) and with a worker killed while it
+holds a job (another worker completes it)."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+from statetier.backend.bench.spark_functions import ArrowWordCount
+from statetier.backend.descriptors import ValueStateDescriptor
+from statetier.backend.runtime import OperatorInstance
+from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.spark import StatefulPipeline
+from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
+
+from tests.spark.spark_support import expected_counts, zipf_words
+
+FAST = ("--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
+TRIGGER = 3  # compaction.delta-trigger
+BATCHES = 16
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    with SeaweedFS(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def procs(tmp_path: Path, seaweed: SeaweedFS) -> Iterator[Processes]:
+    with Processes(tmp_path, env=seaweed.env) as processes:
+        yield processes
+
+
+def write_batches(directory: Path) -> list[list[str]]:
+    directory.mkdir()
+    batches = [zipf_words(3000, 2000, seed=i) for i in range(BATCHES)]
+    for i, words in enumerate(batches):
+        pq.write_table(pa.table({"word": words}), directory / f"part-{i:04d}.parquet")
+    return batches
+
+
+class Stream:
+    """A streaming word count over ``BATCHES`` files, one per micro-batch, compacted through
+    ``gateway``; ``watch(epochs_done)`` runs every 0.2 s while it runs."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        seaweed: SeaweedFS,
+        tmp_path: Path,
+        gateway: str,
+        pipelines: list[StatefulPipeline],
+        **config: Any,
+    ) -> None:
+        self.uri = f"s3://{BUCKET}/ckpt-{uuid.uuid4().hex[:10]}"
+        self.spark, self.tmp_path = spark, tmp_path
+        self.batches = write_batches(tmp_path / "input")
+        self.pipeline = StatefulPipeline(
+            ArrowWordCount,
+            key="word",
+            output_schema="word string, count bigint",
+            parallelism=2,
+            config={
+                "checkpoint.uri": self.uri,
+                "checkpoint.retained": 3,
+                "compaction.endpoints": gateway,
+                "compaction.delta-trigger": TRIGGER,
+                "compaction.size-ratio": 100.0,
+                "compaction.poll-interval": "100ms",
+                **config,
+            },
+            storage_options=seaweed.options,
+        )
+        pipelines.append(self.pipeline)
+        self.store = SnapshotStore(self.uri, **seaweed.options)
+        self.longest_chain = 0
+        self.compacted_bases: set[str] = set()
+
+    def run(self, watch: Callable[[int], None] = lambda _: None) -> None:
+        words = self.spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+        query = (
+            self.pipeline.write_stream(words.parquet(str(self.tmp_path / "input")))
+            .option("checkpointLocation", str(self.tmp_path / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        seen = 0
+        while not query.awaitTermination(0.2):
+            if len(self.pipeline.reports) > seen:
+                seen = len(self.pipeline.reports)
+                self._look()
+            watch(seen)
+        assert query.exception() is None, query.exception()
+        self.pipeline.drain()
+        self._look()
+
+    def _look(self) -> None:
+        """Chain lengths and compacted bases of the latest committed manifest."""
+        manifest = self.store.manifest()
+        for chain in manifest.chains():
+            self.longest_chain = max(self.longest_chain, len(chain.deltas))
+            if "/compacted/" in chain.base.path:
+                self.compacted_bases.add(chain.base.path)
+            else:  # a base a state host wrote: only the first epoch's
+                assert chain.base.epoch == 1, chain.base
+
+    def counts(self, parallelism: int) -> dict[str, int]:
+        """The checkpoint's counts, restored at ``parallelism``."""
+        manifest = self.store.manifest()
+        counts: dict[str, int] = {}
+        for index in range(parallelism):
+            instance = OperatorInstance(
+                cast(Any, ArrowWordCount),
+                index,
+                parallelism,
+                manifest.max_parallelism,
+                store=self.store,
+                restore_epoch=manifest.epoch,
+            )
+            state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
+            for key in instance.keyed.keys("count"):
+                instance.keyed.set_current_key(key)
+                counts[key] = state.value() or 0
+        return counts
+
+
+def metric(gateway: str, name: str, **labels: str) -> float:
+    """A gateway metric's value (0 when the series is absent)."""
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == (f"{name}{{{want}}}" if want else name):
+            return float(value)
+    return 0.0
+
+
+@pytest.mark.slow
+def test_the_service_compacts_the_jobs_chains_and_the_state_restores_at_another_parallelism(
+    spark: SparkSession,
+    seaweed: SeaweedFS,
+    procs: Processes,
+    tmp_path: Path,
+    pipelines: list[StatefulPipeline],
+) -> None:
+    prefix = f"s3://{BUCKET}/"
+    gateway, _ = procs.gateway([prefix], *FAST)
+    for _ in range(2):
+        procs.worker(gateway, [prefix])
+    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines)
+    stream.run()
+
+    remote = stream.pipeline.upkeep.compactor
+    expected = expected_counts(stream.batches)
+    assert stream.counts(2) == expected
+    assert stream.counts(3) == expected  # a restore at another parallelism, from merged bases
+    assert len(stream.compacted_bases) >= 4, stream.compacted_bases  # 2 ranges, 16 epochs
+    assert remote.remote_jobs >= len(stream.compacted_bases) and remote.fallbacks == 0
+    tenant_jobs = metric(
+        gateway, "statetier_compaction_tenant_jobs_total", tenant=stream.uri, outcome="succeeded"
+    )
+    assert tenant_jobs == remote.remote_jobs
+    # a chain grows while its compaction runs and until the next epoch's host names the base
+    assert stream.longest_chain <= 2 * TRIGGER, stream.longest_chain
+
+
+@pytest.mark.slow
+def test_a_gateway_killed_mid_stream_falls_back_to_the_driver_and_nothing_is_lost(
+    spark: SparkSession,
+    seaweed: SeaweedFS,
+    procs: Processes,
+    tmp_path: Path,
+    pipelines: list[StatefulPipeline],
+) -> None:
+    prefix = f"s3://{BUCKET}/"
+    gateway, gateway_process = procs.gateway([prefix], *FAST)
+    procs.worker(gateway, [prefix])
+    procs.worker(gateway, [prefix])
+    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines, **{"compaction.timeout": "5s"})
+    killed_at: list[int] = []
+
+    def kill_gateway(epochs: int) -> None:
+        remote = stream.pipeline.upkeep.compactor
+        if not killed_at and remote.remote_jobs >= 2:
+            gateway_process.send_signal(signal.SIGKILL)
+            gateway_process.wait()
+            killed_at.append(epochs)
+
+    stream.run(kill_gateway)
+    remote = stream.pipeline.upkeep.compactor
+    assert killed_at and killed_at[0] < BATCHES - 4, killed_at
+    assert remote.fallbacks >= 1  # compacted in the driver after the kill
+    assert stream.counts(2) == expected_counts(stream.batches)
+    assert stream.longest_chain <= 2 * TRIGGER, stream.longest_chain
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_holding_a_job_leaves_it_to_another(
+    spark: SparkSession,
+    seaweed: SeaweedFS,
+    procs: Processes,
+    tmp_path: Path,
+    pipelines: list[StatefulPipeline],
+) -> None:
+    prefix = f"s3://{BUCKET}/"
+    gateway, _ = procs.gateway([prefix], *FAST)
+    # the first worker reads slowly, so it is still on its job when it is killed
+    victim = procs.worker(gateway, [prefix], "--max-read-rate", "20000")
+    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines)
+    killed: list[int] = []
+
+    def kill_a_busy_worker(epochs: int) -> None:
+        if not killed and metric(gateway, "statetier_compaction_jobs_running") >= 1:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            killed.append(epochs)
+            procs.worker(gateway, [prefix])  # the Deployment's replacement
+
+    stream.run(kill_a_busy_worker)
+    remote = stream.pipeline.upkeep.compactor
+    assert killed, "no job was running on the slow worker"
+    assert metric(gateway, "statetier_compaction_leases_lost_total") >= 1
+    assert remote.fallbacks == 0  # the job completed on the service
+    assert remote.remote_jobs >= 2
+    assert stream.counts(2) == expected_counts(stream.batches)
+    assert stream.longest_chain <= 2 * TRIGGER + 1, stream.longest_chain
