@@ -9,12 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from statetier.backend.seaweed import BUCKET, SeaweedFS
+from statetier.compaction.testing import Processes
 from statetier.operator import annotations as ann
 from statetier.operator import sparkapp
 
@@ -92,19 +94,14 @@ def test_the_job_runs_with_the_operators_conf_and_the_secret_as_environment(
 ) -> None:
     spec = mutated_app()["spec"]
     conf = {k: v for k, v in spec["sparkConf"].items() if k.startswith("spark.statetier.")}
-    # what differs on this machine: the bucket of the local server, a writable spill dir, and
-    # no compaction service (the local compactor takes over, as the operator would warn)
+    # what differs on this machine: the bucket of the local server, a writable spill dir, the
+    # compaction gateway's address (a process here, not the Service's DNS name), and chains
+    # compacted after 2 deltas so that 4 epochs see a compaction
     uri = f"s3://{BUCKET}/k8s-wordcount"
     conf["spark.statetier.checkpoint.uri"] = uri
     conf["spark.statetier.spill.dirs"] = str(tmp_path / "spill")
-    conf.pop("spark.statetier.compaction.endpoints", None)
-    local = {
-        "spark.master": "local[2]",
-        "spark.ui.enabled": "false",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
-    }
-    submit = " ".join(f"--conf {k}={v}" for k, v in {**local, **conf}.items())
+    assert conf["spark.statetier.compaction.endpoints"] == "http://compaction-gateway:8080"
+    conf["spark.statetier.compaction.delta-trigger"] = "2"
     with SeaweedFS.start(tmp_path / "seaweedfs") as weed:
         secret = {  # the Secret's keys and the pods' env, as the pods get them
             "AWS_ACCESS_KEY_ID": weed.options["key"],
@@ -112,28 +109,68 @@ def test_the_job_runs_with_the_operators_conf_and_the_secret_as_environment(
             "AWS_ENDPOINT_URL_S3": weed.endpoint,
             "AWS_DEFAULT_REGION": "us-east-1",
         }
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STATETIER_"))},
-            **spark_env(),
-            **secret,
-            "PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell",
-        }
-        job = subprocess.run(
-            [
-                sys.executable, str(image_files()[spec["mainApplicationFile"][8:]]),
-                "--checkpoint-location", str(tmp_path / "spark-checkpoint"),
-                "--rows-per-second", "200", "--trigger", "1 second", "--parallelism", "2",
-                "--stop-after", "3",
-            ],
-            capture_output=True, text=True, timeout=280, check=False, env=env,
-        )  # fmt: skip
-        assert job.returncode == 0, job.stdout + job.stderr[-3000:]
-        assert f"committed to {uri}" in job.stdout
-        assert weed.options["secret"] not in job.stdout + job.stderr
-        listing = subprocess.run(
-            [sys.executable, "-m", "statetier.backend", "checkpoint", "list", uri],
-            capture_output=True, text=True, timeout=60, check=False, env=env,
-        )  # fmt: skip
+        token = {"STATETIER_COMPACTION_TOKEN": "t0ken-of-the-compaction-service"}
+        service = Processes(tmp_path, env={**secret, "AWS_ENDPOINT_URL": weed.endpoint, **token})
+        with service:
+            gateway, _ = service.gateway([f"s3://{BUCKET}/"], port=0)
+            service.worker(gateway, [f"s3://{BUCKET}/"])
+            conf["spark.statetier.compaction.endpoints"] = gateway
+            job, listing = run_job(spec, conf, {**secret, **token}, tmp_path)
+            jobs = gateway_metric(gateway, token, uri)
+    assert job.returncode == 0, job.stdout + job.stderr[-3000:]
+    assert f"committed to {uri}" in job.stdout
+    assert secret["AWS_SECRET_ACCESS_KEY"] not in job.stdout + job.stderr
+    assert token["STATETIER_COMPACTION_TOKEN"] not in job.stdout + job.stderr
     assert listing.returncode == 0, listing.stderr
     epochs = [int(line.split()[0]) for line in listing.stdout.splitlines()[1:]]
-    assert epochs and max(epochs) >= 3
+    assert epochs and max(epochs) >= 4
+    assert jobs >= 1  # the job's chains were compacted by the service, under its tenant
+
+
+def run_job(
+    spec: dict[str, Any], conf: dict[str, str], environment: dict[str, str], tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """The job program with ``conf`` and the pods' ``environment``, then a checkpoint listing."""
+    local = {
+        "spark.master": "local[2]",
+        "spark.ui.enabled": "false",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+    }
+    submit = " ".join(f"--conf {k}={v}" for k, v in {**local, **conf}.items())
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STATETIER_"))},
+        **spark_env(),
+        **environment,
+        "PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell",
+    }
+    job = subprocess.run(
+        [
+            sys.executable, str(image_files()[spec["mainApplicationFile"][8:]]),
+            "--checkpoint-location", str(tmp_path / "spark-checkpoint"),
+            "--rows-per-second", "200", "--trigger", "1 second", "--parallelism", "2",
+            "--stop-after", "4",
+        ],
+        capture_output=True, text=True, timeout=280, check=False, env=env,
+    )  # fmt: skip
+    listing = subprocess.run(
+        [sys.executable, "-m", "statetier.backend", "checkpoint", "list",
+         conf["spark.statetier.checkpoint.uri"]],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    return job, listing
+
+
+def gateway_metric(gateway: str, token: dict[str, str], tenant: str) -> float:
+    """Jobs of ``tenant`` the gateway says succeeded (its metrics need the token too)."""
+    request = urllib.request.Request(
+        f"{gateway}/metrics",
+        headers={"Authorization": f"Bearer {token['STATETIER_COMPACTION_TOKEN']}"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        text = response.read().decode()
+    series = f'statetier_compaction_tenant_jobs_total{{outcome="succeeded",tenant="{tenant}"}}'
+    values = [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series)
+    ]
+    return values[0] if values else 0.0
