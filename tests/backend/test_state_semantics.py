@@ -36,7 +36,7 @@ from statetier.backend.snapshot import (
     restore_keyed_state,
     snapshot_subtask,
 )
-from statetier.backend.snapshot.store import state_dir
+from statetier.backend.snapshot.layout import state_dir
 
 P = 128
 

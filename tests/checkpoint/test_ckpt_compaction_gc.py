@@ -22,7 +22,7 @@ from statetier.backend.snapshot import (
 from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
-from statetier.backend.snapshot.store import epoch_of
+from statetier.backend.snapshot.layout import epoch_of
 from statetier.backend.snapshot.verify import verify_store
 from statetier.compaction.testing import free_port
 

@@ -20,10 +20,11 @@ import pytest
 from pyspark import cloudpickle
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.snapshot import SnapshotStore, commit_snapshot
+from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.registry import HostRegistry, ask_route
-from statetier.backend.spark.results import RangeResult, result_name, snapshot_from_dict
+from statetier.backend.spark.results import RangeResult, snapshot_from_dict
 from statetier.backend.spark.task import _stream
 
 from tests.spark.spark_support import VectorWordCount

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
+from statetier.backend.snapshot.layout import location_of
 
 __all__ = [
     "Job",
@@ -75,9 +76,7 @@ class UnknownWorkerError(KeyError):
 
 def tenant_of(request: CompactionRequest) -> str:
     """The checkpoint location a job writes under: the unit of fairness between applications."""
-    prefix = request.output_prefix
-    cut = prefix.find("/data/")
-    return prefix[:cut] if cut >= 0 else prefix.rsplit("/", 1)[0]
+    return location_of(request.output_prefix)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 from statetier.backend.snapshot.format import CorruptFileError
+from statetier.backend.snapshot.layout import attempt_prefix
 from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
@@ -262,7 +263,7 @@ class Worker:
         try:
             request = parse_job(raw, _SHAPE_ONLY)
             self.policy.check_request(request)
-            prefix = f"{request.output_prefix.rstrip('/')}/{request.job_id}-a{running.attempt}"
+            prefix = attempt_prefix(request.output_prefix, request.job_id, running.attempt)
             root = self.policy.root_of(request.output_prefix)
             running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)

@@ -20,8 +20,9 @@ from typing import Any
 
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.snapshot.compaction import Compactor, make_request, needs_compaction
+from statetier.backend.snapshot.layout import compacted_dir
 from statetier.backend.snapshot.manifest import Chain, FileEntry, Manifest
-from statetier.backend.snapshot.store import SnapshotStore, state_dir
+from statetier.backend.snapshot.store import SnapshotStore
 
 __all__ = ["CUT_FACTOR", "ChainCompaction", "ChainUpdate", "apply_update"]
 
@@ -115,7 +116,7 @@ class ChainCompaction:
         return updates
 
     def _compact(self, manifest: Manifest, owner: str, chain: Chain) -> ChainUpdate | None:
-        output_dir = f"data/epoch-{manifest.epoch:010d}/{owner}/compacted/{state_dir(chain.state)}"
+        output_dir = compacted_dir(manifest.epoch, owner, chain.state)
         request = make_request(
             self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
         )

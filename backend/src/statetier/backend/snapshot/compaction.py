@@ -41,6 +41,7 @@ from statetier.backend.snapshot.format import (
     DataFileBuilder,
     DataFileReader,
 )
+from statetier.backend.snapshot.layout import compacted_base_name
 from statetier.backend.snapshot.manifest import Chain, FileEntry
 from statetier.backend.snapshot.store import put_whole
 
@@ -189,7 +190,7 @@ class LocalCompactor:
         files = [(DataFileReader(d, i.url), d) for i, d in zip(request.inputs, datas, strict=True)]
         builder = DataFileBuilder(header)
         parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files, self.check)
-        url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
+        url = compacted_base_name(request.output_prefix, request.key_groups)
         fs, path = self._fs(url)
         out = b"".join(parts)
         put_whole(fs, path, out)

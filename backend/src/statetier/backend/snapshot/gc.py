@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from statetier.backend.snapshot.store import SnapshotStore, epoch_of
+from statetier.backend.snapshot.layout import MANIFESTS, epoch_of
+from statetier.backend.snapshot.store import SnapshotStore
 
 __all__ = ["GcReport", "collect_garbage"]
 
@@ -48,7 +49,7 @@ def collect_garbage(
     old_manifests = [store.manifest_name(e) for e in epochs if e < oldest_kept]
     garbage = []
     for name in sorted(files):
-        if name.startswith("manifests/") or name in named:
+        if name.startswith(f"{MANIFESTS}/") or name in named:
             continue
         file_epoch = epoch_of(name)
         if file_epoch is not None and file_epoch < oldest_kept:

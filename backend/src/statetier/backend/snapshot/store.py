@@ -1,15 +1,7 @@
-"""Where snapshots live: the directory layout, the file I/O and the commit, through fsspec.
+"""Where snapshots live: the file I/O and the commit, through fsspec.
 
-Layout under the snapshot URI::
-
-    writer.json                                         the writer lease (see fencing)
-    manifests/epoch-0000000007.json                     the commit record of epoch 7, written last
-    data/epoch-0000000007/<owner>/<state>/<range>.<kind>.kgd   keyed state of one range
-    operator/epoch-0000000007/<owner>/<index>-of-<p>.ops       operator state of one instance
-
-Names are deterministic in (epoch, writer, state, range), so a retried or speculative attempt of
-one writer writes the same name with the same bytes, and two writers never write the same name:
-a fenced writer cannot overwrite a file another writer committed. Any fsspec URL works:
+The names of the objects under a checkpoint URI are :mod:`statetier.backend.snapshot.layout`'s.
+Any fsspec URL works:
 ``file://`` (the embedded default), ``memory://``, ``s3://``. Every call is retried on transient
 errors (see retry).
 """
@@ -20,13 +12,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
-import re
 import time
-import urllib.parse
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,6 +24,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.snapshot import layout
 from statetier.backend.snapshot.fencing import (
     ConditionalOps,
     FencedError,
@@ -50,12 +40,8 @@ from statetier.backend.snapshot.retry import (
     storage_options_for,
 )
 
-__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole", "state_dir"]
+__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole"]
 
-_MANIFEST = re.compile(r"epoch-(\d{10})\.json$")
-_EPOCH_DIR = re.compile(r"(?:^|/)epoch-(\d{10})(?:/|$)")
-LEASE_NAME = "writer.json"
-MAX_STATE_DIR = 200  # characters of a state's directory segment before it is hashed
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,31 +78,6 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
     os.replace(temp, path)
 
 
-def state_dir(state: str) -> str:
-    """The directory segment of a state's files: one per name, safe for any name.
-
-    State names are only required to be unique (as in Flink), so a name may be empty, ``.``,
-    ``..``, or contain ``/``. Most names are simply percent-quoted; a name that would quote to
-    an empty or dot-only segment, contains ``/`` or starts with ``~`` is written as ``~`` and
-    the hex of its UTF-8 bytes. Quoting never produces a leading ``~`` for the other names, so
-    two names never share a directory, and no segment is one a path check refuses (empty,
-    ``.``, ``..``, an encoded slash).
-    """
-    quoted = urllib.parse.quote(state, safe="")
-    if not quoted.strip(".") or "/" in state or state.startswith("~"):
-        quoted = "~" + state.encode("utf-8", "surrogatepass").hex()
-    if len(quoted) > MAX_STATE_DIR:  # file systems limit a name to 255 bytes
-        digest = hashlib.sha256(state.encode("utf-8", "surrogatepass")).hexdigest()
-        return "~~" + digest  # "~" + hex never has a second "~"
-    return quoted
-
-
-def epoch_of(name: str) -> int | None:
-    """The epoch a data, operator or manifest file name belongs to."""
-    found = _EPOCH_DIR.search(name) or _MANIFEST.search(name)
-    return int(found.group(1)) if found else None
-
-
 class SnapshotStore:
     """Reads and writes snapshot files under one URI."""
 
@@ -142,15 +103,15 @@ class SnapshotStore:
     def keyed_file_name(
         epoch: int, state: str, key_groups: KeyGroupRange | str, kind: str, owner: str = "w"
     ) -> str:
-        return f"data/epoch-{epoch:010d}/{owner}/{state_dir(state)}/{key_groups}.{kind}.kgd"
+        return layout.keyed_file_name(epoch, state, key_groups, kind, owner)
 
     @staticmethod
     def operator_file_name(epoch: int, index: int, parallelism: int, owner: str = "w") -> str:
-        return f"operator/epoch-{epoch:010d}/{owner}/{index}-of-{parallelism}.ops"
+        return layout.operator_file_name(epoch, index, parallelism, owner)
 
     @staticmethod
     def manifest_name(epoch: int) -> str:
-        return f"manifests/epoch-{epoch:010d}.json"
+        return layout.manifest_name(epoch)
 
     def full_path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -303,7 +264,7 @@ class SnapshotStore:
     def list_files(self) -> dict[str, int]:
         """Every file under the location: name relative to the root -> size."""
         found: dict[str, int] = {}
-        for top in ("manifests", "data", "operator"):
+        for top in layout.TOP_DIRS:
             self.fs.invalidate_cache(self.full_path(top))  # s3fs caches listings
             try:
                 listing = self.fs.find(self.full_path(top), detail=True)
@@ -328,7 +289,7 @@ class SnapshotStore:
 
     def acquire_writer(self) -> WriterLease:
         """Take the writer lease: from now on every other writer of this location is fenced."""
-        path = self.full_path(LEASE_NAME)
+        path = self.full_path(layout.LEASE)
         cond = self.conditional
         for _ in range(20):
             current = call_with_retry(lambda: cond.get(path), f"reading {path}", self.retry)
@@ -346,7 +307,7 @@ class SnapshotStore:
         raise FencedError(f"could not take the writer lease of {self.uri}: too much contention")
 
     def current_owner(self) -> str | None:
-        current = self.conditional.get(self.full_path(LEASE_NAME))
+        current = self.conditional.get(self.full_path(layout.LEASE))
         return None if current is None else str(json.loads(current[0])["owner"])
 
     def commit(self, manifest: Manifest, lease: WriterLease | None = None) -> None:
@@ -375,7 +336,7 @@ class SnapshotStore:
             )
 
     def _renew(self, lease: WriterLease, epoch: int) -> None:
-        path = self.full_path(LEASE_NAME)
+        path = self.full_path(layout.LEASE)
         cond = self.conditional
         body = json.dumps(
             {"owner": lease.owner, "generation": lease.generation, "epoch": epoch}
@@ -399,17 +360,16 @@ class SnapshotStore:
 
     def epochs(self) -> list[int]:
         """Committed epochs, oldest first."""
-        self.fs.invalidate_cache(self.full_path("manifests"))  # another writer may have committed
+        manifests = self.full_path(layout.MANIFESTS)
+        self.fs.invalidate_cache(manifests)  # another writer may have committed
         try:
             names = call_with_retry(
-                lambda: self.fs.ls(self.full_path("manifests"), detail=False),
-                f"listing {self.uri}/manifests",
-                self.retry,
+                lambda: self.fs.ls(manifests, detail=False), f"listing {manifests}", self.retry
             )
         except FileNotFoundError:
             return []
-        found = (_MANIFEST.search(str(name)) for name in names)
-        return sorted(int(m.group(1)) for m in found if m)
+        found = (layout.manifest_epoch(str(name)) for name in names)
+        return sorted(epoch for epoch in found if epoch is not None)
 
     def manifest(self, epoch: int | None = None) -> Manifest:
         """The manifest of ``epoch``, or of the latest committed epoch."""

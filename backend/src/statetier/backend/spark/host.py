@@ -49,6 +49,7 @@ from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
+from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.checks import check_output_rows
 from statetier.backend.spark.functions import (
@@ -72,8 +73,6 @@ from statetier.backend.spark.protocol import (
 from statetier.backend.spark.registry import HostInfo
 from statetier.backend.spark.results import (
     RangeResult,
-    error_name,
-    result_name,
     snapshot_to_dict,
 )
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before

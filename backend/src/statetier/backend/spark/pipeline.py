@@ -59,6 +59,7 @@ from statetier.backend.snapshot import (
     WriterLease,
     commit_snapshot,
 )
+from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.epoch_time import EpochTime, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
@@ -67,8 +68,6 @@ from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import (
     RangeResult,
-    error_name,
-    result_name,
     snapshot_from_dict,
 )
 from statetier.backend.spark.task import combine_function, partition_function

@@ -19,8 +19,6 @@ from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
 
 __all__ = [
     "RangeResult",
-    "error_name",
-    "result_name",
     "snapshot_from_dict",
     "snapshot_to_dict",
 ]
@@ -47,15 +45,6 @@ class RangeResult:
     rows: int = 0  # rows received (a combiner's rows stand for several records)
     host_id: str = ""  # the state host that owns the range
     restored_bytes: int = 0  # downloaded to restore the range (0 when warm or fresh)
-
-
-def error_name(result: str) -> str:
-    """Where a host that failed to snapshot a range says why (beside the result's name)."""
-    return result.removesuffix(".json") + ".error.txt"
-
-
-def result_name(epoch: int, owner: str, index: int, parallelism: int) -> str:
-    return f"data/epoch-{epoch:010d}/{owner}/results/{index}-of-{parallelism}.json"
 
 
 def snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:
