@@ -22,13 +22,13 @@ import time
 from collections.abc import Sequence
 
 from statetier.backend import metrics as backend_metrics
-from statetier.backend.snapshot.chain_compaction import ChainCompaction, apply_update
+from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate, apply_update
 from statetier.backend.snapshot.commit import commit_snapshot
 from statetier.backend.snapshot.compaction import Compactor, LocalCompactor
 from statetier.backend.snapshot.fencing import FencedError
-from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.store import SnapshotStore, WriterLease
+from statetier.backend.snapshot.upkeep import Upkeep
 from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
@@ -65,21 +65,29 @@ class Checkpointer:
         self.writers = list(writers)
         self.settings = settings or CheckpointSettings()
         self._lease = lease  # taken at the first checkpoint: readers never fence a writer
-        self.compactor: Compactor = compactor or LocalCompactor(filesystem=store.fs)
+        self._compaction = ChainCompaction(
+            store,
+            compactor or LocalCompactor(filesystem=store.fs),
+            delta_trigger=self.settings.delta_trigger,
+            size_ratio=self.settings.size_ratio,
+        )
+        self._upkeep = Upkeep(
+            store,
+            self._compaction if self.settings.compaction else None,
+            self.settings.retained,
+            deliver=self._deliver,
+            protect=self.protected,
+            skip=lambda chain: chain.key_groups not in self._writers_by_range(),
+        )
         self._uploads = concurrent.futures.ThreadPoolExecutor(
             self.settings.upload_concurrency, thread_name_prefix="statetier-upload"
         )
         self._committer = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="statetier-commit"
         )
-        self._background = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="statetier-compact"
-        )
         self._failures = 0
         self._fenced: BaseException | None = None
         self._lock = threading.Lock()
-        self._background_jobs: list[concurrent.futures.Future[None]] = []
-        self._last_committed = 0  # set on the committer thread, read by maintenance
 
     @property
     def lease(self) -> WriterLease:
@@ -140,7 +148,6 @@ class Checkpointer:
                     raise
                 raise CheckpointError(f"epoch {epoch} was not committed: {exc}") from exc
             backend_metrics.checkpoint_committed(time.monotonic() - started, size)
-            self._last_committed = manifest.epoch
             self._after_commit(manifest)
             return manifest
 
@@ -163,71 +170,40 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ background work
 
+    @property
+    def compactor(self) -> Compactor:
+        return self._compaction.compactor
+
+    @compactor.setter
+    def compactor(self, compactor: Compactor) -> None:
+        self._compaction.compactor = compactor
+
     def _after_commit(self, manifest: Manifest) -> None:
-        if not self.settings.compaction and self.settings.retained <= 0:
-            return
-        self._background_jobs = [f for f in self._background_jobs if not f.done()]
-        self._background_jobs.append(self._background.submit(self._maintain, manifest))
+        self._upkeep.committed(manifest, self.owner)
 
     def _maintain(self, manifest: Manifest) -> None:
-        """Compaction, then retention, each on its own: a failed compaction (a gateway down, a
-        refused request) leaves its chain as it is for the next commit to try again, and never
-        stops retention, which would let files pile up without bound. Neither fails an epoch.
-        Jobs queue up when epochs are shorter than a compaction: a job whose epoch a newer
-        commit superseded compacts nothing (retention, run by the jobs before it for newer
-        epochs, may have deleted its files; the newest epoch's job compacts what the writers
-        carry on)."""
-        if self.settings.compaction and manifest.epoch >= self._last_committed:
-            try:
-                self.compact(manifest)
-            except Exception:  # planning itself failed (reading the chains): retried next time
-                log.exception("compaction after epoch %d failed", manifest.epoch)
-                backend_metrics.compaction_done(False)
-        if self.settings.retained > 0:
-            self._retain(manifest.epoch)
+        """The background job after ``manifest``'s commit, run now (tests of a late job)."""
+        self._upkeep.committed(manifest, self.owner)
+        self._upkeep.drain()
 
-    def _retain(self, epoch: int) -> None:
-        try:
-            report = collect_garbage(self.store, self.settings.retained, protect=self.protected())
-        except Exception:  # storage trouble: the next commit's retention deletes the rest
-            log.exception("retention after epoch %d failed", epoch)
-            backend_metrics.retention_done(False)
-            return
-        backend_metrics.retention_done(True)
-        log.info(
-            "retention after epoch %d: kept epochs %s, deleted %d files (%d bytes)",
-            epoch,
-            report.retained_epochs,
-            len(report.deleted_manifests) + len(report.deleted_files),
-            report.freed_bytes,
-        )
+    def _deliver(self, updates: list[ChainUpdate]) -> None:
+        """Compaction results go straight to the writers of their ranges."""
+        by_range = self._writers_by_range()
+        for update in updates:
+            apply_update(by_range[update.key_groups], update)
+
+    def _writers_by_range(self) -> dict[str, SubtaskWriter]:
+        return {str(w.keyed.key_groups): w for w in self.writers if w.keyed is not None}
 
     def protected(self) -> set[str]:
         """Files the writers' next manifests will name (some are not committed yet)."""
         return {f.path for w in self.writers for files in w.chains().values() for f in files}
 
-    def compact(self, manifest: Manifest) -> int:
-        """Compact the chains of ``manifest`` that hit a trigger; return how many."""
-        by_range = {str(w.keyed.key_groups): w for w in self.writers if w.keyed is not None}
-        compaction = ChainCompaction(
-            self.store,
-            self.compactor,
-            delta_trigger=self.settings.delta_trigger,
-            size_ratio=self.settings.size_ratio,
-        )
-        due = compaction.due(manifest, skip=lambda chain: chain.key_groups not in by_range)
-        done = 0
-        for update in compaction.run(manifest, self.owner, due):
-            took = apply_update(by_range[update.key_groups], update)
-            done += took and update.base is not None
-        return done
-
     def drain(self) -> None:
         """Wait for background compaction and retention to finish."""
-        for future in list(self._background_jobs):
-            future.result()
+        self._upkeep.drain()
 
     def close(self) -> None:
         self._committer.shutdown(wait=True)
         self._uploads.shutdown(wait=True)
-        self._background.shutdown(wait=True)
+        self._upkeep.close()

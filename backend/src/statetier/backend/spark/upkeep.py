@@ -15,32 +15,26 @@ hosts write a full base inside their snapshot once a chain is longer than the tr
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
 import threading
 from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
-from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
+from statetier.backend.snapshot.upkeep import Upkeep
 
 __all__ = ["EpochUpkeep"]
 
-log = logging.getLogger(__name__)
-
 
 class EpochUpkeep:
-    """Compaction and retention after the commits of one pipeline, one job at a time."""
+    """Compaction and retention after the commits of one pipeline; the updates in flight."""
 
     def __init__(self, store: SnapshotStore, config: StatetierConfig) -> None:
-        self.store = store
-        self.retained = int(config.checkpoint_retained)
-        self.compaction: ChainCompaction | None = None
+        compaction = None
         if config.compaction_mode == "background":
-            self.compaction = ChainCompaction(
+            compaction = ChainCompaction(
                 store,
                 compactor_for(config, store),
                 delta_trigger=int(config.compaction_delta_trigger),
@@ -48,13 +42,19 @@ class EpochUpkeep:
             )
         self._pending: list[ChainUpdate] = []
         self._lock = threading.Lock()
-        self._latest = 0
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
-        self._job: concurrent.futures.Future[None] | None = None
+        self._upkeep = Upkeep(
+            store,
+            compaction,
+            int(config.checkpoint_retained),
+            deliver=self._deliver,
+            protect=self._protected,
+            skip=self._in_hand,
+        )
 
     @property
     def compactor(self) -> Any:
-        return self.compaction.compactor if self.compaction is not None else None
+        compaction = self._upkeep.compaction
+        return compaction.compactor if compaction is not None else None
 
     def updates(self) -> list[dict[str, Any]]:
         """The chain updates the next epoch's hosts apply (JSON-ready)."""
@@ -63,15 +63,7 @@ class EpochUpkeep:
 
     def committed(self, manifest: Manifest, owner: str) -> None:
         """``manifest`` was just committed: forget the updates it took (or that no longer
-        apply), then compact and retain in the background. A failure of the previous job
-        (storage trouble in retention) surfaces here, as it would have inline."""
-        self._settle(manifest)
-        self._latest = max(self._latest, manifest.epoch)
-        if self._job is not None:
-            self._job.result()
-        self._job = self._pool.submit(self._maintain, manifest, owner)
-
-    def _settle(self, manifest: Manifest) -> None:
+        apply), then compact and retain in the background."""
         chains = {(c.state, c.key_groups): c for c in manifest.chains()}
         with self._lock:
             self._pending = [
@@ -81,22 +73,11 @@ class EpochUpkeep:
                 and (chain := chains.get((u.state, u.key_groups))) is not None
                 and u.applies_to(chain)
             ]
+        self._upkeep.committed(manifest, owner)
 
-    def _maintain(self, manifest: Manifest, owner: str) -> None:
-        """Compaction (only for the newest commit: a queued job of an older one would compact
-        chains the newer commit carries on anyway), then retention. A compaction failure never
-        stops retention."""
-        if self.compaction is not None and manifest.epoch >= self._latest:
-            try:
-                due = self.compaction.due(manifest, skip=self._in_hand)
-                updates = self.compaction.run(manifest, owner, due)
-            except Exception:  # planning itself failed (reading the chains): next time
-                log.exception("compaction after epoch %d failed", manifest.epoch)
-                updates = []
-            with self._lock:
-                self._pending.extend(updates)
-        if self.retained > 0:
-            collect_garbage(self.store, self.retained, protect=self._protected())
+    def _deliver(self, updates: list[ChainUpdate]) -> None:
+        with self._lock:
+            self._pending.extend(updates)
 
     def _in_hand(self, chain: Chain) -> bool:
         """Whether an update for ``chain`` waits to be applied already."""
@@ -108,10 +89,8 @@ class EpochUpkeep:
             return {u.base.path for u in self._pending if u.base is not None}
 
     def drain(self) -> None:
-        """Wait for the running job (tests and tools that list the files)."""
-        if self._job is not None:
-            job, self._job = self._job, None
-            job.result()
+        """Wait for the queued jobs (tests and tools that list the files)."""
+        self._upkeep.drain()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._upkeep.close()
