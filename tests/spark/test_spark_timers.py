@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from statetier.backend.keygroups import assign_to_key_group, operator_index_for_key_group
+from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import ManualClock
@@ -228,3 +230,26 @@ def test_listeners_hear_committed_and_aborted_epochs(
             ("aborted", 4),
             ("complete", 4),
         ]
+
+
+@pytest.mark.parametrize(
+    "empty", [lambda df: df.limit(0), lambda df: df.where("false")], ids=["limit0", "where-false"]
+)
+def test_an_input_spark_proves_empty_still_runs_every_range(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, empty: Any
+) -> None:
+    """Spark drops a plan whose input it proves empty (no task at all); every range still gets
+    its epoch: timers fire and the epoch commits (it used to wait out host.result-timeout)."""
+    clock = ManualClock(1_000)
+    config = {"host.result-timeout": "30s"}
+    pipeline = make(pipelines, TimerProbe, tmp_path, 2, clock=clock, config=config)
+    out: list[Fired] = []
+    sink = fired_rows(out)
+    pipeline.run(ops(spark, [("a", "event", 100), ("b", "proc", 1_500)]), sink)
+    clock.set(2_000)
+    started = time.monotonic()
+    report = pipeline.run(empty(ops(spark, [("z", "event", 1)])), sink, watermark=150)
+    assert time.monotonic() - started < 25
+    assert out == [("b", "proc", 1_500, 2, 150), ("a", "event", 100, 2, 150)]
+    assert report.ranges == 2 and report.records == 0
+    assert SnapshotStore(f"file://{tmp_path}/ckpt").epochs()[-1] == 2

@@ -270,7 +270,14 @@ class StatefulPipeline:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
         timers fire at ``time`` (default: no watermark, the clock's processing time)."""
         epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
-        return self._plan(df, {**self._static_spec(df.sparkSession), **epoch_spec})
+        spec = {**self._static_spec(df.sparkSession), **epoch_spec}
+        out = self._plan(df, spec)
+        if _runs_no_task(out):
+            # Spark proved the input empty and dropped the whole plan: no range would get a
+            # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
+            # see through, gives every range its (empty) task.
+            out = self._plan(_opaque_empty(df, self.parallelism), spec)
+        return out
 
     def _begin_epoch(
         self, spark: SparkSession, epoch: int, time: EpochTime | None
@@ -621,6 +628,24 @@ class StatefulPipeline:
             while host.node == here and process_alive(host.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _runs_no_task(out: DataFrame) -> bool:
+    """Whether the optimizer dropped the exchange into ranges because it proved the input empty
+    (``mapInArrow`` straight over an empty local relation: no task would run). Looks at the
+    optimized plan only: nothing is executed."""
+    plan = out._jdf.queryExecution().optimizedPlan()
+    if plan.nodeName() != "MapInArrow" or plan.children().size() != 1:
+        return False
+    child = plan.children().head()
+    return bool(child.nodeName() == "LocalRelation" and child.data().isEmpty())
+
+
+def _opaque_empty(df: DataFrame, partitions: int) -> DataFrame:
+    """No rows of ``df``'s schema, in ``partitions`` partitions the optimizer cannot see into."""
+    spark = df.sparkSession
+    empty = spark.sparkContext.parallelize([], partitions)
+    return spark.createDataFrame(empty, df.schema)
 
 
 def _perf_counter() -> float:
