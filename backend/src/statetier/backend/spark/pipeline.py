@@ -644,7 +644,7 @@ def _runs_no_task(out: DataFrame) -> bool:
 def _opaque_empty(df: DataFrame, partitions: int) -> DataFrame:
     """No rows of ``df``'s schema, in ``partitions`` partitions the optimizer cannot see into."""
     spark = df.sparkSession
-    empty = spark.sparkContext.parallelize([], partitions)
+    empty: Any = spark.sparkContext.parallelize([], partitions)
     return spark.createDataFrame(empty, df.schema)
 
 
