@@ -6,7 +6,7 @@ base) the chain is merged into one base with the same merge rule restore uses, s
 returns never changes. Tombstones disappear in the merge. Most of a compaction is moving bytes,
 so key groups that no delta touches keep their base block as-is (no decoding, no re-encoding;
 see :class:`~statetier.backend.snapshot.format.DataFileBuilder`) and only the touched ones are
-merged.
+merged (:func:`~statetier.backend.snapshot.merge.merge_blocks`, restore's rule).
 
 Expired TTL entries are kept, even for states that drop them from full snapshots: neither the
 request nor the files say whether a state asks for that (the cleanup setting is not recorded)
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
 import json
-import operator
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -33,7 +31,6 @@ from typing import Any, Protocol
 
 import fsspec
 from statetier.backend.keygroups import KeyGroupRange
-from statetier.backend.snapshot.blocks import decode_block
 from statetier.backend.snapshot.format import (
     BASE,
     FORMAT_VERSION,
@@ -42,6 +39,7 @@ from statetier.backend.snapshot.format import (
     DataFileReader,
 )
 from statetier.backend.snapshot.manifest import Chain, FileEntry
+from statetier.backend.snapshot.merge import live_chain, merge_blocks
 from statetier.backend.snapshot.store import put_whole
 
 __all__ = [
@@ -186,7 +184,10 @@ class LocalCompactor:
             "max_parallelism": request.max_parallelism,
             "compacted_from": len(request.inputs),
         }
-        files = [(DataFileReader(d, i.url), d) for i, d in zip(request.inputs, datas, strict=True)]
+        files = [
+            DataFileReader(d, i.url, verified=True)
+            for i, d in zip(request.inputs, datas, strict=True)
+        ]
         builder = DataFileBuilder(header)
         parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files, self.check)
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
@@ -215,50 +216,29 @@ class LocalCompactor:
 def merge_chain(
     builder: DataFileBuilder,
     key_groups: KeyGroupRange,
-    files: list[tuple[DataFileReader, bytes]],
+    files: list[DataFileReader],
     check: Callable[[], None] | None = None,
 ) -> Iterator[bytes | memoryview]:
-    """The bytes of the new base of a chain (base first, then deltas in epoch order) over
-    ``key_groups``, part by part as ``builder`` lays them out.
+    """The bytes of the new base of a chain (its files oldest first) over ``key_groups``,
+    part by part as ``builder`` lays them out.
 
     Every file's bytes must have been checked against its manifest checksum. A key group no
-    delta touches keeps its base block as-is; the others are merged (later values win,
-    tombstones remove), as :func:`~statetier.backend.snapshot.serialize.merge_pairs` does.
+    delta after the chain's last base touches keeps that base's block as-is; the others are
+    merged by :func:`~statetier.backend.snapshot.merge.merge_blocks`, the rule restore applies.
     """
-    bases = [i for i, (reader, _) in enumerate(files) if reader.kind == BASE]
-    chain = files[bases[-1] if bases else 0 :]  # a base in the middle restarts the chain
-    base = chain[0] if chain[0][0].kind == BASE else None
-    deltas = chain[1:] if base is not None else chain
-    touched = {kg for reader, _ in deltas for kg in reader.index}
+    chain = live_chain(files)  # a base in the middle restarts the chain
+    base = chain[0] if chain[0].kind == BASE else None
+    touched = {kg for reader in chain[1 if base else 0 :] for kg in reader.index}
     yield builder.head
     for key_group in key_groups:
         if check is not None:
             check()
         if key_group in touched:
-            keys, values = _merge_key_group(key_group, base, deltas)
-            if keys:
-                yield builder.add_block(key_group, builder.encode_block(keys, values), len(keys))
-        elif base is not None and (entry := base[0].index.get(key_group)) is not None:
-            block = memoryview(base[1])[entry.offset : entry.offset + entry.length]
-            yield builder.add_raw(key_group, block, entry.crc32, entry.entries)
+            blocks = [b for reader in chain if (b := reader.block(key_group)) is not None]
+            flat = merge_blocks(blocks)
+            if flat:
+                yield builder.add_block(key_group, builder.encode_flat(flat), len(flat) // 2)
+        elif base is not None and (block := base.block(key_group)) is not None:
+            entry = base.index[key_group]
+            yield builder.add_raw(key_group, block.data, entry.crc32, entry.entries)
     yield builder.tail()
-
-
-def _merge_key_group(
-    key_group: int,
-    base: tuple[DataFileReader, bytes] | None,
-    deltas: list[tuple[DataFileReader, bytes]],
-) -> tuple[list[bytes], list[bytes]]:
-    """The sorted keys and values of ``key_group`` after applying ``deltas`` to ``base``."""
-    merged: dict[bytes, bytes | None] = {}
-    for reader, data in ([base] if base is not None else []) + deltas:
-        entry = reader.index.get(key_group)
-        if entry is None:
-            continue
-        keys, values = decode_block(memoryview(data), entry, reader.kind, reader.path)
-        merged.update(zip(keys, values, strict=True))
-        if None in values:  # tombstones: the update above put None there
-            for key in itertools.compress(keys, map(operator.is_, values, itertools.repeat(None))):
-                merged.pop(key, None)
-    ordered = sorted(merged)  # mostly in base order already: timsort runs through it
-    return ordered, list(map(merged.__getitem__, ordered))  # type: ignore[arg-type]

@@ -126,6 +126,11 @@ class DataFileBuilder:
         block: bytes = self._pack(flat)
         return block
 
+    def encode_flat(self, flat: Sequence[bytes | None]) -> bytes:
+        """A block of entries already laid out as stored: [key, value, key, value, ...]."""
+        block: bytes = self._pack(flat)
+        return block
+
     def add_raw(
         self, key_group: int, block: bytes | memoryview, crc32: int, entries: int
     ) -> bytes | memoryview:
@@ -170,7 +175,8 @@ class Block:
 
     def flat(self) -> list[bytes | None]:
         """Decode the block as stored: [key, value, key, value, ...], a value of None a
-        tombstone (the cheapest decode: no pair is built)."""
+        tombstone (the cheapest decode: no pair is built). The one block decoder: restore,
+        compaction (see merge) and verification all read blocks through it."""
         try:
             flat = msgpack.unpackb(self.data)
         except (ValueError, msgpack.UnpackException) as exc:
@@ -184,13 +190,17 @@ class Block:
 
 
 class DataFileReader:
-    """Reads a data file held in memory; ``path`` is only used in error messages."""
+    """Reads a data file held in memory; ``path`` is only used in error messages.
 
-    def __init__(self, data: bytes, path: str) -> None:
+    ``verified``: the whole file was checked against the manifest's checksum already (as
+    compaction does with every input), so its blocks' own checksums are not checked again.
+    """
+
+    def __init__(self, data: bytes, path: str, *, verified: bool = False) -> None:
         self.path = path
         self._data = data
         self._view = memoryview(data)
-        self._blocks_checked = False
+        self._blocks_checked = verified
         self.header = self._read_header()
         self.index = self._read_index()
 
