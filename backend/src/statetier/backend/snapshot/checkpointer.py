@@ -33,7 +33,7 @@ from statetier.backend.snapshot.fencing import FencedError
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.store import SnapshotStore, WriterLease, state_dir
-from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
+from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter, epoch_clock
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
 
@@ -146,7 +146,7 @@ class Checkpointer:
                 raise CheckpointError(f"epoch {epoch} was not committed: {exc}") from exc
             backend_metrics.checkpoint_committed(time.monotonic() - started, size)
             self._last_committed = manifest.epoch
-            self._after_commit(manifest)
+            self._after_commit(manifest, epoch_clock(snapshots))
             return manifest
 
         return self._committer.submit(commit)
@@ -168,13 +168,13 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ background work
 
-    def _after_commit(self, manifest: Manifest) -> None:
+    def _after_commit(self, manifest: Manifest, now_ms: int | None) -> None:
         if not self.settings.compaction and self.settings.retained <= 0:
             return
         self._background_jobs = [f for f in self._background_jobs if not f.done()]
-        self._background_jobs.append(self._background.submit(self._maintain, manifest))
+        self._background_jobs.append(self._background.submit(self._maintain, manifest, now_ms))
 
-    def _maintain(self, manifest: Manifest) -> None:
+    def _maintain(self, manifest: Manifest, now_ms: int | None = None) -> None:
         """Compaction, then retention, each on its own: a failed compaction (a gateway down, a
         refused request) leaves its chain as it is for the next commit to try again, and never
         stops retention, which would let files pile up without bound. Neither fails an epoch.
@@ -184,7 +184,7 @@ class Checkpointer:
         carry on)."""
         if self.settings.compaction and manifest.epoch >= self._last_committed:
             try:
-                self.compact(manifest)
+                self.compact(manifest, now_ms)
             except Exception:  # planning itself failed (reading the chains): retried next time
                 log.exception("compaction after epoch %d failed", manifest.epoch)
                 backend_metrics.compaction_done(False)
@@ -211,8 +211,10 @@ class Checkpointer:
         """Files the writers' next manifests will name (some are not committed yet)."""
         return {f.path for w in self.writers for files in w.chains().values() for f in files}
 
-    def compact(self, manifest: Manifest) -> int:
-        """Compact the chains of ``manifest`` that hit a trigger; return how many."""
+    def compact(self, manifest: Manifest, now_ms: int | None = None) -> int:
+        """Compact the chains of ``manifest`` that hit a trigger; return how many. ``now_ms``
+        is the epoch's clock (:func:`~statetier.backend.snapshot.writer.epoch_clock`), for
+        states whose TTL cleanup drops expired entries in compaction."""
         done = 0
         by_range = {str(w.keyed.key_groups): w for w in self.writers if w.keyed is not None}
         for chain in manifest.chains():
@@ -225,7 +227,13 @@ class Checkpointer:
                 f"data/epoch-{manifest.epoch:010d}/{self.owner}/compacted/{state_dir(chain.state)}"
             )
             request = make_request(
-                self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
+                self.store.url,
+                chain.state,
+                chain.files,
+                output_dir,
+                manifest.max_parallelism,
+                meta=manifest.states.get(chain.state),
+                now_ms=now_ms,
             )
             try:
                 result = self.compactor.compact(request)
