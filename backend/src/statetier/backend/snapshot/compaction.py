@@ -41,6 +41,7 @@ from statetier.backend.snapshot.format import (
     DataFileBuilder,
     DataFileReader,
 )
+from statetier.backend.snapshot.lazy import bulk_allocation
 from statetier.backend.snapshot.manifest import Chain, FileEntry
 from statetier.backend.snapshot.merge import live_chain, merge_blocks
 from statetier.backend.snapshot.store import put_whole
@@ -232,10 +233,11 @@ class LocalCompactor:
         parts = merge_chain(builder, key_groups, files, self.check, expired)
         url = f"{request.output_prefix.rstrip('/')}/{request.key_groups}.base.kgd"
         fs, path = self._fs(url)
-        out = b"".join(parts)
+        with bulk_allocation():  # many small acyclic objects: no cyclic GC passes over them
+            out = b"".join(parts)
         put_whole(fs, path, out)
         return CompactionResult(
-            request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], builder.entries
+            request.job_id, [CompactionOutput(url, len(out), builder.crc32)], builder.entries
         )
 
     def _read_inputs(self, inputs: list[CompactionInput]) -> list[bytes]:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
+from statetier.backend.snapshot.crc import Crc32
 
 __all__ = [
     "BASE",
@@ -117,6 +118,8 @@ class DataFileBuilder:
         self._offset = len(self.head)
         self._index: list[list[int]] = []
         self.entries = 0
+        self._crc = Crc32()
+        self._crc.add(self.head)
 
     def encode_block(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
         """A block of ``keys`` (sorted) and their ``values`` (None: a tombstone)."""
@@ -138,6 +141,7 @@ class DataFileBuilder:
         self._index.append([key_group, self._offset, len(block), crc32, entries])
         self._offset += len(block)
         self.entries += entries
+        self._crc.add(block, crc32)
         return block
 
     def add_block(self, key_group: int, block: bytes, entries: int) -> bytes:
@@ -149,7 +153,14 @@ class DataFileBuilder:
         """The key-group index and the footer: the file's last bytes."""
         index_bytes: bytes = self._pack(self._index)
         footer = _FOOTER.pack(self._offset, len(index_bytes), zlib.crc32(index_bytes), END_MAGIC)
+        self._crc.add(index_bytes + footer)
         return index_bytes + footer
+
+    @property
+    def crc32(self) -> int:
+        """The CRC-32 of the whole file (once :meth:`tail` is written), from its parts' CRC-32s
+        without a second pass over the blocks (see crc)."""
+        return self._crc.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +195,8 @@ class Block:
         if not isinstance(flat, list) or len(flat) != 2 * self.entries:
             found = len(flat) // 2 if isinstance(flat, list) else "no"
             raise self.fail(f"holds {found} entries, index says {self.entries}")
-        if self.kind != DELTA and None in flat[1::2]:
+        if self.kind != DELTA and not all(values := flat[1::2]) and None in values:
+            # all() first: a much cheaper scan than looking for None, which compares each value
             raise self.fail("holds a tombstone, but this is not a delta file")
         return flat
 

@@ -47,16 +47,25 @@ def merge_blocks(blocks: Sequence[Block]) -> list[bytes]:
     if len(chain) == 1 and chain[0].kind == BASE:
         return chain[0].flat()  # type: ignore[return-value]  # a base holds no None
     merged: dict[bytes, bytes | None] = {}
+    maybe_tombstones = False
     for block in chain:
         flat = block.flat()
-        values = flat[1::2]
-        merged.update(zip(flat[0::2], values, strict=True))  # type: ignore[arg-type]
-        if None in values:  # tombstones: the update above put None there
-            removed = map(operator.is_, values, itertools.repeat(None))
-            for key in itertools.compress(flat[0::2], removed):
-                del merged[key]  # type: ignore[arg-type]
-    keys = sorted(merged)  # mostly in base order already: timsort runs through it
+        pairs = iter(flat)
+        merged.update(zip(pairs, pairs, strict=True))  # type: ignore[arg-type]
+        # a None (tombstone) is falsy; all() is a much cheaper scan than looking for None
+        maybe_tombstones = maybe_tombstones or not all(flat[1::2])
+    # A tombstone left None under its key, in place: a later value replaces it there, and
+    # only the keys still None at the end are removed (the last word on them was a removal).
+    keys = list(merged)
+    values = list(merged.values())
+    if maybe_tombstones:
+        live = list(map(operator.is_not, values, itertools.repeat(None)))
+        keys = list(itertools.compress(keys, live))
+        values = list(itertools.compress(values, live))
+    ordered = sorted(keys)  # the base's keys come first, in order: timsort runs through them
+    if ordered != keys:  # keys new since the base were added at the end
+        keys, values = ordered, list(map(merged.__getitem__, ordered))
     out: list[Any] = [b""] * (2 * len(keys))
     out[0::2] = keys
-    out[1::2] = map(merged.__getitem__, keys)  # no None left: the tombstones were removed
+    out[1::2] = values
     return out
