@@ -13,7 +13,9 @@ older service accepts.
 from __future__ import annotations
 
 import json
+import struct
 import threading
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from statetier.backend.snapshot.compaction import (
     Compactor,
     LocalCompactor,
 )
-from statetier.backend.snapshot.format import DataFileReader
+from statetier.backend.snapshot.format import DataFileBuilder, DataFileReader, encode_data_file
 from statetier.backend.snapshot.ttl_filter import ttl_filter
 from statetier.backend.state.codec import StateCodec
 from statetier.compaction.testing import Processes, SeaweedFS
@@ -268,3 +270,57 @@ def test_without_a_clock_or_the_cleanup_setting_nothing_is_filtered() -> None:
     assert live is not None
     flat = [b"k", StateCodec(ValueStateDescriptor("x", ttl=_ttl(True))).encode(("v", T0 - 1))]
     assert live(flat) is flat  # nothing expired: the same list, so a block is copied as-is
+
+
+def _odd_block(pairs: list[tuple[bytes, bytes | None]]) -> bytes:
+    """A valid block in a msgpack encoding the encoder never picks (32-bit array and bin
+    headers): copied as-is it keeps these bytes, decoded and re-encoded it would not."""
+    out = [b"\xdd" + struct.pack(">I", 2 * len(pairs))]
+    for item in (x for pair in pairs for x in pair):
+        assert item is not None
+        out.append(b"\xc6" + struct.pack(">I", len(item)) + item)
+    return b"".join(out)
+
+
+def _raw_block(reader: DataFileReader, data: bytes, key_group: int) -> bytes:
+    entry = reader.index[key_group]
+    return data[entry.offset : entry.offset + entry.length]
+
+
+def test_untouched_blocks_without_expired_entries_are_still_copied_as_they_are(
+    tmp_path: Path,
+) -> None:
+    codec = StateCodec(ValueStateDescriptor("v", ttl=_ttl(True)))
+    now = T0 + 2 * TTL_MS
+
+    def entries(kg: int, stamp: int) -> list[tuple[bytes, bytes | None]]:
+        return [(b"k%d-%03d" % (kg, i), codec.encode((f"v{i}", stamp))) for i in range(40)]
+
+    builder = DataFileBuilder({"state": "v", "key_groups": "0-3", "epoch": 1, "kind": "base"})
+    alive = _odd_block(entries(0, now))  # re-encoded, these bytes would change
+    parts = [builder.head, builder.add_raw(0, alive, zlib.crc32(alive), 40)]
+    half = entries(1, now)[:20] + entries(1, T0)[20:]  # half of key group 1 expired at ``now``
+    for kg, pairs in ((1, half), (2, entries(2, now))):
+        flat = [x for pair in pairs for x in pair]
+        parts.append(builder.add_block(kg, builder.encode_flat(flat), len(pairs)))
+    base = b"".join(parts) + builder.tail()
+    delta = encode_data_file(
+        {"state": "v", "key_groups": "0-3", "epoch": 2, "kind": "delta"},
+        [(2, [(b"k2-000", None), (b"k2-new", codec.encode(("x", T0)))])],  # expired at once
+    )
+    inputs = []
+    for i, (kind, data) in enumerate((("base", base), ("delta", delta))):
+        path = tmp_path / f"{i}.kgd"
+        path.write_bytes(data)
+        inputs.append(CompactionInput(f"file://{path}", len(data), zlib.crc32(data), kind, i + 1))
+    request = CompactionRequest(
+        "j", "v", "0-3", inputs, f"file://{tmp_path}/out", 2, 8, "value", _ttl(True).to_json(), now
+    )
+    (output,) = LocalCompactor().compact(request).outputs
+    data = Path(output.url[len("file://") :]).read_bytes()
+    out, old = DataFileReader(data, "out"), DataFileReader(base, "base")
+    assert _raw_block(out, data, 0) == alive  # all alive: copied, not re-encoded
+    assert out.index[0].crc32 == old.index[0].crc32
+    assert [k for k, _ in out.read_block(1)] == [k for k, _ in entries(1, now)[:20]]
+    assert [k for k, _ in out.read_block(2)] == [k for k, _ in entries(2, now)[1:]]
+    assert output.crc32 == zlib.crc32(data)
