@@ -11,8 +11,9 @@ merged (:func:`~statetier.backend.snapshot.merge.merge_blocks`, restore's rule).
 Expired TTL entries are dropped from the new base when the state's TTL asks for it
 (``cleanup_in_compaction``, Flink's compaction filter; see ttl_filter) and kept otherwise. The
 request carries what that needs: the state's kind and TTL settings as the manifest records them,
-and the epoch's clock (``now_ms``). A request without them (an older client's) keeps every
-entry, and its JSON has none of these fields, so older services accept it.
+and the epoch's clock (``now_ms``), for the states that ask for it. A request without them (an
+older client's, or a state without that cleanup) keeps every entry, and its JSON has none of
+these fields, so older services accept it.
 
 The :class:`Compactor` interface takes a JSON-serializable :class:`CompactionRequest` (input
 files with their sizes and checksums, key-group range, output prefix, format version) and
@@ -159,11 +160,15 @@ def make_request(
     now_ms: int | None = None,
 ) -> CompactionRequest:
     """The request to merge ``chain_files`` (URLs built by ``store_url(name)``). ``meta`` is
-    the state's meta in the manifest (its kind and TTL settings go into the request) and
-    ``now_ms`` the epoch's clock; without them the merge keeps expired entries."""
+    the state's meta in the manifest and ``now_ms`` the epoch's clock; without them the merge
+    keeps expired entries. The state's kind, TTL settings and the clock go into the request
+    only for a state whose TTL asks for cleanup in compaction: every other request keeps the
+    older JSON, which services from before TTL-aware compaction accept."""
     first = chain_files[0]
     assert first.key_groups is not None
     ttl = meta.get("ttl") if meta else None
+    if not (ttl and ttl.get("cleanup_in_compaction")):
+        ttl = None
     return CompactionRequest(
         job_id=uuid.uuid4().hex,
         state=state,
