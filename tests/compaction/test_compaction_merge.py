@@ -36,7 +36,6 @@ from statetier.backend.snapshot.format import (
     DataFileReader,
     encode_data_file,
 )
-from statetier.backend.snapshot.serialize import merge_pairs
 from statetier.compaction.testing import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
@@ -71,11 +70,26 @@ def _raw(reader: DataFileReader, data: bytes, key_group: int) -> bytes:
     return data[entry.offset : entry.offset + entry.length]
 
 
+def _replay(chain: list[tuple[str, Pairs]]) -> Pairs:
+    """One key group's chain replayed entry by entry, written here independently of the
+    merge under test: a base starts over, later values win, tombstones remove."""
+    merged: dict[bytes, bytes | None] = {}
+    for kind, pairs in chain:
+        if kind == BASE:
+            merged = {}
+        for key, value in pairs:
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+    return list(merged.items())
+
+
 def _reference(request: CompactionRequest, datas: list[bytes], header: dict[str, Any]) -> bytes:
-    """What compaction wrote before blocks were copied: decode, merge_pairs, encode."""
+    """What compaction wrote before blocks were copied: decode, replay, encode."""
     readers = [DataFileReader(d, i.url) for i, d in zip(request.inputs, datas, strict=True)]
     blocks: list[tuple[int, Pairs]] = [
-        (kg, list(merge_pairs((r.kind, r.read_block(kg)) for r in readers)))
+        (kg, _replay([(r.kind, r.read_block(kg)) for r in readers]))
         for kg in KeyGroupRange.parse(request.key_groups)
     ]
     return encode_data_file({k: v for k, v in header.items() if k != "format_version"}, blocks)
@@ -144,7 +158,8 @@ def test_a_delta_touching_few_key_groups_copies_the_rest_and_restores_unchanged(
 
 def _chain(seed: int, key_groups: range, middle_base: bool) -> list[tuple[str, bytes]]:
     """A base and deltas with every case: key groups only in the base, only in deltas,
-    emptied by tombstones, tombstones of absent keys, keys removed and written again."""
+    emptied by tombstones, tombstones of absent keys, keys removed and written again; with
+    ``middle_base`` key groups the middle base lacks though the files before it have them."""
     rnd = random.Random(seed)
     keyspace = [(kg, f"k{kg:03d}-{i:05d}".encode()) for kg in key_groups for i in range(300)]
     files = []
@@ -153,8 +168,8 @@ def _chain(seed: int, key_groups: range, middle_base: bool) -> list[tuple[str, b
         blocks: dict[int, Pairs] = {kg: [] for kg in key_groups}
         for kg, key in keyspace:
             value = rnd.randbytes(rnd.randrange(1, 400))
-            if kind == BASE:
-                if index > 0 or kg % 5 != 4:  # key groups the first base lacks
+            if kind == BASE:  # key groups the first base lacks, and the middle one
+                if kg % 5 != 4 if index == 0 else kg % 7 != 6:
                     blocks[kg].append((key, value))
                 continue
             emptied = kg % 5 == 3 and index == 4  # every key removed

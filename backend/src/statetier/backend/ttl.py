@@ -84,6 +84,9 @@ class StateTtlConfig:
     ``incremental_cleanup_size`` entries are checked for expiry on every access of the state
     (and on every record when ``cleanup_per_record``); 0 turns incremental cleanup off.
     ``cleanup_full_snapshot`` drops expired entries from full snapshots.
+    ``cleanup_in_compaction`` drops them when compaction merges a chain into a new base, judged
+    at the clock of the chain's epoch (Flink's ``cleanupInRocksdbCompactFilter``); off by
+    default, like the snapshot cleanup, so a checkpoint keeps what the state holds unless asked.
     """
 
     ttl_ms: int
@@ -92,6 +95,7 @@ class StateTtlConfig:
     incremental_cleanup_size: int = 5
     cleanup_per_record: bool = False
     cleanup_full_snapshot: bool = False
+    cleanup_in_compaction: bool = False
 
     def __post_init__(self) -> None:
         if self.ttl_ms <= 0:
@@ -111,12 +115,35 @@ class StateTtlConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The settings a checkpoint records, for people and tools (a restore may change
-        them: only switching TTL on or off is refused)."""
+        them: only switching TTL on or off is refused), and for compaction, which drops
+        expired entries only when ``cleanup_in_compaction`` says so."""
         return {
             "ttl_ms": self.ttl_ms,
             "update_type": self.update_type.value,
             "visibility": self.visibility.value,
+            "incremental_cleanup_size": self.incremental_cleanup_size,
+            "cleanup_per_record": self.cleanup_per_record,
+            "cleanup_full_snapshot": self.cleanup_full_snapshot,
+            "cleanup_in_compaction": self.cleanup_in_compaction,
         }
+
+    @classmethod
+    def from_json(cls, recorded: dict[str, Any]) -> StateTtlConfig:
+        """The settings :meth:`to_json` recorded; what older checkpoints did not record (the
+        cleanup settings) takes its default. Raises ValueError or KeyError on bad input."""
+        return cls(
+            ttl_ms=recorded["ttl_ms"],
+            update_type=UpdateType(
+                recorded.get("update_type", UpdateType.ON_CREATE_AND_WRITE.value)
+            ),
+            visibility=StateVisibility(
+                recorded.get("visibility", StateVisibility.NEVER_RETURN_EXPIRED.value)
+            ),
+            incremental_cleanup_size=recorded.get("incremental_cleanup_size", 5),
+            cleanup_per_record=recorded.get("cleanup_per_record", False),
+            cleanup_full_snapshot=recorded.get("cleanup_full_snapshot", False),
+            cleanup_in_compaction=recorded.get("cleanup_in_compaction", False),
+        )
 
 
 def check_ttl_compatible(

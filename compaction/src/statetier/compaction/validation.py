@@ -19,6 +19,7 @@ import math
 import re
 from typing import Any
 
+from statetier.backend.descriptors import StateKind
 from statetier.backend.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from statetier.backend.snapshot.compaction import (
     CompactionInput,
@@ -27,6 +28,7 @@ from statetier.backend.snapshot.compaction import (
     CompactionResult,
 )
 from statetier.backend.snapshot.format import BASE, DELTA, FORMAT_VERSION
+from statetier.backend.ttl import StateVisibility, UpdateType
 
 __all__ = [
     "InvalidRequestError",
@@ -53,8 +55,20 @@ _REQUEST_FIELDS = {
     "output_prefix",
     "format_version",
     "max_parallelism",
+    "state_kind",
+    "ttl",
+    "now_ms",
 }
 _INPUT_FIELDS = {"url", "size", "crc32", "kind", "epoch"}
+_TTL_FIELDS = {
+    "ttl_ms",
+    "update_type",
+    "visibility",
+    "incremental_cleanup_size",
+    "cleanup_per_record",
+    "cleanup_full_snapshot",
+    "cleanup_in_compaction",
+}
 
 
 class InvalidRequestError(ValueError):
@@ -160,6 +174,47 @@ def _key_groups(value: Any, max_parallelism: int) -> str:
     return f"{start}-{end}"
 
 
+def _bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequestError(field, f"must be true or false, got {_kind(value)}")
+    return value
+
+
+def _choice(value: Any, field: str, allowed: list[str]) -> str:
+    if value not in allowed:
+        raise InvalidRequestError(field, f"must be one of {', '.join(allowed)}")
+    return str(value)
+
+
+def _ttl(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, int | None]:
+    """The state's kind, TTL settings and the epoch's clock (all optional: older clients send
+    none); a TTL that asks for cleanup in compaction needs the other two."""
+    now_ms = raw.get("now_ms")
+    if now_ms is not None:
+        now_ms = _int(now_ms, "now_ms")
+    kind = raw.get("state_kind")
+    if kind is not None:
+        kind = _choice(kind, "state_kind", [k.value for k in StateKind])
+    if raw.get("ttl") is None:
+        return kind, None, now_ms
+    ttl = _object(raw["ttl"], "ttl", _TTL_FIELDS)
+    if "ttl_ms" not in ttl:
+        raise InvalidRequestError("ttl.ttl_ms", "is required")
+    _int(ttl["ttl_ms"], "ttl.ttl_ms", 1)
+    _int(ttl.get("incremental_cleanup_size", 0), "ttl.incremental_cleanup_size")
+    _choice(ttl.get("update_type", UpdateType.ON_CREATE_AND_WRITE.value), "ttl.update_type",
+            [u.value for u in UpdateType])  # fmt: skip
+    _choice(ttl.get("visibility", StateVisibility.NEVER_RETURN_EXPIRED.value), "ttl.visibility",
+            [v.value for v in StateVisibility])  # fmt: skip
+    for flag in ("cleanup_per_record", "cleanup_full_snapshot", "cleanup_in_compaction"):
+        _bool(ttl.get(flag, False), f"ttl.{flag}")
+    if ttl.get("cleanup_in_compaction"):
+        for name, value in (("now_ms", now_ms), ("state_kind", kind)):
+            if value is None:
+                raise InvalidRequestError(name, "is required when ttl.cleanup_in_compaction")
+    return kind, dict(ttl), now_ms
+
+
 def parse_job(body: Any, limits: Limits) -> CompactionRequest:
     """A compaction request, every field checked and the whole job bounded by ``limits``."""
     raw = _object(body, "body", _REQUEST_FIELDS)
@@ -180,6 +235,7 @@ def parse_job(body: Any, limits: Limits) -> CompactionRequest:
         raise InvalidRequestError(
             "inputs", f"{total} bytes in one job, more than the limit {limits.max_job_bytes}"
         )
+    state_kind, ttl, now_ms = _ttl(raw)
     return CompactionRequest(
         job_id=check_id(raw["job_id"], "job_id"),
         state=_text(raw["state"], "state", 1024),
@@ -190,6 +246,9 @@ def parse_job(body: Any, limits: Limits) -> CompactionRequest:
             raw.get("format_version", FORMAT_VERSION), "format_version", 1, FORMAT_VERSION
         ),
         max_parallelism=max_p,
+        state_kind=state_kind,
+        ttl=ttl,
+        now_ms=now_ms,
     )
 
 

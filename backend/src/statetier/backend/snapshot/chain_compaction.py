@@ -103,22 +103,33 @@ class ChainCompaction:
             and not (skip is not None and skip(chain))
         ]
 
-    def run(self, manifest: Manifest, owner: str, chains: Iterable[Chain]) -> list[ChainUpdate]:
+    def run(
+        self, manifest: Manifest, owner: str, chains: Iterable[Chain], now_ms: int | None = None
+    ) -> list[ChainUpdate]:
         """Compact ``chains`` of ``manifest``, one at a time; the updates their writers apply.
+        ``now_ms`` is the epoch's clock (TTL cleanup in compaction).
 
         A chain that fails stays as it is (retried after the next commit) and the others go on;
         one that failed past ``CUT_FACTOR`` times the trigger gets a cut."""
         updates = []
         for chain in chains:
-            update = self._compact(manifest, owner, chain)
+            update = self._compact(manifest, owner, chain, now_ms)
             if update is not None:
                 updates.append(update)
         return updates
 
-    def _compact(self, manifest: Manifest, owner: str, chain: Chain) -> ChainUpdate | None:
+    def _compact(
+        self, manifest: Manifest, owner: str, chain: Chain, now_ms: int | None
+    ) -> ChainUpdate | None:
         output_dir = compacted_dir(manifest.epoch, owner, chain.state)
         request = make_request(
-            self.store.url, chain.state, chain.files, output_dir, manifest.max_parallelism
+            self.store.url,
+            chain.state,
+            chain.files,
+            output_dir,
+            manifest.max_parallelism,
+            meta=manifest.states.get(chain.state),
+            now_ms=now_ms,
         )
         try:
             result = self.compactor.compact(request)

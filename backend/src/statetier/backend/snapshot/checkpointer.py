@@ -29,7 +29,7 @@ from statetier.backend.snapshot.fencing import FencedError
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.store import SnapshotStore, WriterLease
 from statetier.backend.snapshot.upkeep import Upkeep
-from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter
+from statetier.backend.snapshot.writer import PreparedSubtask, SubtaskWriter, epoch_clock
 
 __all__ = ["CheckpointError", "CheckpointSettings", "Checkpointer"]
 
@@ -148,7 +148,7 @@ class Checkpointer:
                     raise
                 raise CheckpointError(f"epoch {epoch} was not committed: {exc}") from exc
             backend_metrics.checkpoint_committed(time.monotonic() - started, size)
-            self._after_commit(manifest)
+            self._after_commit(manifest, epoch_clock(snapshots))
             return manifest
 
         return self._committer.submit(commit)
@@ -178,12 +178,12 @@ class Checkpointer:
     def compactor(self, compactor: Compactor) -> None:
         self._compaction.compactor = compactor
 
-    def _after_commit(self, manifest: Manifest) -> None:
-        self._upkeep.committed(manifest, self.owner)
+    def _after_commit(self, manifest: Manifest, now_ms: int | None) -> None:
+        self._upkeep.committed(manifest, self.owner, now_ms)
 
-    def _maintain(self, manifest: Manifest) -> None:
+    def _maintain(self, manifest: Manifest, now_ms: int | None = None) -> None:
         """The background job after ``manifest``'s commit, run now (tests of a late job)."""
-        self._upkeep.committed(manifest, self.owner)
+        self._upkeep.committed(manifest, self.owner, now_ms)
         self._upkeep.drain()
 
     def _deliver(self, updates: list[ChainUpdate]) -> None:

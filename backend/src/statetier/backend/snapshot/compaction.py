@@ -6,11 +6,14 @@ base) the chain is merged into one base with the same merge rule restore uses, s
 returns never changes. Tombstones disappear in the merge. Most of a compaction is moving bytes,
 so key groups that no delta touches keep their base block as-is (no decoding, no re-encoding;
 see :class:`~statetier.backend.snapshot.format.DataFileBuilder`) and only the touched ones are
-merged.
+merged (:func:`~statetier.backend.snapshot.merge.merge_blocks`, restore's rule).
 
-Expired TTL entries are kept, even for states that drop them from full snapshots: neither the
-request nor the files say whether a state asks for that (the cleanup setting is not recorded)
-or what time it is for the pipeline.
+Expired TTL entries are dropped from the new base when the state's TTL asks for it
+(``cleanup_in_compaction``, Flink's compaction filter; see ttl_filter) and kept otherwise. The
+request carries what that needs: the state's kind and TTL settings as the manifest records them,
+and the epoch's clock (``now_ms``), for the states that ask for it. A request without them (an
+older client's, or a state without that cleanup) keeps every entry, and its JSON has none of
+these fields, so older services accept it.
 
 The :class:`Compactor` interface takes a JSON-serializable :class:`CompactionRequest` (input
 files with their sizes and checksums, key-group range, output prefix, format version) and
@@ -23,9 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import itertools
 import json
-import operator
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -33,17 +34,20 @@ from typing import Any, Protocol
 
 import fsspec
 from statetier.backend.keygroups import KeyGroupRange
-from statetier.backend.snapshot.blocks import decode_block
 from statetier.backend.snapshot.format import (
     BASE,
     FORMAT_VERSION,
+    Block,
     CorruptFileError,
     DataFileBuilder,
     DataFileReader,
 )
 from statetier.backend.snapshot.layout import compacted_base_name
+from statetier.backend.snapshot.lazy import bulk_allocation
 from statetier.backend.snapshot.manifest import Chain, FileEntry
+from statetier.backend.snapshot.merge import live_chain, merge_blocks
 from statetier.backend.snapshot.store import put_whole
+from statetier.backend.snapshot.ttl_filter import FlatFilter, ttl_filter
 
 __all__ = [
     "CompactionError",
@@ -72,8 +76,19 @@ class CompactionInput:
     epoch: int
 
 
+_OPTIONAL = ("state_kind", "ttl", "now_ms")  # left out of the JSON when None
+
+
 @dataclasses.dataclass(frozen=True)
 class CompactionRequest:
+    """One chain to merge. ``state_kind`` and ``ttl`` are the state's kind and TTL settings
+    as the manifest's state meta records them (:meth:`~statetier.backend.ttl.StateTtlConfig.
+    to_json`); ``now_ms`` is the epoch's clock: the processing time the state's TTL checks use
+    for the epoch whose manifest planned the compaction (the keyed backend's clock when the
+    epoch's snapshot was prepared, see :func:`~statetier.backend.snapshot.writer.epoch_clock`:
+    on Spark a state host's clock moved to the micro-batch's ``EpochTime.processing_time``, the
+    batch timestamp of Spark's offset log; in the local runner the runner's clock)."""
+
     job_id: str
     state: str
     key_groups: str
@@ -81,9 +96,16 @@ class CompactionRequest:
     output_prefix: str
     format_version: int = FORMAT_VERSION
     max_parallelism: int = 0
+    state_kind: str | None = None
+    ttl: dict[str, Any] | None = None
+    now_ms: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        body = dataclasses.asdict(self)
+        for name in _OPTIONAL:
+            if body[name] is None:
+                del body[name]
+        return json.dumps(body, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> CompactionRequest:
@@ -129,11 +151,25 @@ def needs_compaction(chain: Chain, delta_trigger: int, size_ratio: float) -> boo
 
 
 def make_request(
-    store_url: Any, state: str, chain_files: list[FileEntry], output_dir: str, max_p: int
+    store_url: Any,
+    state: str,
+    chain_files: list[FileEntry],
+    output_dir: str,
+    max_p: int,
+    *,
+    meta: dict[str, Any] | None = None,
+    now_ms: int | None = None,
 ) -> CompactionRequest:
-    """The request to merge ``chain_files`` (URLs built by ``store_url(name)``)."""
+    """The request to merge ``chain_files`` (URLs built by ``store_url(name)``). ``meta`` is
+    the state's meta in the manifest and ``now_ms`` the epoch's clock; without them the merge
+    keeps expired entries. The state's kind, TTL settings and the clock go into the request
+    only for a state whose TTL asks for cleanup in compaction: every other request keeps the
+    older JSON, which services from before TTL-aware compaction accept."""
     first = chain_files[0]
     assert first.key_groups is not None
+    ttl = meta.get("ttl") if meta else None
+    if not (ttl and ttl.get("cleanup_in_compaction")):
+        ttl = None
     return CompactionRequest(
         job_id=uuid.uuid4().hex,
         state=state,
@@ -144,6 +180,9 @@ def make_request(
         ],
         output_prefix=store_url(output_dir),
         max_parallelism=max_p,
+        state_kind=meta.get("kind") if meta and ttl else None,
+        ttl=ttl,
+        now_ms=now_ms if ttl else None,
     )
 
 
@@ -178,6 +217,10 @@ class LocalCompactor:
             )
         if not request.inputs or request.inputs[0].kind != BASE:
             raise CompactionError("the first input of a compaction must be a base")
+        try:
+            expired = ttl_filter(request.state_kind, request.ttl, request.now_ms)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CompactionError(f"the request's TTL settings are unusable: {exc}") from None
         datas = self._read_inputs(request.inputs)
         header = {
             "state": request.state,
@@ -187,15 +230,20 @@ class LocalCompactor:
             "max_parallelism": request.max_parallelism,
             "compacted_from": len(request.inputs),
         }
-        files = [(DataFileReader(d, i.url), d) for i, d in zip(request.inputs, datas, strict=True)]
+        files = [
+            DataFileReader(d, i.url, verified=True)
+            for i, d in zip(request.inputs, datas, strict=True)
+        ]
         builder = DataFileBuilder(header)
-        parts = merge_chain(builder, KeyGroupRange.parse(request.key_groups), files, self.check)
+        key_groups = KeyGroupRange.parse(request.key_groups)
+        parts = merge_chain(builder, key_groups, files, self.check, expired)
         url = compacted_base_name(request.output_prefix, request.key_groups)
         fs, path = self._fs(url)
-        out = b"".join(parts)
+        with bulk_allocation():  # many small acyclic objects: no cyclic GC passes over them
+            out = b"".join(parts)
         put_whole(fs, path, out)
         return CompactionResult(
-            request.job_id, [CompactionOutput(url, len(out), zlib.crc32(out))], builder.entries
+            request.job_id, [CompactionOutput(url, len(out), builder.crc32)], builder.entries
         )
 
     def _read_inputs(self, inputs: list[CompactionInput]) -> list[bytes]:
@@ -216,50 +264,50 @@ class LocalCompactor:
 def merge_chain(
     builder: DataFileBuilder,
     key_groups: KeyGroupRange,
-    files: list[tuple[DataFileReader, bytes]],
+    files: list[DataFileReader],
     check: Callable[[], None] | None = None,
+    expired: FlatFilter | None = None,
 ) -> Iterator[bytes | memoryview]:
-    """The bytes of the new base of a chain (base first, then deltas in epoch order) over
-    ``key_groups``, part by part as ``builder`` lays them out.
+    """The bytes of the new base of a chain (its files oldest first) over ``key_groups``,
+    part by part as ``builder`` lays them out.
 
     Every file's bytes must have been checked against its manifest checksum. A key group no
-    delta touches keeps its base block as-is; the others are merged (later values win,
-    tombstones remove), as :func:`~statetier.backend.snapshot.serialize.merge_pairs` does.
+    delta after the chain's last base touches keeps that base's block as-is; the others are
+    merged by :func:`~statetier.backend.snapshot.merge.merge_blocks`, the rule restore applies.
+    With ``expired`` (a TTL cleanup, see ttl_filter) every key group's entries go through it;
+    an untouched block that loses none is still copied as-is.
     """
-    bases = [i for i, (reader, _) in enumerate(files) if reader.kind == BASE]
-    chain = files[bases[-1] if bases else 0 :]  # a base in the middle restarts the chain
-    base = chain[0] if chain[0][0].kind == BASE else None
-    deltas = chain[1:] if base is not None else chain
-    touched = {kg for reader, _ in deltas for kg in reader.index}
+    chain = live_chain(files)  # a base in the middle restarts the chain
+    base = chain[0] if chain[0].kind == BASE else None
+    touched = {kg for reader in chain[1 if base else 0 :] for kg in reader.index}
     yield builder.head
     for key_group in key_groups:
         if check is not None:
             check()
         if key_group in touched:
-            keys, values = _merge_key_group(key_group, base, deltas)
-            if keys:
-                yield builder.add_block(key_group, builder.encode_block(keys, values), len(keys))
-        elif base is not None and (entry := base[0].index.get(key_group)) is not None:
-            block = memoryview(base[1])[entry.offset : entry.offset + entry.length]
-            yield builder.add_raw(key_group, block, entry.crc32, entry.entries)
+            blocks = [b for reader in chain if (b := reader.block(key_group)) is not None]
+            flat = merge_blocks(blocks)
+            if expired is not None:
+                flat = expired(flat)
+        elif base is not None and (block := base.block(key_group)) is not None:
+            live = _filtered(block, expired)
+            if live is None:  # nothing to change: the block as it is
+                entry = base.index[key_group]
+                yield builder.add_raw(key_group, block.data, entry.crc32, entry.entries)
+                continue
+            flat = live
+        else:
+            continue
+        if flat:
+            yield builder.add_block(key_group, builder.encode_flat(flat), len(flat) // 2)
     yield builder.tail()
 
 
-def _merge_key_group(
-    key_group: int,
-    base: tuple[DataFileReader, bytes] | None,
-    deltas: list[tuple[DataFileReader, bytes]],
-) -> tuple[list[bytes], list[bytes]]:
-    """The sorted keys and values of ``key_group`` after applying ``deltas`` to ``base``."""
-    merged: dict[bytes, bytes | None] = {}
-    for reader, data in ([base] if base is not None else []) + deltas:
-        entry = reader.index.get(key_group)
-        if entry is None:
-            continue
-        keys, values = decode_block(memoryview(data), entry, reader.kind, reader.path)
-        merged.update(zip(keys, values, strict=True))
-        if None in values:  # tombstones: the update above put None there
-            for key in itertools.compress(keys, map(operator.is_, values, itertools.repeat(None))):
-                merged.pop(key, None)
-    ordered = sorted(merged)  # mostly in base order already: timsort runs through it
-    return ordered, list(map(merged.__getitem__, ordered))  # type: ignore[arg-type]
+def _filtered(block: Block, expired: FlatFilter | None) -> list[Any] | None:
+    """The entries of an untouched block left after the TTL filter, None when it drops none
+    (or there is no filter), so the block can be copied as it is."""
+    if expired is None:
+        return None
+    flat = block.flat()
+    live = expired(flat)
+    return None if live is flat else live

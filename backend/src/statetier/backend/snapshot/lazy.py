@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import overload
 
-from statetier.backend.snapshot.format import BASE, Block
-from statetier.backend.snapshot.serialize import merge_pairs
+from statetier.backend.snapshot.format import Block
+from statetier.backend.snapshot.merge import merge_blocks
 
 __all__ = ["FlatPairs", "LazyEntries", "bulk_allocation"]
 
@@ -90,17 +90,16 @@ class _Group:
 
 
 def _decode(blocks: list[Block]) -> Pairs:
-    if len(blocks) == 1 and blocks[0].kind == BASE:  # a base has no tombstones
-        return FlatPairs(blocks[0].flat())  # type: ignore[arg-type]
-    return sorted(merge_pairs((b.kind, b.pairs()) for b in blocks))  # sorted, as in a block
+    return FlatPairs(merge_blocks(blocks))  # sorted by key, as in a block
 
 
 class LazyEntries(Mapping[int, Pairs]):
     """Key group -> its (key bytes, value bytes) pairs, decoded from its blocks on first read.
 
-    A key group's blocks are its chain's, base first; decoding applies them in order (later
-    values win, tombstones remove), so a key group whose deltas removed every key reads as an
-    empty list. Decoded pairs are kept and the blocks dropped.
+    A key group's blocks are its chain's, base first; decoding applies them in order with
+    :func:`~statetier.backend.snapshot.merge.merge_blocks` (the rule compaction applies too),
+    so a key group whose deltas removed every key reads as empty. Decoded pairs are kept and
+    the blocks dropped.
     """
 
     def __init__(self, blocks: Mapping[int, list[Block]] | None = None) -> None:

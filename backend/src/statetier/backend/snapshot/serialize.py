@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
@@ -153,21 +153,3 @@ def encode_operator_state(backend: OperatorStateBackend) -> bytes:
     for name, (mode, serializer_id, elements) in backend.restored.items():
         states[name] = {"mode": mode.value, "serializer": serializer_id, "elements": elements}
     return encode_operator_file(states)
-
-
-def merge_pairs(
-    chain: Iterable[tuple[str, list[tuple[bytes, bytes | None]]]],
-) -> list[tuple[bytes, bytes]]:
-    """Apply one key group's blocks in chain order (base first): later values win, tombstones
-    remove. What restore and compaction both do, so a compacted base restores the same."""
-    merged: dict[bytes, bytes] = {}
-    for kind, pairs in chain:
-        if kind == BASE:
-            merged = {k: v for k, v in pairs if v is not None}
-            continue
-        for key, value in pairs:
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-    return list(merged.items())

@@ -60,19 +60,21 @@ class Upkeep:
         """Whether there is nothing to do after commits (no compaction, no retention)."""
         return self.compaction is None and self.retained <= 0
 
-    def committed(self, manifest: Manifest, owner: str) -> None:
-        """``manifest`` was just committed by ``owner``: queue its compaction and retention."""
+    def committed(self, manifest: Manifest, owner: str, now_ms: int | None = None) -> None:
+        """``manifest`` was just committed by ``owner``: queue its compaction and retention.
+        ``now_ms`` is the epoch's clock, for states whose TTL cleanup drops expired entries
+        in compaction (:func:`~statetier.backend.snapshot.writer.epoch_clock`)."""
         self._latest = max(self._latest, manifest.epoch)
         if self.idle:
             return
         self._jobs = [job for job in self._jobs if not job.done()]
-        self._jobs.append(self._pool.submit(self._maintain, manifest, owner))
+        self._jobs.append(self._pool.submit(self._maintain, manifest, owner, now_ms))
 
-    def _maintain(self, manifest: Manifest, owner: str) -> None:
+    def _maintain(self, manifest: Manifest, owner: str, now_ms: int | None) -> None:
         if self.compaction is not None and manifest.epoch >= self._latest:
             try:
                 due = self.compaction.due(manifest, skip=self._skip)
-                updates = self.compaction.run(manifest, owner, due)
+                updates = self.compaction.run(manifest, owner, due, now_ms)
             except Exception:  # planning itself failed (reading the chains): next time
                 log.exception("compaction after epoch %d failed", manifest.epoch)
                 backend_metrics.compaction_done(False)

@@ -32,7 +32,7 @@ from statetier.backend.snapshot.serialize import (
 )
 from statetier.backend.snapshot.store import SnapshotStore
 
-__all__ = ["PreparedSubtask", "SubtaskSnapshot", "SubtaskWriter"]
+__all__ = ["PreparedSubtask", "SubtaskSnapshot", "SubtaskWriter", "epoch_clock"]
 
 
 @dataclasses.dataclass
@@ -45,6 +45,18 @@ class SubtaskSnapshot:
     states: dict[str, dict[str, Any]]
     keyed_files: list[FileEntry]
     operator_file: FileEntry | None
+    # the keyed backend's clock when the snapshot was prepared: the processing time its TTL
+    # checks used for the epoch (see epoch_clock); None without keyed state
+    processing_time: int | None = None
+
+
+def epoch_clock(snapshots: Sequence[SubtaskSnapshot]) -> int | None:
+    """The epoch's clock: the processing time the TTL checks of the epoch's instances used,
+    the earliest of them (an entry expired then is expired for every instance). On Spark the
+    hosts' clocks all stand at the micro-batch's ``EpochTime.processing_time``; in the local
+    runner every instance reads the runner's clock. None when no snapshot has keyed state."""
+    times = [s.processing_time for s in snapshots if s.processing_time is not None]
+    return min(times) if times else None
 
 
 @dataclasses.dataclass
@@ -127,6 +139,7 @@ class SubtaskWriter:
         keyed_files: list[FileEntry] = []
         states: dict[str, dict[str, Any]] = {}
         keyed = self.keyed
+        now = keyed.clock.now_ms() if keyed is not None else None
         with self._lock:
             incremental = self.incremental and not full
             if keyed is not None:
@@ -180,5 +193,6 @@ class SubtaskWriter:
             states=states,
             keyed_files=keyed_files,
             operator_file=operator_file,
+            processing_time=now,
         )
         return PreparedSubtask(snapshot, uploads)

@@ -60,6 +60,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.layout import error_name, result_name
+from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.epoch_time import EpochTime, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
@@ -510,7 +511,7 @@ class StatefulPipeline:
             self._tokens = {str(r.index): r.token for r in results}
             self._tokens_epoch = epoch
             self._latest = max(self._latest or 0, epoch)
-            self.upkeep.committed(manifest, self._lease.owner)
+            self.upkeep.committed(manifest, self._lease.owner, epoch_clock(snapshots))
         report = EpochReport(
             epoch=epoch,
             adopted=adopted,

@@ -57,6 +57,7 @@ def snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:
         "operator_file": (
             dataclasses.asdict(snapshot.operator_file) if snapshot.operator_file else None
         ),
+        "processing_time": snapshot.processing_time,
     }
 
 
@@ -70,4 +71,5 @@ def snapshot_from_dict(data: dict[str, Any]) -> SubtaskSnapshot:
         states=data["states"],
         keyed_files=[FileEntry(**f) for f in data["keyed_files"]],
         operator_file=FileEntry(**op) if op is not None else None,
+        processing_time=data.get("processing_time"),  # older hosts' results have none
     )

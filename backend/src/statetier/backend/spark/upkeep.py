@@ -61,9 +61,10 @@ class EpochUpkeep:
         with self._lock:
             return [u.to_dict() for u in self._pending]
 
-    def committed(self, manifest: Manifest, owner: str) -> None:
+    def committed(self, manifest: Manifest, owner: str, now_ms: int | None = None) -> None:
         """``manifest`` was just committed: forget the updates it took (or that no longer
-        apply), then compact and retain in the background."""
+        apply), then compact (with the epoch's clock ``now_ms``) and retain in the
+        background."""
         chains = {(c.state, c.key_groups): c for c in manifest.chains()}
         with self._lock:
             self._pending = [
@@ -73,7 +74,7 @@ class EpochUpkeep:
                 and (chain := chains.get((u.state, u.key_groups))) is not None
                 and u.applies_to(chain)
             ]
-        self._upkeep.committed(manifest, owner)
+        self._upkeep.committed(manifest, owner, now_ms)
 
     def _deliver(self, updates: list[ChainUpdate]) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
 from statetier.backend.serializers import SerializationError, Serializer, bulk_dumps
+from statetier.backend.ttl import StateTtlConfig
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -85,3 +86,30 @@ class StateCodec:
             raise SerializationError(
                 f"cannot decode a stored {self.kind.value} value: {exc}"
             ) from exc
+
+
+def expired_purger(
+    kind: StateKind, ttl: StateTtlConfig, now_ms: int
+) -> Callable[[bytes], bytes | None]:
+    """What compaction's TTL cleanup does to one stored value's bytes (a TTL state's, as
+    :meth:`StateCodec.encode` lays them out): the same bytes when nothing in it has expired at
+    ``now_ms``, the bytes of what is left when some list elements or map entries have (each
+    expires on its own, as on the heap), None when nothing is left. Only timestamps are read,
+    never the user's serializers, so a compaction worker needs none of the job's code."""
+    expired = ttl.expired
+
+    def value(data: bytes) -> bytes | None:
+        return None if expired(_unpack(data)[0], now_ms) else data
+
+    def elements(data: bytes, at: int) -> bytes | None:
+        items = _unpack(data)
+        live = [item for item in items if not expired(item[at], now_ms)]
+        if len(live) == len(items):
+            return data
+        return _pack(live) if live else None
+
+    if kind is StateKind.LIST:
+        return lambda data: elements(data, 0)  # [[timestamp, value], ...]
+    if kind is StateKind.MAP:
+        return lambda data: elements(data, 1)  # [[user key, timestamp, value], ...]
+    return value  # [timestamp, value]
