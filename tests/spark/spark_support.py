@@ -183,3 +183,31 @@ class WideRows(WordCount):
 
     def process(self, key: str, value: None, context: RuntimeContext) -> list[tuple[str, int]]:
         return [(key, 1, "extra")]  # type: ignore[list-item]
+
+
+TTL_MS = 1000
+
+
+class ExpiringWords(KeyedProcessFunction[str, None, tuple[str, int]]):
+    """A word count in two value states with a 1 s TTL: ``cleaned`` asks compaction to drop
+    expired entries, ``kept`` does not. Expired entries stay readable until cleaned up, and no
+    other cleanup runs, so what a compacted base holds shows what compaction dropped."""
+
+    def open(self, context: RuntimeContext) -> None:
+        from statetier.backend import StateTtlConfig, StateVisibility
+
+        def ttl(cleanup: bool) -> StateTtlConfig:
+            return StateTtlConfig(
+                TTL_MS,
+                visibility=StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP,
+                incremental_cleanup_size=0,
+                cleanup_in_compaction=cleanup,
+            )
+
+        self.cleaned = context.get_state(ValueStateDescriptor[int]("cleaned", ttl=ttl(True)))
+        self.kept = context.get_state(ValueStateDescriptor[int]("kept", ttl=ttl(False)))
+
+    def process(self, key: str, value: None, context: RuntimeContext) -> list[tuple[str, int]]:
+        for state in (self.cleaned, self.kept):
+            state.update((state.value() or 0) + 1)
+        return []
