@@ -14,6 +14,7 @@ import xxhash
 from statetier.backend.keygroups import (
     SEED,
     KeyGroupRange,
+    assign_str_to_key_group,
     assign_to_key_group,
     compute_default_max_parallelism,
     key_group_range_for_operator,
@@ -151,6 +152,18 @@ def test_key_group_is_pmod_of_signed_hash() -> None:
         h = key_hash(negative)
         java_rem = h - max_parallelism * int(h / max_parallelism)
         assert kg == (java_rem + max_parallelism) % max_parallelism
+
+
+def test_str_key_group_shortcut_agrees_with_the_general_path() -> None:
+    """The backend's shortcut for new str keys: same key group as assign_to_key_group, for
+    keys of either hash sign."""
+    keys = [f"k{i}" for i in range(200)] + ["", "héllo wörld ✓"]
+    assert {key_hash(k) < 0 for k in keys} == {True, False}
+    for max_parallelism in (1, 7, 128, 32768):
+        for key in keys:
+            assert assign_str_to_key_group(key, max_parallelism) == assign_to_key_group(
+                key, max_parallelism
+            )
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,8 @@ from statetier.backend.descriptors import (
     ValueStateDescriptor,
 )
 from statetier.backend.keygroups import (
-    _I64_MAX,
-    _U64,
-    SEED,
     KeyGroupRange,
-    _xxh64,
+    assign_str_to_key_group,
     assign_to_key_group,
     check_key,
     check_parallelism,
@@ -205,9 +202,8 @@ class KeyedStateBackend:
 
     def _slot_of(self, key: Any) -> int:
         """Compute and memoize the slot of a key not seen yet (the per-record miss path)."""
-        if type(key) is str:  # inlined assign_to_key_group: most keys are strings
-            h = _xxh64(key.encode("utf-8"), SEED)
-            key_group = (h if h <= _I64_MAX else h - _U64) % self.max_parallelism
+        if type(key) is str:  # most keys are strings
+            key_group = assign_str_to_key_group(key, self.max_parallelism)
         else:
             check_key(key)
             key_group = assign_to_key_group(key, self.max_parallelism)

@@ -33,6 +33,7 @@ __all__ = [
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "NullKeyError",
+    "assign_str_to_key_group",
     "assign_to_key_group",
     "check_key",
     "compute_default_max_parallelism",
@@ -107,6 +108,16 @@ def key_hash(key: object) -> int:
 def assign_to_key_group(key: object, max_parallelism: int) -> int:
     """The key group of ``key``: ``pmod(xxhash64(key), max_parallelism)``."""
     return key_hash(key) % max_parallelism
+
+
+def assign_str_to_key_group(key: str, max_parallelism: int) -> int:
+    """The key group of a ``str`` key, without :func:`assign_to_key_group`'s type dispatch.
+
+    The backend's path for a key it has not seen yet: most keys are strings, and this one call
+    replaces two (the hash is the same, so the key group is).
+    """
+    h = _xxh64(key.encode("utf-8"), SEED)
+    return (h if h <= _I64_MAX else h - _U64) % max_parallelism
 
 
 def compute_default_max_parallelism(parallelism: int) -> int:
