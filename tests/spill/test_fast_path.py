@@ -18,12 +18,11 @@ from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.serializers import DEFAULT_SERIALIZER, SerializationError
 from statetier.backend.spill import SpilledMap, SpillManager, SpillStorage
-from statetier.backend.spill.manager import _msgpack_functions
 from statetier.backend.spill.policy import Candidate, choose_spill
 from statetier.backend.spill.storage import Chunk
 
 S = DEFAULT_SERIALIZER
-ENCODE, DECODE = _msgpack_functions(S)
+ENCODE, DECODE = S.direct_codec()
 
 
 def _map(storage: SpillStorage, items: dict[Any, Any], **kwargs: Any) -> SpilledMap:

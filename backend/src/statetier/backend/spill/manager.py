@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-import msgpack
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import StatetierConfig
 from statetier.backend.descriptors import StateKind
@@ -84,7 +83,10 @@ def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callabl
 
     For value-like states without TTL the stored value *is* the user value, and StateCodec
     encodes it with the descriptor's serializer: use that directly on the per-record path (for
-    the default serializer, its packer itself; see :func:`_msgpack_functions`).
+    the default serializer, its packer itself; see
+    :meth:`~statetier.backend.serializers.MsgpackSerializer.direct_codec`). One packer per
+    table of a backend is safe: a backend's state is used by one thread at a time (its key
+    context is shared by every handle).
     """
     descriptor = table.descriptor
     if descriptor.ttl is None and descriptor.kind in (
@@ -94,39 +96,9 @@ def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callabl
     ):
         serializer = descriptor.serializer
         if type(serializer) is MsgpackSerializer:
-            return _msgpack_functions(serializer)
+            return serializer.direct_codec()
         return serializer.dumps, serializer.loads
     return table.codec.encode, table.codec.decode
-
-
-def _msgpack_functions(
-    serializer: MsgpackSerializer,
-) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
-    """The default serializer's bytes, without its per-call wrapper (a property and a
-    thread-local lookup per write: a fifth of a spilled read-modify-write of a counter).
-
-    ``encode`` is a packer with the serializer's own settings, so it writes the same bytes; it
-    raises what the serializer turns into SerializationError, which the spilled map does itself.
-    One packer per table of a backend is safe: a backend's state is used by one thread at a time
-    (its key context is shared by every handle). ``decode`` falls back to the serializer only to
-    raise its error.
-    """
-    encode: Callable[[Any], bytes] = msgpack.Packer(
-        default=serializer._pack_ext,  # the serializer's own ext types (tuple, set)
-        strict_types=True,
-        use_bin_type=True,
-    ).pack
-    unpackb = msgpack.unpackb
-    ext_hook = serializer._unpack_ext
-    loads = serializer.loads
-
-    def decode(data: bytes) -> Any:
-        try:
-            return unpackb(data, ext_hook=ext_hook, strict_map_key=False)
-        except Exception:  # the serializer raises its own error
-            return loads(data)
-
-    return encode, decode
 
 
 def _mib(value: float) -> str:
