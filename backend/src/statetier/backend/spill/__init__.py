@@ -9,6 +9,8 @@ groups come back. One concept per module:
 - :mod:`.accounting` sizes and request rates per key group,
 - :mod:`.monitor` budget, RSS and GC pauses -> spill/load verdicts with hysteresis,
 - :mod:`.policy` which key groups (weighted score of size and rate),
+- :mod:`.decision` a chosen move and its record,
+- :mod:`.governor` one per process: weighs every backend's key groups and chooses the moves,
 - :mod:`.storage` chunk files, space allocator, compaction,
 - :mod:`.spilled_map` the layout of a spilled key group, with copy-on-write versions,
 - :mod:`.lifecycle` owner identity of files, stale-file removal, clean exit,
@@ -18,10 +20,11 @@ groups come back. One concept per module:
 See docs/spill.md.
 """
 
-from statetier.backend.spill.manager import Decision, SpillManager, default_spill_dirs
+from statetier.backend.spill.decision import Decision
+from statetier.backend.spill.manager import SpillManager
 from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
 from statetier.backend.spill.spilled_map import FrozenView, SpilledMap
-from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage
+from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage, default_spill_dirs
 
 __all__ = [
     "Decision",

@@ -23,9 +23,11 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from statetier.backend.config import StatetierConfig
+from statetier.backend.spill.accounting import KeyGroupAccounting
+from statetier.backend.spill.decision import Choice, Decision
 from statetier.backend.spill.monitor import (
     MemoryMonitor,
     MonitorSettings,
@@ -33,15 +35,30 @@ from statetier.backend.spill.monitor import (
     resolve_budget,
 )
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
-from statetier.backend.spill.storage import SpillStorage
+from statetier.backend.spill.storage import SpillStorage, default_spill_dirs
 
-if TYPE_CHECKING:
-    from statetier.backend.spill.manager import Decision, SpillManager
-
-__all__ = ["MemoryGovernor", "Trigger"]
+__all__ = ["MemoryGovernor", "SpillManager", "Trigger"]
 
 
-Choice = list[tuple[Candidate, float]]
+class SpillManager(Protocol):
+    """What the governor asks of a backend's spill manager
+    (:class:`statetier.backend.spill.manager.SpillManager`, which registers itself): a protocol,
+    so that the governor sits below the managers it ranks and moves."""
+
+    in_use: threading.RLock
+    accounting: KeyGroupAccounting
+
+    def prepare_check(self) -> None: ...
+
+    def pending_heap(self) -> int: ...
+
+    def candidates(self, spill: bool, owner: int) -> list[Candidate]: ...
+
+    def move(
+        self, action: str, trigger: Trigger, reason: str, chosen: Choice
+    ) -> Decision | None: ...
+
+    def post(self, action: str, trigger: Trigger, reason: str, choice: Choice) -> None: ...
 
 
 class MemoryGovernor:
@@ -72,8 +89,6 @@ class MemoryGovernor:
     @classmethod
     def for_config(cls, config: StatetierConfig) -> MemoryGovernor:
         """The process's governor for these spill settings (made on first use)."""
-        from statetier.backend.spill.manager import default_spill_dirs
-
         dirs = tuple(config.spill_dirs) or tuple(default_spill_dirs())
         budget, source = resolve_budget(config.memory_budget)
         settings = MonitorSettings(

@@ -22,12 +22,9 @@ cannot get first moves the key group back to heap, then writes there.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import functools
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, MutableMapping
@@ -40,42 +37,21 @@ from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.serializers import MsgpackSerializer, SerializationError
 from statetier.backend.spill import metrics
 from statetier.backend.spill.accounting import KeyGroupAccounting
+from statetier.backend.spill.decision import Choice, Decision
 from statetier.backend.spill.governor import MemoryGovernor
 from statetier.backend.spill.monitor import MemoryMonitor, Trigger
 from statetier.backend.spill.policy import Candidate
 from statetier.backend.spill.spilled_map import SpilledMap
-from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage
+from statetier.backend.spill.storage import (
+    SpaceUnavailableError,
+    SpillStorage,
+    default_spill_dirs,
+)
 from statetier.backend.state.table import StateTable
 
-__all__ = ["Decision", "SpillManager", "default_spill_dirs"]
+__all__ = ["SpillManager"]
 
 log = logging.getLogger("statetier.spill")
-
-
-def default_spill_dirs() -> list[str]:
-    """Spark's local dirs (its local SSDs) if set, else the system temp dir."""
-    local = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
-    roots = local or [tempfile.gettempdir()]
-    return [os.path.join(root.strip(), "statetier-spill") for root in roots]
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """One move of key groups, as logged: what moved where, why, and what it cost."""
-
-    action: str  # spill or load
-    reason: str
-    key_groups: list[int]
-    scores: list[float]
-    heap_bytes: int  # heap freed (spill) or taken (load), estimated
-    seconds: float
-    failed: list[int] = dataclasses.field(default_factory=list)
-    at: float = dataclasses.field(default_factory=time.monotonic)  # when the move ended
-    trigger: Trigger = Trigger.FORCED
-    manager: Any = dataclasses.field(default=None, repr=False, compare=False)
-
-
-Choice = list[tuple[Candidate, float]]
 
 
 def _codec_functions(table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:

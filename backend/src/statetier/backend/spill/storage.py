@@ -24,14 +24,23 @@ import errno
 import logging
 import mmap
 import os
+import tempfile
 import weakref
 from collections.abc import Callable, Sequence
 
 from statetier.backend.spill.lifecycle import SpillDirs
 
-__all__ = ["Chunk", "Region", "SpaceUnavailableError", "SpillStorage"]
+__all__ = ["Chunk", "Region", "SpaceUnavailableError", "SpillStorage", "default_spill_dirs"]
 
 log = logging.getLogger(__name__)
+
+
+def default_spill_dirs() -> list[str]:
+    """Spark's local dirs (its local SSDs) if set, else the system temp dir."""
+    local = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    roots = local or [tempfile.gettempdir()]
+    return [os.path.join(root.strip(), "statetier-spill") for root in roots]
+
 
 ALIGN = 64  # region sizes and offsets are multiples of this
 
