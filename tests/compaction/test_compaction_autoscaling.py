@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statetier.backend.compaction_client import call_json
+from statetier.backend.http_json import call_json
 from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.operator import autoscaling, metrics
 from statetier.operator.testing.processes import Sandbox, compaction_service_manifest

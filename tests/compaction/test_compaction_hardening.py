@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError, call_json
+from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError
+from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     CompactionRequest,

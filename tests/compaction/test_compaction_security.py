@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError, call_json
+from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError
+from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import CompactionInput, LocalCompactor
 from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
 

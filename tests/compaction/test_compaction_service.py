@@ -19,7 +19,8 @@ from typing import Any
 
 import fsspec
 import pytest
-from statetier.backend.compaction_client import RemoteCompactor, call_json
+from statetier.backend.compaction_client import RemoteCompactor
+from statetier.backend.http_json import call_json
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.compaction import CompactionError, LocalCompactor
 from statetier.compaction.testing import Processes, SeaweedFS, free_port

@@ -28,12 +28,11 @@ import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
 from statetier.backend.config import StatetierConfig, parse_endpoint
+from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     CompactionOutput,
@@ -48,7 +47,6 @@ __all__ = [
     "RemoteCompactor",
     "RemoteRefusedError",
     "ServiceError",
-    "call_json",
     "compactor_for",
     "refused",
 ]
@@ -70,33 +68,6 @@ class ServiceError(RuntimeError):
 
 class RemoteRefusedError(CompactionError):
     """The service refused the request or found its inputs bad: never retried."""
-
-
-def call_json(
-    method: str, url: str, body: Any = None, *, token: str = "", timeout: float = 5.0
-) -> tuple[int, Any]:
-    """One HTTP call with a JSON body and answer; returns (status, parsed body).
-
-    HTTP errors come back as their status with the JSON error body; connection problems raise
-    ``OSError`` (``urllib.error.URLError`` is one).
-    """
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status), _parse(response.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), _parse(exc.read())
-
-
-def _parse(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return {"error": "invalid", "message": raw[:200].decode(errors="replace")}
 
 
 def _message(body: Any) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
-from statetier.backend.compaction_client import call_json
+from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     LocalCompactor,
