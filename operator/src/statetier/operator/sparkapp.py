@@ -21,9 +21,20 @@ from statetier.backend.config import SETTINGS, Setting
 from statetier.operator import compaction_token, memory
 from statetier.operator.annotations import STATUS, AppSettings
 
-__all__ = ["POD_LABEL", "VOLUME_NAME", "Mutation", "mutate", "spark_key"]
+__all__ = [
+    "GROUP",
+    "PLURAL",
+    "POD_LABEL",
+    "VERSION",
+    "VOLUME_NAME",
+    "Mutation",
+    "mutate",
+    "spark_key",
+]
 
 Obj = dict[str, Any]
+# The Kubeflow Spark Operator's resource, which the webhooks and the handlers both name.
+GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 VOLUME_NAME = "spark-local-dir-statetier"
 POD_LABEL = "statetier.io/enabled"
 _SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in SETTINGS}

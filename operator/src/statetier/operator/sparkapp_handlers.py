@@ -16,8 +16,8 @@ import fsspec
 import kopf
 from statetier.operator import annotations as ann
 from statetier.operator import metrics, settings
+from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
-GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 RESOURCE = "sparkapplication"
 OPTED_IN = {ann.PREFIX + "enabled": "true"}
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import kopf
 from statetier.operator import annotations as ann
 from statetier.operator import compaction, metrics, sparkapp
-from statetier.operator.sparkapp_handlers import GROUP, PLURAL, VERSION
+from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 
 def _compaction_endpoint(
