@@ -131,9 +131,7 @@ def _dispatch(argv: list[str], command: str | None) -> int:
     parser().parse_args([*head, command])  # --help / --version before the command
     config.load_config()  # a bad STATETIER_* variable is refused before anything runs
     if command == "demo":
-        from statetier.backend import demo
-
-        return demo.main(rest)
+        return _demo(rest)
     if command == "checkpoint":
         from statetier.backend.snapshot import admin
 
@@ -141,6 +139,21 @@ def _dispatch(argv: list[str], command: str | None) -> int:
     if not rest or rest[0] not in BENCHMARKS:
         bench_parser().parse_args(rest)  # --help, or an error naming the known benchmarks
     return _load_main(BENCHMARKS[rest[0]])(rest[1:])
+
+
+def _demo(argv: list[str]) -> int:
+    """``statetier demo``: the Spark streaming demo (needs the spark extra), or with ``--local``
+    the word count through the local runner. Chosen here, so that neither demo imports the
+    other."""
+    if "--local" not in argv:
+        from statetier.backend.spark import demo as spark_demo
+
+        return spark_demo.main(argv)
+    from statetier.backend import demo
+
+    local = list(argv)
+    local.remove("--local")
+    return demo.main(local)
 
 
 def _load_main(module: str) -> Callable[[Sequence[str]], int]:

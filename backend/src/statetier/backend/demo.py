@@ -133,12 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(argv or [])
-    if "--local" not in argv:  # the Spark streaming demo (needs the spark extra)
-        from statetier.backend.spark.demo import main as spark_demo
-
-        return spark_demo(argv)
-    argv.remove("--local")
+    """``statetier demo --local`` (the CLI takes ``--local`` off before calling this)."""
     parser = argparse.ArgumentParser(prog="statetier demo --local", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(list(argv or [])))
