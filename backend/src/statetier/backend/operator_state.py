@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from statetier.backend.descriptors import ListStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend, StateRegistrationError
-from statetier.backend.state import ListState, _check_not_none
+from statetier.backend.state import ListState, check_not_none
 
 __all__ = [
     "CheckpointedFunction",
@@ -50,13 +50,13 @@ class OperatorListState(ListState[Any]):
         return list(self.elements)
 
     def add(self, value: Any) -> None:
-        _check_not_none(value, "a list element")
+        check_not_none(value, "a list element")
         self.elements.append(value)
 
     def add_all(self, values: Iterable[Any]) -> None:
         new = list(values)
         for value in new:
-            _check_not_none(value, "a list element")
+            check_not_none(value, "a list element")
         self.elements.extend(new)
 
     def update(self, values: Iterable[Any]) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "ReducingState",
     "State",
     "ValueState",
+    "check_not_none",
 ]
 
 V = TypeVar("V")
@@ -132,6 +133,8 @@ class MapState(State, Generic[UK, UV]):
         """Whether the current key has no (visible) entries."""
 
 
-def _check_not_none(value: Any, what: str) -> None:
+def check_not_none(value: Any, what: str) -> None:
+    """Refuse a None list element or reduced value, as Flink does: a stored None would read back
+    as "no value". Shared by every list and reducing state, heap, TTL and operator state alike."""
     if value is None:
         raise ValueError(f"{what} cannot be None")

@@ -18,7 +18,7 @@ from statetier.backend.state import (
     MapState,
     ReducingState,
     ValueState,
-    _check_not_none,
+    check_not_none,
 )
 from statetier.backend.state.context import KeyContext
 
@@ -60,7 +60,7 @@ class HeapListState(ListState[Any]):
         return list(self._maps[ctx.index].get(ctx.key, ()))
 
     def add(self, value: Any) -> None:
-        _check_not_none(value, "a list element")
+        check_not_none(value, "a list element")
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         elements = kg_map.get(ctx.key)
@@ -73,7 +73,7 @@ class HeapListState(ListState[Any]):
     def add_all(self, values: Iterable[Any]) -> None:
         new = list(values)
         for value in new:
-            _check_not_none(value, "a list element")
+            check_not_none(value, "a list element")
         if not new:
             return
         ctx = self._ctx
@@ -83,7 +83,7 @@ class HeapListState(ListState[Any]):
     def update(self, values: Iterable[Any]) -> None:
         new = list(values)
         for value in new:
-            _check_not_none(value, "a list element")
+            check_not_none(value, "a list element")
         ctx = self._ctx
         if new:
             self._maps[ctx.index][ctx.key] = new
@@ -110,7 +110,7 @@ class HeapReducingState(ReducingState[Any]):
         return self._maps[ctx.index].get(ctx.key)
 
     def add(self, value: Any) -> None:
-        _check_not_none(value, "a reduced value")
+        check_not_none(value, "a reduced value")
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         current = kg_map.get(ctx.key)

@@ -24,7 +24,7 @@ from statetier.backend.state import (
     MapState,
     ReducingState,
     ValueState,
-    _check_not_none,
+    check_not_none,
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.heap import KeyGroupMaps
@@ -129,7 +129,7 @@ class TtlReducingState(_TtlHandle, ReducingState[Any]):
         return self._read_stamped(self._access())
 
     def add(self, value: Any) -> None:
-        _check_not_none(value, "a reduced value")
+        check_not_none(value, "a reduced value")
         now = self._access()
         current = self._visible(now)
         self._write(value if current is None else self._reduce(current, value), now)
@@ -185,7 +185,7 @@ class TtlListState(_TtlHandle, ListState[Any]):
         now = self._access()
         new = [(v, now) for v in values]
         for v, _ in new:
-            _check_not_none(v, "a list element")
+            check_not_none(v, "a list element")
         if not new:
             return
         ctx = self._ctx
@@ -196,7 +196,7 @@ class TtlListState(_TtlHandle, ListState[Any]):
         now = self._access()
         new = [(v, now) for v in values]
         for v, _ in new:
-            _check_not_none(v, "a list element")
+            check_not_none(v, "a list element")
         ctx = self._ctx
         if new:
             self._maps[ctx.index][ctx.key] = new

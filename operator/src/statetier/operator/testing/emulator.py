@@ -65,7 +65,7 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import rendering  # the Request type of RawHandler._handle
+from kmock._internal import rendering  # noqa: PLC2701 (Request type of RawHandler._handle)
 from statetier.operator.testing import apply as ssa
 from statetier.operator.testing import (
     cel_rules,
