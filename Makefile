@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 	@# examples share the module name example.py, so each is checked on its own
 	@for f in examples/*/example.py examples/kubernetes/wordcount.py; do $(BIN)/mypy --strict $$f || exit 1; done
 
@@ -46,7 +47,7 @@ docs: $(STAMP)
 	$(BIN)/statetier config docs > docs/configuration.md
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache
 
 # Operator (issue 6). `make sandbox`: the operator at work without a cluster (API emulator,
 # operator, webhooks, kubectl apply of crds/ and examples/), narrated, then everything stops.
