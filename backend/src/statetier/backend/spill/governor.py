@@ -37,11 +37,11 @@ from statetier.backend.spill.monitor import (
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
 from statetier.backend.spill.storage import SpillStorage, default_spill_dirs
 
-__all__ = ["MemoryGovernor", "SpillManager", "Trigger"]
+__all__ = ["MemoryGovernor", "Member", "Trigger"]
 
 
-class SpillManager(Protocol):
-    """What the governor asks of a backend's spill manager
+class Member(Protocol):
+    """What the governor asks of a member, a backend's spill manager
     (:class:`statetier.backend.spill.manager.SpillManager`, which registers itself): a protocol,
     so that the governor sits below the managers it ranks and moves."""
 
@@ -62,7 +62,7 @@ class SpillManager(Protocol):
 
 
 class MemoryGovernor:
-    """Ranks and moves the key groups of every registered :class:`SpillManager`."""
+    """Ranks and moves the key groups of every registered spill manager (:class:`Member`)."""
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class MemoryGovernor:
         self.storage = storage
         self.monitor = monitor
         self.size_weight = size_weight
-        self.managers: list[SpillManager] = []
+        self.managers: list[Member] = []
         self._check = threading.Lock()
         self._members = threading.Lock()
         self._key = key
@@ -119,11 +119,11 @@ class MemoryGovernor:
 
     # ------------------------------------------------------------------ members
 
-    def register(self, manager: SpillManager) -> None:
+    def register(self, manager: Member) -> None:
         with self._members:
             self.managers.append(manager)
 
-    def unregister(self, manager: SpillManager) -> None:
+    def unregister(self, manager: Member) -> None:
         """A backend leaves (its range moved away or closed): its share of the accounting goes
         with it; the last one out closes the storage and the monitor."""
         with self._members:
@@ -149,7 +149,7 @@ class MemoryGovernor:
 
     # ------------------------------------------------------------------ the check
 
-    def check(self, caller: SpillManager) -> list[Decision]:
+    def check(self, caller: Member) -> list[Decision]:
         """One check of the whole process, from ``caller``'s thread (which holds its backend).
         Skipped when another thread's check is running."""
         if self.monitor is None or not self._check.acquire(blocking=False):
@@ -163,9 +163,9 @@ class MemoryGovernor:
             self._check.release()
 
     @contextlib.contextmanager
-    def _hold(self, managers: list[SpillManager], caller: SpillManager) -> Iterator[set[int]]:
+    def _hold(self, managers: list[Member], caller: Member) -> Iterator[set[int]]:
         """The managers this check may move now (by position): the caller and the idle ones."""
-        taken: list[SpillManager] = []
+        taken: list[Member] = []
         held = set()
         try:
             for i, manager in enumerate(managers):
@@ -181,9 +181,7 @@ class MemoryGovernor:
             for manager in taken:
                 manager.in_use.release()
 
-    def _decide(
-        self, managers: list[SpillManager], held: set[int], caller: SpillManager
-    ) -> list[Decision]:
+    def _decide(self, managers: list[Member], held: set[int], caller: Member) -> list[Decision]:
         assert self.monitor is not None
         heap = sum(m.accounting.total_heap() - m.pending_heap() for m in managers)
         spilled = sum(m.accounting.total_spilled() for m in managers)
