@@ -42,6 +42,7 @@ def test_every_point_has_every_peer_in_ascending_size(report: dict[str, Any]) ->
     points = report["points"]
     assert [p["multiple"] for p in points] == [0.25, 4.0]
     assert report["budget_bytes"] == BUDGET
+    assert len(report["load_average"]["start"]) == len(report["load_average"]["end"]) == 3
     for point in points:
         assert set(point["peers"]) == {"spilled", "heap", "rocksdict"}
         # the keys make the state the multiple of the budget, by the heap estimate per key
@@ -59,6 +60,9 @@ def test_spilled_share_grows_with_the_state(report: dict[str, Any]) -> None:
     assert small["peers"]["spilled"]["spilled_share"] == 0  # under spill.threshold: all on heap
     assert large["peers"]["spilled"]["spilled_share"] > 0.5  # 4x: most of it on disk
     assert large["peers"]["spilled"]["spilled_bytes"] > 0
+    assert (
+        large["peers"]["spilled"]["spill_disk_bytes"] >= large["peers"]["spilled"]["spilled_bytes"]
+    )
     assert large["peers"]["heap"]["spilled_share"] == 0
     # spilled keeps its heap state near half the budget; the heap peer holds all of it
     assert large["peers"]["spilled"]["heap_bytes"] < BUDGET

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -207,6 +208,8 @@ def _statetier(peer: str, args: argparse.Namespace) -> dict[str, Any]:
             heap_bytes=heap,
             spilled_bytes=spilled,
             spilled_share=round(spilled_kgs / MAX_PARALLELISM, 3),
+            # the chunk files (index, log and free space), beside the data's own bytes
+            spill_disk_bytes=0 if instance.spill is None else instance.spill.storage.disk_bytes(),
             counts_ok=got == result.pop("expected"),
         )
         return result
@@ -325,7 +328,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "start_anon_rss_bytes": max(r["start_anon_rss_bytes"] for r in runs),
         "counts_ok": all(r["counts_ok"] for r in runs),
     }
-    for name in ("heap_bytes", "spilled_bytes", "spilled_share"):
+    for name in ("heap_bytes", "spilled_bytes", "spilled_share", "spill_disk_bytes"):
         if name in last:
             summary[name] = last[name]
     return summary
@@ -377,7 +380,12 @@ def _checks(top: dict[str, Any], bound: int) -> tuple[dict[str, bool], list[str]
     return checks, unmeasured
 
 
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def run(args: argparse.Namespace, multiples: list[float], only: list[str]) -> dict[str, Any]:
+    load_at_start = _load()  # the machine may be shared: the report says how busy
     calibration = _run_child("calibrate", 0, args)
     per_key = calibration["bytes_per_key"]
     allowance = load_config({}, env={}).memory_runtime_allowance
@@ -399,6 +407,7 @@ def run(args: argparse.Namespace, multiples: list[float], only: list[str]) -> di
     checks["counts_ok"] = counts_ok
     return {
         "benchmark": "state-scale",
+        "load_average": {"start": load_at_start, "end": _load()},
         "budget_bytes": args.budget,
         "runtime_allowance_bytes": allowance,
         "bytes_per_key": round(per_key, 1),
@@ -475,6 +484,12 @@ def _print(report: dict[str, Any]) -> None:
             "vs rocksdict",
         ],
         rows,
+    )
+    load = report["load_average"]
+    print(
+        "  load average (1, 5, 15 min): "
+        + " at the start, ".join(", ".join(f"{x:.2f}" for x in load[at]) for at in ("start", "end"))
+        + " at the end"
     )
     for point in report["points"]:
         if "heap_skipped" in point:
