@@ -16,6 +16,7 @@ from statetier.backend import config
 BENCHMARKS = {
     "state": "statetier.backend.bench.state_ops",
     "wordcount": "statetier.backend.bench.wordcount",
+    "state-scale": "statetier.backend.bench.state_scale",
     "checkpoint": "statetier.backend.bench.checkpoint",
     "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
     "spark-wordcount": "statetier.backend.bench.spark_wordcount",  # needs the spark extra
@@ -24,6 +25,7 @@ BENCHMARKS = {
 BENCHMARK_HELP = {
     "state": "state API operations against a plain dict",
     "wordcount": "word count on the heap, spilled to disk, and on RocksDB",
+    "state-scale": "keyed state from 0.5x to 10x a memory budget: spilled, heap, RocksDB",
     "checkpoint": "checkpoint upload and restore against raw object-store transfers",
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",

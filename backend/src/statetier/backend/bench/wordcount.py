@@ -91,7 +91,7 @@ class _PauseLog:
         }
 
 
-def _state_bytes(instance: OperatorInstance) -> tuple[int, int, int]:
+def state_bytes(instance: OperatorInstance) -> tuple[int, int, int]:
     """(heap bytes, spilled bytes, spilled key groups) of an instance's keyed state."""
     spill = instance.spill
     if spill is None:
@@ -159,7 +159,7 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         # the end of a micro-batch: the checkpoint drains the change log (not timed apart)
         instance.keyed.drain_touched_keys()
     seconds = time.perf_counter() - started
-    heap, spilled, spilled_kgs = _state_bytes(instance)
+    heap, spilled, spilled_kgs = state_bytes(instance)
     # what the monitor calls usage when nothing was spilled: RSS beyond the runtime allowance
     usage = read_rss() - baseline
     expected = _expected(words)
