@@ -5,6 +5,8 @@ interface speaks JSON-serializable requests and results."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.layout import epoch_of
+from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.verify import verify_store
 from statetier.compaction.testing import free_port
 
@@ -231,3 +234,50 @@ def test_a_failing_compactor_never_stops_retention(
     for epoch in range(1, 16):
         assert any(m.startswith(f"retention after epoch {epoch}:") for m in messages), epoch
     assert restored(location) == dump_keyed(live)
+
+
+class Counting:
+    """Counts the merges a compactor was asked for."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        self.calls += 1
+        result: CompactionResult = self.inner.compact(request)
+        return result
+
+
+def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
+    location: Location,
+) -> None:
+    """The Spark driver's local compactor: merges in a child process (the GIL stays with the
+    driver's own work); a child that dies fails that merge only, the next one starts anew."""
+    live = make(location, config={"compaction.delta-trigger": 2, "compaction.size-ratio": 100.0})
+    assert live.checkpointer is not None
+    store = live.checkpointer.store
+    child = ProcessCompactor(LocalCompactor(filesystem=store.fs))
+    counting = Counting(child)
+    live.checkpointer.compactor = counting
+    try:
+        for epoch in range(1, 5):
+            live.process(records(epoch))
+            live.checkpoint()
+            live.checkpointer.drain()
+        assert counting.calls >= 1
+        assert any("/compacted/" in c.base.path for c in store.manifest().chains())
+        assert restored(location) == dump_keyed(live)
+        assert child._pool is not None
+        for pid in list(child._pool._processes):  # the child is killed (out of memory, say)
+            os.kill(pid, signal.SIGKILL)
+        calls = counting.calls
+        for epoch in range(5, 11):
+            live.process(records(epoch))
+            live.checkpoint()
+            live.checkpointer.drain()
+        assert counting.calls > calls + 1  # the merge that met the dead child, then more
+        assert restored(location) == dump_keyed(live)
+    finally:
+        child.close()
+        live.close()

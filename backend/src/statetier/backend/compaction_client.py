@@ -41,6 +41,7 @@ from statetier.backend.snapshot.compaction import (
     Compactor,
     LocalCompactor,
 )
+from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.store import SnapshotStore
 
 __all__ = [
@@ -244,11 +245,17 @@ class RemoteCompactor:
         return CompactionResult(request.job_id, outputs, int(raw.get("entries") or 0))
 
 
-def compactor_for(config: StatetierConfig | None, store: SnapshotStore) -> Compactor:
+def compactor_for(
+    config: StatetierConfig | None, store: SnapshotStore, *, own_process: bool = False
+) -> Compactor:
     """The compactor a checkpointer of ``store`` uses: local (through the store's own
     filesystem) unless ``compaction.endpoints`` names gateways; then remote, falling back to
-    local when ``compaction.failure-strategy`` is ``fallback``."""
-    local = LocalCompactor(filesystem=store.fs)
+    local when ``compaction.failure-strategy`` is ``fallback``. ``own_process``: local merges
+    run in a child process (for a process whose other Python work must not wait for the GIL,
+    such as the Spark driver)."""
+    local: Compactor = LocalCompactor(filesystem=store.fs)
+    if own_process:
+        local = ProcessCompactor(LocalCompactor(filesystem=store.fs))
     endpoints = tuple(config.compaction_endpoints) if config is not None else ()
     if config is None or not endpoints:
         return local

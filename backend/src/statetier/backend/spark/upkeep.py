@@ -36,7 +36,7 @@ class EpochUpkeep:
         if config.compaction_mode == "background":
             compaction = ChainCompaction(
                 store,
-                compactor_for(config, store),
+                compactor_for(config, store, own_process=True),
                 delta_trigger=int(config.compaction_delta_trigger),
                 size_ratio=float(config.compaction_size_ratio),
             )

@@ -1,0 +1,58 @@
+"""A compactor that merges in a child process of its own.
+
+A merge is CPU-bound Python: run on a thread of a process that has other Python work (the Spark
+driver's micro-batch loop, its py4j calls and commits), it holds the GIL for most of its time
+and slows that work down. In a child process it only takes a core. The child is started (with
+``spawn``: the parent may have JVM and event-loop threads that ``fork`` would copy half-way) at
+the first compaction and serves the following ones; the request and result are the same JSON
+objects a compaction service takes, the filesystem travels pickled (fsspec filesystems pickle
+as their constructor arguments).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import threading
+
+from statetier.backend.snapshot.compaction import (
+    CompactionRequest,
+    CompactionResult,
+    LocalCompactor,
+)
+
+__all__ = ["ProcessCompactor"]
+
+
+class ProcessCompactor:
+    """Runs ``local``'s merges in one child process."""
+
+    def __init__(self, local: LocalCompactor) -> None:
+        self.local = local
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("spawn")
+                )
+            pool = self._pool
+        try:
+            return pool.submit(_compact, self.local, request.to_json()).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            with self._lock:  # the child died (killed, out of memory): a new one next time
+                if self._pool is pool:
+                    self._pool = None
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _compact(local: LocalCompactor, request: str) -> CompactionResult:
+    return local.compact(CompactionRequest.from_json(request))
