@@ -551,6 +551,12 @@ class StatefulPipeline:
         if self._upkeep is not None:
             self._upkeep.drain()
 
+    def _stop_background(self) -> None:
+        """Finish background work and let its merge process go (it restarts on demand)."""
+        self.drain()
+        if self._upkeep is not None:
+            self._upkeep.stop_merging()
+
     def _result(self, epoch: int, index: int) -> RangeResult:
         """Range ``index``'s result, once its host has written it (after the job returned)."""
         assert self._lease is not None
@@ -610,14 +616,14 @@ class StatefulPipeline:
     def release(self) -> None:
         """Free this pipeline's ranges in the state hosts (its query is over for good); the
         hosts stay for the application's other pipelines. Its checkpoints are kept."""
-        self.drain()
+        self._stop_background()
         if self._registry is not None:
             self._registry.release_pipeline(self.name)
 
     def stop_hosts(self, timeout: float = 10.0) -> None:
         """Stop the application's state hosts (shared by its pipelines) and the driver's
         registry; they start again on the next epoch, restoring from the checkpoint."""
-        self.drain()
+        self._stop_background()
         registry, self._registry = self._registry, None
         if registry is None:
             return
