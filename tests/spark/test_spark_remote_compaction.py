@@ -6,20 +6,21 @@ holds a job (another worker completes it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+import subprocess
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from statetier.backend.bench.spark_functions import ArrowWordCount
-from statetier.backend.descriptors import ValueStateDescriptor
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.bench.spark_wordcount import checkpoint_counts
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
@@ -41,6 +42,42 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
 def procs(tmp_path: Path, seaweed: SeaweedFS) -> Iterator[Processes]:
     with Processes(tmp_path, env=seaweed.env) as processes:
         yield processes
+
+
+@dataclasses.dataclass
+class Cluster:
+    """What a test of this module runs on: Spark, SeaweedFS, compaction service processes."""
+
+    spark: SparkSession
+    seaweed: SeaweedFS
+    procs: Processes
+    tmp_path: Path
+    pipelines: list[StatefulPipeline]
+    prefix: str = f"s3://{BUCKET}/"
+
+    def service(self, workers: int) -> tuple[str, subprocess.Popen[str]]:
+        """A gateway (its URL and process) with ``workers`` workers."""
+        gateway, process = self.procs.gateway([self.prefix], *FAST)
+        for _ in range(workers):
+            self.worker(gateway)
+        return gateway, process
+
+    def worker(self, gateway: str, *extra: str) -> subprocess.Popen[str]:
+        return self.procs.worker(gateway, [self.prefix], *extra)
+
+    def stream(self, gateway: str, **config: Any) -> Stream:
+        return Stream(self.spark, self.seaweed, self.tmp_path, gateway, self.pipelines, **config)
+
+
+@pytest.fixture
+def cluster(
+    spark: SparkSession,
+    seaweed: SeaweedFS,
+    procs: Processes,
+    tmp_path: Path,
+    pipelines: list[StatefulPipeline],
+) -> Cluster:
+    return Cluster(spark, seaweed, procs, tmp_path, pipelines)
 
 
 def write_batches(directory: Path) -> list[list[str]]:
@@ -118,22 +155,7 @@ class Stream:
 
     def counts(self, parallelism: int) -> dict[str, int]:
         """The checkpoint's counts, restored at ``parallelism``."""
-        manifest = self.store.manifest()
-        counts: dict[str, int] = {}
-        for index in range(parallelism):
-            instance = OperatorInstance(
-                cast(Any, ArrowWordCount),
-                index,
-                parallelism,
-                manifest.max_parallelism,
-                store=self.store,
-                restore_epoch=manifest.epoch,
-            )
-            state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
-            for key in instance.keyed.keys("count"):
-                instance.keyed.set_current_key(key)
-                counts[key] = state.value() or 0
-        return counts
+        return checkpoint_counts(self.store, parallelism)
 
 
 def metric(gateway: str, name: str, **labels: str) -> float:
@@ -150,17 +172,10 @@ def metric(gateway: str, name: str, **labels: str) -> float:
 
 @pytest.mark.slow
 def test_the_service_compacts_the_jobs_chains_and_the_state_restores_at_another_parallelism(
-    spark: SparkSession,
-    seaweed: SeaweedFS,
-    procs: Processes,
-    tmp_path: Path,
-    pipelines: list[StatefulPipeline],
+    cluster: Cluster,
 ) -> None:
-    prefix = f"s3://{BUCKET}/"
-    gateway, _ = procs.gateway([prefix], *FAST)
-    for _ in range(2):
-        procs.worker(gateway, [prefix])
-    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines)
+    gateway, _ = cluster.service(workers=2)
+    stream = cluster.stream(gateway)
     stream.run()
 
     remote = stream.pipeline.upkeep.compactor
@@ -179,17 +194,10 @@ def test_the_service_compacts_the_jobs_chains_and_the_state_restores_at_another_
 
 @pytest.mark.slow
 def test_a_gateway_killed_mid_stream_falls_back_to_the_driver_and_nothing_is_lost(
-    spark: SparkSession,
-    seaweed: SeaweedFS,
-    procs: Processes,
-    tmp_path: Path,
-    pipelines: list[StatefulPipeline],
+    cluster: Cluster,
 ) -> None:
-    prefix = f"s3://{BUCKET}/"
-    gateway, gateway_process = procs.gateway([prefix], *FAST)
-    procs.worker(gateway, [prefix])
-    procs.worker(gateway, [prefix])
-    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines, **{"compaction.timeout": "5s"})
+    gateway, gateway_process = cluster.service(workers=2)
+    stream = cluster.stream(gateway, **{"compaction.timeout": "5s"})
     killed_at: list[int] = []
 
     def kill_gateway(epochs: int) -> None:
@@ -209,17 +217,12 @@ def test_a_gateway_killed_mid_stream_falls_back_to_the_driver_and_nothing_is_los
 
 @pytest.mark.slow
 def test_a_worker_killed_while_holding_a_job_leaves_it_to_another(
-    spark: SparkSession,
-    seaweed: SeaweedFS,
-    procs: Processes,
-    tmp_path: Path,
-    pipelines: list[StatefulPipeline],
+    cluster: Cluster,
 ) -> None:
-    prefix = f"s3://{BUCKET}/"
-    gateway, _ = procs.gateway([prefix], *FAST)
+    gateway, _ = cluster.service(workers=0)
     # the first worker reads slowly, so it is still on its job when it is killed
-    victim = procs.worker(gateway, [prefix], "--max-read-rate", "20000")
-    stream = Stream(spark, seaweed, tmp_path, gateway, pipelines)
+    victim = cluster.worker(gateway, "--max-read-rate", "20000")
+    stream = cluster.stream(gateway)
     killed: list[int] = []
 
     def kill_a_busy_worker(epochs: int) -> None:
@@ -227,7 +230,7 @@ def test_a_worker_killed_while_holding_a_job_leaves_it_to_another(
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             killed.append(epochs)
-            procs.worker(gateway, [prefix])  # the Deployment's replacement
+            cluster.worker(gateway)  # the Deployment's replacement
 
     stream.run(kill_a_busy_worker)
     remote = stream.pipeline.upkeep.compactor

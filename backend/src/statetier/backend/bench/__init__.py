@@ -7,9 +7,12 @@ taken side by side mean anything.
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_rate(work: Callable[[], int], repeats: int) -> tuple[float, list[float]]:
@@ -30,3 +33,13 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
             "  "
             + "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
         )
+
+
+def run_child(command: list[str], what: str) -> tuple[dict[str, Any], str]:
+    """Run a benchmark's child process; its report (the JSON object on its last line of output)
+    and its stderr. A child that fails raises with ``what`` and its stderr."""
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, done.stderr

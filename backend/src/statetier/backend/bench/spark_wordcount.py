@@ -215,18 +215,25 @@ def state_checkpoint_bytes(pipeline: Any) -> int:
 
 
 def read_counts(pipeline: Any) -> dict[str, int]:
+    """The word counts of ``pipeline``'s latest checkpoint."""
+    return checkpoint_counts(pipeline.store)
+
+
+def checkpoint_counts(store: Any, parallelism: int | None = None) -> dict[str, int]:
+    """The word counts of ``store``'s latest checkpoint, restored at ``parallelism`` (default:
+    the checkpoint's own)."""
     from statetier.backend.bench.spark_functions import ArrowWordCount
     from statetier.backend.descriptors import ValueStateDescriptor
     from statetier.backend.runtime import OperatorInstance
 
-    store = pipeline.store
     manifest = store.manifest()
+    parallelism = parallelism or manifest.parallelism
     counts: dict[str, int] = {}
-    for index in range(manifest.parallelism):
+    for index in range(parallelism):
         instance = OperatorInstance(
             cast(Any, ArrowWordCount),  # a KeyGroupFunction: open() is all a restore needs
             index,
-            manifest.parallelism,
+            parallelism,
             manifest.max_parallelism,
             store=store,
             restore_epoch=manifest.epoch,

@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statetier.backend.bench import print_table
+from statetier.backend.bench import print_table, run_child
 from statetier.backend.bench.wordcount import state_bytes
 from statetier.backend.config import load_config, parse_size
 from statetier.backend.demo import WordCount
@@ -273,11 +272,7 @@ def _run_child(peer: str, keys: int, args: argparse.Namespace) -> dict[str, Any]
         str(args.check_interval),
         *(["--spill-dir", args.spill_dir] if args.spill_dir else []),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"state-scale: {peer} with {keys:,} keys failed:\n{done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return run_child(command, f"state-scale: {peer} with {keys:,} keys")[0]
 
 
 # ---------------------------------------------------------------------- the parent

@@ -29,14 +29,13 @@ import gc
 import json
 import logging
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statetier.backend.bench import print_table
+from statetier.backend.bench import print_table, run_child
 from statetier.backend.config import load_config
 from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescriptor
@@ -322,12 +321,9 @@ def _run_child(mode: str, args: argparse.Namespace, extra: Sequence[str] = ()) -
         str(args.check_interval),
         *extra,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark mode {mode} failed:\n{done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    if args.verbose and done.stderr:
-        sys.stderr.write(done.stderr)
+    result, stderr = run_child(command, f"benchmark mode {mode}")
+    if args.verbose and stderr:
+        sys.stderr.write(stderr)
     return result
 
 
