@@ -7,9 +7,11 @@ taken side by side mean anything.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def median_rate(work: Callable[[], int], repeats: int) -> tuple[float, list[float]]:
@@ -30,3 +32,10 @@ def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
             "  "
             + "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
         )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (from /proc: another process's
+    CPU, e.g. a compaction worker's or a state host's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

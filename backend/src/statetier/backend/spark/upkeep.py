@@ -15,9 +15,11 @@ hosts write a full base inside their snapshot once a chain is longer than the tr
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import threading
+import time
 from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
@@ -50,7 +52,13 @@ class EpochUpkeep:
         self._lock = threading.Lock()
         self._latest = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
-        self._job: concurrent.futures.Future[None] | None = None
+        self._jobs: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self._next: tuple[Manifest, str] | None = None  # the commit the queued job takes
+        # what compaction cost here so far (this thread's CPU: the merge when local, the calls
+        # to the service when remote; fsspec's I/O thread not included), for benchmarks
+        self.compaction_cpu_seconds = 0.0
+        self.compaction_seconds = 0.0
+        self.compactions = 0  # compacted bases made
 
     @property
     def compactor(self) -> Any:
@@ -63,13 +71,25 @@ class EpochUpkeep:
 
     def committed(self, manifest: Manifest, owner: str) -> None:
         """``manifest`` was just committed: forget the updates it took (or that no longer
-        apply), then compact and retain in the background. A failure of the previous job
-        (storage trouble in retention) surfaces here, as it would have inline."""
+        apply), then compact and retain in the background. Never waits for a running job (a
+        merge may take longer than an epoch; waiting would put it back on the micro-batch's
+        path): the next job takes the newest commit, commits in between only shorten the
+        queue. A failure of a finished job (storage trouble in retention) surfaces here, as it
+        would have inline."""
         self._settle(manifest)
         self._latest = max(self._latest, manifest.epoch)
-        if self._job is not None:
-            self._job.result()
-        self._job = self._pool.submit(self._maintain, manifest, owner)
+        while self._jobs and self._jobs[0].done():
+            self._jobs.popleft().result()
+        with self._lock:
+            queued, self._next = self._next is not None, (manifest, owner)
+        if not queued:
+            self._jobs.append(self._pool.submit(self._take_next))
+
+    def _take_next(self) -> None:
+        with self._lock:
+            job, self._next = self._next, None
+        if job is not None:
+            self._maintain(*job)
 
     def _settle(self, manifest: Manifest) -> None:
         chains = {(c.state, c.key_groups): c for c in manifest.chains()}
@@ -87,12 +107,16 @@ class EpochUpkeep:
         chains the newer commit carries on anyway), then retention. A compaction failure never
         stops retention."""
         if self.compaction is not None and manifest.epoch >= self._latest:
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 due = self.compaction.due(manifest, skip=self._in_hand)
                 updates = self.compaction.run(manifest, owner, due)
             except Exception:  # planning itself failed (reading the chains): next time
                 log.exception("compaction after epoch %d failed", manifest.epoch)
                 updates = []
+            self.compaction_cpu_seconds += time.thread_time() - cpu
+            self.compaction_seconds += time.perf_counter() - started
+            self.compactions += sum(u.base is not None for u in updates)
             with self._lock:
                 self._pending.extend(updates)
         if self.retained > 0:
@@ -108,10 +132,9 @@ class EpochUpkeep:
             return {u.base.path for u in self._pending if u.base is not None}
 
     def drain(self) -> None:
-        """Wait for the running job (tests and tools that list the files)."""
-        if self._job is not None:
-            job, self._job = self._job, None
-            job.result()
+        """Wait for the running and queued jobs (tests and tools that list the files)."""
+        while self._jobs:
+            self._jobs.popleft().result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
