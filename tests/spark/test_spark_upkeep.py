@@ -1,6 +1,7 @@
-"""The driver's upkeep after commits: a merge that takes longer than an epoch never holds up the
-next commit (it would put compaction back on the micro-batch's path), and the commits made while
-it runs are taken care of by one later job, not one each."""
+"""The driver's upkeep after commits: a merge that takes longer than an epoch does not hold up
+the next commits (it would put compaction back on the micro-batch's path) until a chain reaches
+CUT_FACTOR x the trigger (then the stream waits: backpressure), and the commits made while it
+runs are taken care of by one later job, not one each."""
 
 from __future__ import annotations
 
@@ -72,16 +73,23 @@ def test_commits_do_not_wait_for_a_running_compaction(tmp_path: Path) -> None:
                 assert gated.started.wait(10)
         assert max(waits) < 1.0, waits  # epochs 4-6 committed while the merge was held
         assert gated.calls == 1
-        gated.gate.set()
+        # epoch 7's chain has 6 deltas, CUT_FACTOR x the trigger: compaction fell behind, the
+        # commit waits for the running merge (backpressure)
+        opener = threading.Timer(0.5, gated.gate.set)
+        opener.start()
+        manifest = commit_epoch(instance, store, lease, 7)
+        started = time.perf_counter()
+        upkeep.committed(manifest, lease.owner)
+        assert time.perf_counter() - started >= 0.4
         upkeep.drain()
-        # epochs 4-6 were one queued job, for epoch 6; its chain starts with the merged files,
-        # whose update is still pending, so nothing more was merged
+        # epochs 4-6 were one queued job, for epoch 6, and epoch 7 one more; their chain starts
+        # with the merged files, whose update is still pending, so nothing more was merged
         assert gated.calls == 1 and upkeep.compactions == 1
         (update,) = [ChainUpdate.from_dict(u) for u in upkeep.updates()]
         assert update.base is not None
         assert [f.epoch for f in update.inputs] == [1, 2, 3]
         (chain,) = store.manifest().chains()
-        assert [f.epoch for f in chain.files] == [1, 2, 3, 4, 5, 6]
+        assert [f.epoch for f in chain.files] == [1, 2, 3, 4, 5, 6, 7]
         assert store.missing([update.base]) == []  # the merged base is in storage
     finally:
         gated.gate.set()

@@ -24,7 +24,7 @@ from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
-from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
+from statetier.backend.snapshot.chain_compaction import CUT_FACTOR, ChainCompaction, ChainUpdate
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
@@ -71,19 +71,30 @@ class EpochUpkeep:
 
     def committed(self, manifest: Manifest, owner: str) -> None:
         """``manifest`` was just committed: forget the updates it took (or that no longer
-        apply), then compact and retain in the background. Never waits for a running job (a
-        merge may take longer than an epoch; waiting would put it back on the micro-batch's
-        path): the next job takes the newest commit, commits in between only shorten the
-        queue. A failure of a finished job (storage trouble in retention) surfaces here, as it
-        would have inline."""
+        apply), then compact and retain in the background. Waits for the running job only when
+        compaction fell behind, a chain of ``CUT_FACTOR`` x the trigger (a merge may take longer
+        than an epoch; waiting at every commit would put it back on the micro-batch's path);
+        otherwise the next job takes the newest commit, and commits in between only shorten
+        the queue. A failure of a finished job (storage trouble in retention) surfaces here, as
+        it would have inline."""
         self._settle(manifest)
         self._latest = max(self._latest, manifest.epoch)
-        while self._jobs and self._jobs[0].done():
+        behind = self._behind(manifest)
+        while self._jobs and (behind or self._jobs[0].done()):
             self._jobs.popleft().result()
         with self._lock:
             queued, self._next = self._next is not None, (manifest, owner)
         if not queued:
             self._jobs.append(self._pool.submit(self._take_next))
+
+    def _behind(self, manifest: Manifest) -> bool:
+        """Whether a chain of ``manifest`` is so long that the stream should wait for the
+        running compaction (backpressure, as a key-value store stalls writes when its
+        compactions fall behind)."""
+        if self.compaction is None:
+            return False
+        limit = CUT_FACTOR * self.compaction.delta_trigger
+        return any(len(chain.deltas) >= limit for chain in manifest.chains())
 
     def _take_next(self) -> None:
         with self._lock:
