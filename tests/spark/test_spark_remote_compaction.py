@@ -98,7 +98,7 @@ class Stream:
             .start()
         )
         seen = 0
-        while not query.awaitTermination(0.2):
+        while not query.awaitTermination(0.2):  # type: ignore[arg-type]  # seconds; stub: int
             if len(self.pipeline.reports) > seen:
                 seen = len(self.pipeline.reports)
                 self._look()
