@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from statetier.backend.bench.spark_functions import ArrowWordCount
 from statetier.backend.bench.spark_wordcount import checkpoint_counts
 from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.spark import StatefulPipeline
 from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
 
@@ -134,7 +135,7 @@ class Stream:
             .start()
         )
         seen = 0
-        while not query.awaitTermination(0.2):  # type: ignore[arg-type]  # seconds, any number
+        while not query.awaitTermination(0.2):  # type: ignore[arg-type]  # seconds; stub: int
             if len(self.pipeline.reports) > seen:
                 seen = len(self.pipeline.reports)
                 self._look()
@@ -239,7 +240,9 @@ def test_a_worker_killed_while_holding_a_job_leaves_it_to_another(
     assert remote.fallbacks == 0  # the job completed on the service
     assert remote.remote_jobs >= 2
     assert stream.counts(2) == expected_counts(stream.batches)
-    # chains grow while the job waits out the dead worker's lease on a slow read; then the
-    # service compacts them again
+    # the stream goes on while the job waits for its lease to expire, until a chain of
+    # CUT_FACTOR x the trigger makes the driver wait for the compaction (backpressure)
+    assert stream.longest_chain <= CUT_FACTOR * TRIGGER, stream.longest_chain
+    # and once the job is done, the service compacts them again
     last = stream.store.manifest()
     assert max(len(c.deltas) for c in last.chains()) <= 2 * TRIGGER, last.chains()

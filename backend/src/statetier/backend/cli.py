@@ -21,6 +21,8 @@ BENCHMARKS = {
     "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
     "spark-wordcount": "statetier.backend.bench.spark_wordcount",  # needs the spark extra
     "timers": "statetier.backend.bench.spark_timers",  # needs the spark extra
+    # needs the spark extra and statetier-compaction installed
+    "compaction-offload": "statetier.backend.bench.compaction_offload",
 }
 BENCHMARK_HELP = {
     "state": "state API operations against a plain dict",
@@ -29,6 +31,7 @@ BENCHMARK_HELP = {
     "checkpoint": "checkpoint upload and restore against raw object-store transfers",
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
+    "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
 }
 # Commands whose own parser reads the rest of the command line.
 DELEGATED = ("demo", "bench", "checkpoint")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+from statetier.backend.bench import cpu_seconds
 from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.helptext import plain
 from statetier.backend.snapshot.compaction import (
@@ -42,7 +43,7 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 from statetier.backend.snapshot.format import BASE, DELTA, encode_data_file
-from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
+from statetier.compaction.launch import BUCKET, Processes, SeaweedFS
 
 TARGET_RATIO = 0.5
 KEY_GROUPS = range(0, 16)
@@ -67,11 +68,6 @@ def _chain(
         header = {"state": "bench", "key_groups": "0-15", "epoch": index + 1, "kind": kind}
         files.append((kind, encode_data_file(header, list(blocks.items()))))
     return files
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(
@@ -110,11 +106,11 @@ def run(
             remote_s, remote_cpu, worker_cpu, local_s, local_cpu, raw_s = [], [], [], [], [], []
             out_bytes = 0
             for _ in range(repeats):
-                w0, c0, t0 = _cpu_seconds(worker.pid), time.process_time(), time.perf_counter()
+                w0, c0, t0 = cpu_seconds(worker.pid), time.process_time(), time.perf_counter()
                 result = client.compact(request("remote"))
                 remote_s.append(time.perf_counter() - t0)
                 remote_cpu.append(time.process_time() - c0)
-                worker_cpu.append(_cpu_seconds(worker.pid) - w0)
+                worker_cpu.append(cpu_seconds(worker.pid) - w0)
                 out_bytes = result.outputs[0].size
 
                 c0, t0 = time.process_time(), time.perf_counter()

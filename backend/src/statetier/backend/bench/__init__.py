@@ -8,10 +8,12 @@ taken side by side mean anything.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -43,3 +45,10 @@ def run_child(command: list[str], what: str) -> tuple[dict[str, Any], str]:
         raise RuntimeError(f"{what} failed:\n{done.stderr}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result, done.stderr
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (from /proc: another process's
+    CPU, e.g. a compaction worker's or a state host's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

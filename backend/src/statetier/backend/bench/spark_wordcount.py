@@ -39,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -124,7 +124,8 @@ def wait_for_executors(spark: Any, count: int, timeout: float = 180.0) -> None:
     raise RuntimeError(f"{count} executors did not register within {timeout:.0f}s")
 
 
-def write_input(spark: Any, parts: list[list[str]], directory: Path) -> None:
+def write_input(spark: Any, parts: Iterable[list[str]], directory: Path) -> None:
+    """One Parquet file per part, named in order (``parts`` may be generated one by one)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -141,13 +142,18 @@ def stream(spark: Any, source: Path, files: int | None = None) -> Any:
 
 
 def run_query(writer: Any, checkpoint: Path) -> float:
+    return run_streaming(writer, checkpoint)[0]
+
+
+def run_streaming(writer: Any, checkpoint: Path) -> tuple[float, Any]:
+    """Run a query over everything available; its wall time, and the query (its progress)."""
     started = time.perf_counter()
     query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
     elapsed = time.perf_counter() - started
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
-    return elapsed
+    return elapsed, query
 
 
 # ---------------------------------------------------------------------- the pipelines

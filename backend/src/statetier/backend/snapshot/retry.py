@@ -79,10 +79,14 @@ def single_attempt_botocore() -> dict[str, Any]:
 
 
 def storage_options_for(uri: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` for fsspec, with botocore's own retries off unless set there."""
+    """``options`` for fsspec, with botocore's own retries off unless set there, and no
+    listings cache: other processes (state hosts, compaction workers) write the location, and
+    s3fs consults a cached listing even to read a file by name (it asks for the size first),
+    so a listing made before another process wrote a file would hide that file for good."""
     result = dict(options)
     if not uri.startswith(_S3_PROTOCOLS):
         return result
+    result.setdefault("use_listings_cache", False)
     config = dict(result.get("config_kwargs") or {})
     for key, value in single_attempt_botocore().items():
         config.setdefault(key, value)

@@ -4,9 +4,9 @@ in the background, one job at a time.
 Neither ever fails an epoch. A compaction that fails (a gateway down, a refused request) leaves
 its chain for the next commit to try again and never stops retention, which would let files
 pile up without bound; a retention that fails (storage trouble) is simply run again after the
-next commit. Jobs queue up when epochs are shorter than a compaction: a job whose epoch a newer
-commit superseded compacts nothing (the newest job compacts what the writers carry on) but
-still runs retention.
+next commit. When epochs are shorter than a compaction, the commits made while a job runs fold
+into one queued job for the newest of them; the stream waits for the running job only once a
+chain has ``CUT_FACTOR`` x the trigger deltas (backpressure).
 
 What differs between runtimes is passed in: where a compaction's
 :class:`~statetier.backend.snapshot.chain_compaction.ChainUpdate` goes (``deliver``: straight to
@@ -17,12 +17,15 @@ care of already (``skip``), and which files the writers will name that no manife
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 from statetier.backend import metrics as backend_metrics
-from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
+from statetier.backend.snapshot.chain_compaction import CUT_FACTOR, ChainCompaction, ChainUpdate
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
@@ -52,8 +55,15 @@ class Upkeep:
         self._protect = protect
         self._skip = skip
         self._latest = 0
+        self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
-        self._jobs: list[concurrent.futures.Future[None]] = []
+        self._jobs: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self._next: tuple[Manifest, str, int | None] | None = None  # what the queued job takes
+        # what compaction cost here so far (this thread's CPU: the merge when it runs on this
+        # thread, the calls to the service or the merge process otherwise), for benchmarks
+        self.compaction_cpu_seconds = 0.0
+        self.compaction_seconds = 0.0
+        self.compactions = 0  # compacted bases made
 
     @property
     def idle(self) -> bool:
@@ -63,15 +73,39 @@ class Upkeep:
     def committed(self, manifest: Manifest, owner: str, now_ms: int | None = None) -> None:
         """``manifest`` was just committed by ``owner``: queue its compaction and retention.
         ``now_ms`` is the epoch's clock, for states whose TTL cleanup drops expired entries
-        in compaction (:func:`~statetier.backend.snapshot.writer.epoch_clock`)."""
+        in compaction (:func:`~statetier.backend.snapshot.writer.epoch_clock`).
+
+        Waits for the running job only when compaction fell behind, a chain of ``CUT_FACTOR``
+        x the trigger (backpressure, as a key-value store stalls writes when its compactions
+        fall behind; waiting at every commit would put a merge that takes longer than an epoch
+        back on the epoch's path). Otherwise the queued job takes the newest commit, and the
+        commits in between only replace it."""
         self._latest = max(self._latest, manifest.epoch)
         if self.idle:
             return
-        self._jobs = [job for job in self._jobs if not job.done()]
-        self._jobs.append(self._pool.submit(self._maintain, manifest, owner, now_ms))
+        behind = self._behind(manifest)
+        while self._jobs and (behind or self._jobs[0].done()):
+            self._jobs.popleft().result()
+        with self._lock:
+            queued, self._next = self._next is not None, (manifest, owner, now_ms)
+        if not queued:
+            self._jobs.append(self._pool.submit(self._take_next))
+
+    def _behind(self, manifest: Manifest) -> bool:
+        if self.compaction is None:
+            return False
+        limit = CUT_FACTOR * self.compaction.delta_trigger
+        return any(len(chain.deltas) >= limit for chain in manifest.chains())
+
+    def _take_next(self) -> None:
+        with self._lock:
+            job, self._next = self._next, None
+        if job is not None:
+            self._maintain(*job)
 
     def _maintain(self, manifest: Manifest, owner: str, now_ms: int | None) -> None:
         if self.compaction is not None and manifest.epoch >= self._latest:
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 due = self.compaction.due(manifest, skip=self._skip)
                 updates = self.compaction.run(manifest, owner, due, now_ms)
@@ -79,6 +113,9 @@ class Upkeep:
                 log.exception("compaction after epoch %d failed", manifest.epoch)
                 backend_metrics.compaction_done(False)
                 updates = []
+            self.compaction_cpu_seconds += time.thread_time() - cpu
+            self.compaction_seconds += time.perf_counter() - started
+            self.compactions += sum(u.base is not None for u in updates)
             if updates:
                 self._deliver(updates)
         if self.retained > 0:
@@ -101,9 +138,9 @@ class Upkeep:
         )
 
     def drain(self) -> None:
-        """Wait for every queued job (tests and tools that list the files)."""
-        for job in list(self._jobs):
-            job.result()
+        """Wait for the running and queued jobs (tests and tools that list the files)."""
+        while self._jobs:
+            self._jobs.popleft().result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

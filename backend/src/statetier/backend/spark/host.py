@@ -400,10 +400,12 @@ class StateHost:
         name = result_name(epoch, header["owner"], index, parallelism)
         instance = hosted.instance
         try:
-            t1 = time.perf_counter()
+            t1, cpu1 = time.perf_counter(), time.thread_time()
             updates = [ChainUpdate.from_dict(u) for u in header.get("chain_updates", ())]
             snapshot = self._snapshot(instance, store, epoch, token, config, updates)
             snapshot_s = time.perf_counter() - t1
+            snapshot_cpu_s = time.thread_time() - cpu1 + snapshot.pop("upload_cpu_s")
+            compaction_base = snapshot.pop("compaction_base")
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
             result = RangeResult(
                 index=index,
@@ -425,6 +427,8 @@ class StateHost:
                 rows=run.rows,
                 host_id=self.host_id,
                 restored_bytes=instance.restored_bytes if run.state == "restored" else 0,
+                snapshot_cpu_s=snapshot_cpu_s,
+                compaction_base=compaction_base,
             )
             payload = json.dumps(dataclasses.asdict(result)).encode()
             store.put(name, payload)
@@ -521,9 +525,14 @@ class StateHost:
         config: Any,
         updates: list[ChainUpdate],
     ) -> dict[str, Any]:
+        """The range's snapshot files, uploaded; its manifest part, with ``upload_bytes``,
+        ``upload_cpu_s`` (the upload threads' CPU) and ``compaction_base``: whether it wrote a
+        base that stands for a compaction (the chain trigger of ``compaction.mode=executor``, or
+        a cut of a chain the driver could not compact), the executor's compaction CPU."""
         instance.before_snapshot(epoch)
         writer = instance.writer
         mine = str(instance.keyed.key_groups)
+        before = writer.chains()
         for update in updates:
             if update.key_groups == mine:
                 apply_update(writer, update)  # the driver's compactions of this range
@@ -531,20 +540,34 @@ class StateHost:
         if config.compaction_mode == "executor":  # compaction in the host, to compare
             chains = writer.chains()
             full = any(len(files) > config.compaction_delta_trigger for files in chains.values())
+        cut = bool(before.keys() - writer.chains().keys())
         prepared = writer.prepare(store, epoch, owner, full=full)
         try:
-            if len(prepared.uploads) > 1:
-                pool = self._upload_pool(config.checkpoint_upload_concurrency)
-                list(pool.map(lambda f: store.put(f.entry.path, f.data), prepared.uploads))
-            else:
-                for f in prepared.uploads:
-                    store.put(f.entry.path, f.data)
+            upload_cpu_s = self._upload(store, prepared.uploads, config)
         except BaseException:
             instance.writer.reset()
             raise
         snapshot = snapshot_to_dict(prepared.snapshot)
         snapshot["upload_bytes"] = prepared.upload_bytes
+        snapshot["upload_cpu_s"] = upload_cpu_s
+        snapshot["compaction_base"] = full or cut
         return snapshot
+
+    def _upload(self, store: SnapshotStore, uploads: list[Any], config: Any) -> float:
+        """Upload the snapshot's files; the CPU the upload threads spent on them (other than
+        this one: the caller measures its own thread)."""
+        if len(uploads) <= 1:
+            for f in uploads:
+                store.put(f.entry.path, f.data)
+            return 0.0
+
+        def put(f: Any) -> float:
+            started = time.thread_time()
+            store.put(f.entry.path, f.data)
+            return time.thread_time() - started
+
+        pool = self._upload_pool(config.checkpoint_upload_concurrency)
+        return sum(pool.map(put, uploads))
 
 
 def count_records(batches: list[pa.RecordBatch]) -> int:

@@ -107,6 +107,12 @@ class EpochReport:
     restored_bytes: int = 0  # downloaded from tier 2 to restore ranges that were not warm
     reruns: int = 0  # times the epoch's job ran again because a state host was lost
     spilled_by_range: list[int] = dataclasses.field(default_factory=list)  # key groups on disk
+    # CPU the state hosts spent on the ranges' snapshots (their threads, not the I/O loop's)
+    snapshot_cpu_seconds: float = 0.0
+    # of which the snapshots that wrote a base in place of a compaction (compaction.mode=
+    # executor's trigger, or a cut chain): the compaction CPU spent in the executors
+    compaction_cpu_seconds: float = 0.0
+    compaction_bases: int = 0  # ranges whose snapshot wrote such a base
 
 
 class RangesLostError(RuntimeError):
@@ -529,6 +535,9 @@ class StatefulPipeline:
             process_seconds=sum(r.process_s for r in results),
             restored_bytes=sum(r.restored_bytes for r in results),
             spilled_by_range=[r.spilled_key_groups for r in results],
+            snapshot_cpu_seconds=sum(r.snapshot_cpu_s for r in results),
+            compaction_cpu_seconds=sum(r.snapshot_cpu_s for r in results if r.compaction_base),
+            compaction_bases=sum(r.compaction_base for r in results),
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)

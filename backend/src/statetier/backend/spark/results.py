@@ -45,6 +45,8 @@ class RangeResult:
     rows: int = 0  # rows received (a combiner's rows stand for several records)
     host_id: str = ""  # the state host that owns the range
     restored_bytes: int = 0  # downloaded to restore the range (0 when warm or fresh)
+    snapshot_cpu_s: float = 0.0  # CPU of the snapshot: its thread and its upload threads
+    compaction_base: bool = False  # the snapshot wrote a base in place of a compaction
 
 
 def snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:

@@ -53,6 +53,20 @@ class EpochUpkeep:
         )
 
     @property
+    def compaction(self) -> ChainCompaction | None:
+        return self._upkeep.compaction
+
+    @property
+    def compaction_cpu_seconds(self) -> float:
+        """The driver thread's CPU in compaction so far (see Upkeep), for benchmarks."""
+        return self._upkeep.compaction_cpu_seconds
+
+    @property
+    def compactions(self) -> int:
+        """Compacted bases made so far."""
+        return self._upkeep.compactions
+
+    @property
     def compactor(self) -> Any:
         compaction = self._upkeep.compaction
         return compaction.compactor if compaction is not None else None
