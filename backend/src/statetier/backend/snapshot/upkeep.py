@@ -59,8 +59,8 @@ class Upkeep:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
         self._jobs: collections.deque[concurrent.futures.Future[None]] = collections.deque()
         self._next: tuple[Manifest, str, int | None] | None = None  # what the queued job takes
-        # what compaction cost here so far (this thread's CPU: the merge when it runs on this
-        # thread, the calls to the service or the merge process otherwise), for benchmarks
+        # what compaction cost here so far (this thread's CPU and a merge process's: the merge
+        # when it runs here, the calls to the service otherwise), for benchmarks
         self.compaction_cpu_seconds = 0.0
         self.compaction_seconds = 0.0
         self.compactions = 0  # compacted bases made
@@ -105,7 +105,7 @@ class Upkeep:
 
     def _maintain(self, manifest: Manifest, owner: str, now_ms: int | None) -> None:
         if self.compaction is not None and manifest.epoch >= self._latest:
-            started, cpu = time.perf_counter(), time.thread_time()
+            started, cpu = time.perf_counter(), time.thread_time() + self._merge_process_cpu()
             try:
                 due = self.compaction.due(manifest, skip=self._skip)
                 updates = self.compaction.run(manifest, owner, due, now_ms)
@@ -113,13 +113,20 @@ class Upkeep:
                 log.exception("compaction after epoch %d failed", manifest.epoch)
                 backend_metrics.compaction_done(False)
                 updates = []
-            self.compaction_cpu_seconds += time.thread_time() - cpu
+            self.compaction_cpu_seconds += time.thread_time() + self._merge_process_cpu() - cpu
             self.compaction_seconds += time.perf_counter() - started
             self.compactions += sum(u.base is not None for u in updates)
             if updates:
                 self._deliver(updates)
         if self.retained > 0:
             self._retain(manifest.epoch)
+
+    def _merge_process_cpu(self) -> float:
+        """CPU of merges that a compactor ran in a child process (a fallback's included)."""
+        assert self.compaction is not None
+        compactor = self.compaction.compactor
+        local = getattr(compactor, "fallback", compactor)
+        return float(getattr(local, "cpu_seconds", 0.0))
 
     def _retain(self, epoch: int) -> None:
         try:
