@@ -2,7 +2,8 @@
 
 The state hosts only ever write deltas (or a first base); merging a range's chain into a new base
 happens here, off the executors and off the micro-batch's path: on the compaction service when
-``compaction.endpoints`` is set, else in this driver process. A compaction's result is a
+``compaction.endpoints`` is set, else in a child process of this driver (a merge on a driver
+thread would hold the GIL the micro-batch loop needs). A compaction's result is a
 :class:`~statetier.backend.snapshot.chain_compaction.ChainUpdate` that travels with the next
 epochs' task spec until a committed manifest names its base: the range's host applies it to its
 writer before its snapshot, a host that restores the range applies it to the restored chain.
