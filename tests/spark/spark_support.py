@@ -211,3 +211,11 @@ class ExpiringWords(KeyedProcessFunction[str, None, tuple[str, int]]):
         for state in (self.cleaned, self.kept):
             state.update((state.value() or 0) + 1)
         return []
+
+
+def run_available_now(writer: Any, checkpoint: Any, timeout: float = 180) -> None:
+    """Run a streaming query over what its source has now, with its checkpoint at
+    ``checkpoint``, and stop it."""
+    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination(timeout)
+    query.stop()

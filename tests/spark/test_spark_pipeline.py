@@ -34,6 +34,7 @@ from tests.spark.spark_support import (
     expected_counts,
     host_pids,
     latest,
+    run_available_now,
     zipf_words,
 )
 
@@ -354,13 +355,7 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
             if api == "foreach_batch"
             else pipeline.write_stream(words, collecting(outputs))
         )
-        query = (
-            writer.option("checkpointLocation", str(tmp_path / "spark-ckpt"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(180)
-        query.stop()
+        run_available_now(writer, tmp_path / "spark-ckpt")
         return pipeline
 
     first = run_query(range(3))

@@ -17,6 +17,7 @@ from statetier.backend.spark import StatefulPipeline
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import ManualClock
 
+from tests.spark.spark_support import run_available_now
 from tests.spark.timer_support import (
     SCHEMA,
     EventTimer,
@@ -179,13 +180,7 @@ def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
             if api == "write_stream"
             else events.writeStream.foreachBatch(pipeline.foreach_batch(fired_rows(out)))
         )
-        query = (
-            writer.option("checkpointLocation", str(tmp_path / "spark-ckpt"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(180)
-        query.stop()
+        run_available_now(writer, tmp_path / "spark-ckpt")
         return pipeline
 
     # range 1 of epoch 3 fails once after its timers fired: the retry fires them again from

@@ -531,16 +531,14 @@ class StateHost:
         a cut of a chain the driver could not compact), the executor's compaction CPU."""
         instance.before_snapshot(epoch)
         writer = instance.writer
-        mine = str(instance.keyed.key_groups)
-        before = writer.chains()
-        for update in updates:
-            if update.key_groups == mine:
-                apply_update(writer, update)  # the driver's compactions of this range
+        mine = [u for u in updates if u.key_groups == str(instance.keyed.key_groups)]
+        for update in mine:
+            apply_update(writer, update)  # the driver's compactions of this range
+        cut = any(update.base is None for update in mine)
         full = False
         if config.compaction_mode == "executor":  # compaction in the host, to compare
             chains = writer.chains()
             full = any(len(files) > config.compaction_delta_trigger for files in chains.values())
-        cut = bool(before.keys() - writer.chains().keys())
         prepared = writer.prepare(store, epoch, owner, full=full)
         try:
             upload_cpu_s = self._upload(store, prepared.uploads, config)
