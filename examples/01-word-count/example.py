@@ -7,9 +7,13 @@ import sys
 import tempfile
 from collections.abc import Iterable
 
-from statetier.backend import ValueState, ValueStateDescriptor
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.local_runner import LocalRunner
+from statetier.backend import (
+    KeyedProcessFunction,
+    LocalRunner,
+    RuntimeContext,
+    ValueState,
+    ValueStateDescriptor,
+)
 
 
 class WordCount(KeyedProcessFunction[str, int, tuple[str, int]]):

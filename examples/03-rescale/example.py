@@ -6,9 +6,14 @@ import sys
 import tempfile
 from collections.abc import Iterable
 
-from statetier.backend import ListStateDescriptor, ValueState, ValueStateDescriptor
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.local_runner import LocalRunner
+from statetier.backend import (
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    RuntimeContext,
+    ValueState,
+    ValueStateDescriptor,
+)
+from statetier.backend.testing import FunctionHarness
 
 
 class Totals(KeyedProcessFunction[str, int, None]):
@@ -19,34 +24,30 @@ class Totals(KeyedProcessFunction[str, int, None]):
         self.offsets = context.get_list_state(ListStateDescriptor[int]("offsets"))
         if not context.is_restored:
             self.offsets.add(context.index)  # one element per instance of the first run
+        self.restored_offsets = self.offsets.get()
 
     def process(self, key: str, value: int, context: RuntimeContext) -> Iterable[None]:
         self.total.update((self.total.value() or 0) + value)
         return ()
 
 
-def totals(runner: LocalRunner) -> dict[str, int]:
-    result: dict[str, int] = {}
-    for instance in runner.instances:
-        state = instance.keyed.get_state(ValueStateDescriptor[int]("total"))
-        for key in instance.keyed.keys("total"):
-            instance.keyed.set_current_key(key)
-            result[key] = state.value() or 0
-    return result
+def totals(harness: FunctionHarness) -> dict[str, int]:
+    return {key: harness.state("total", key) for key in harness.keys("total")}
 
 
 def main() -> int:
     uri = "file://" + tempfile.mkdtemp(prefix="statetier-rescale-")
     records = [(f"user{i % 50}", i) for i in range(1000)]
-    first = LocalRunner(Totals, parallelism=4, checkpoint_uri=uri)
-    first.run_epoch(records)
-    expected = totals(first)
+    with FunctionHarness(Totals, parallelism=4, checkpoint_uri=uri) as first:
+        first.process_all(records)
+        first.checkpoint()
+        expected = totals(first)
     for parallelism in (1, 8):
-        runner = LocalRunner(Totals, parallelism=parallelism, checkpoint_uri=uri)
-        assert totals(runner) == expected
-        offsets = [i.operator.states["offsets"].state.get() for i in runner.instances]
-        print(f"parallelism {parallelism}: {len(expected)} keys restored, offsets {offsets}")
-        assert sorted(o for part in offsets for o in part) == [0, 1, 2, 3]
+        with FunctionHarness(Totals, parallelism=parallelism, checkpoint_uri=uri) as harness:
+            assert totals(harness) == expected
+            offsets = [f.restored_offsets for f in harness.functions if isinstance(f, Totals)]
+            print(f"parallelism {parallelism}: {len(expected)} keys restored, offsets {offsets}")
+            assert sorted(o for part in offsets for o in part) == [0, 1, 2, 3]
     return 0
 
 

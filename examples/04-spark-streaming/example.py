@@ -14,8 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from statetier.backend.descriptors import ValueStateDescriptor
-from statetier.backend.functions import RuntimeContext
+from statetier.backend import RuntimeContext, ValueStateDescriptor
 from statetier.backend.spark import KeyGroupFunction, StatefulPipeline
 
 
@@ -30,7 +29,7 @@ class WordCount(KeyGroupFunction):
         totals = []
         pairs = zip(counts["word"].to_pylist(), counts["word_count"].to_pylist(), strict=True)
         for word, n in pairs:
-            context.keyed_state.set_current_key(word)
+            context.set_current_key(word)
             total = (self.count.value() or 0) + n
             self.count.update(total)
             totals.append(total)

@@ -11,9 +11,12 @@ import sys
 import tempfile
 from typing import Any
 
-from statetier.backend import ValueStateDescriptor
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.local_runner import LocalRunner
+from statetier.backend import (
+    KeyedProcessFunction,
+    LocalRunner,
+    RuntimeContext,
+    ValueStateDescriptor,
+)
 
 GAP = 30_000  # a session ends after 30 s of event time without a click
 Session = tuple[str, int, int, int]  # user, first click, last click, clicks

@@ -17,8 +17,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from statetier.backend import ValueStateDescriptor
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend import KeyedProcessFunction, RuntimeContext, ValueStateDescriptor
 from statetier.backend.spark import StatefulPipeline
 
 GAP = 30_000  # a session ends after 30 s of event time without a click

@@ -20,8 +20,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
-from statetier.backend.descriptors import ValueStateDescriptor
-from statetier.backend.functions import RuntimeContext
+from statetier.backend import RuntimeContext, ValueStateDescriptor
 from statetier.backend.spark import KeyGroupFunction, StatefulPipeline
 
 
@@ -36,7 +35,7 @@ class WordCount(KeyGroupFunction):
         totals = []
         pairs = zip(counts["word"].to_pylist(), counts["word_count"].to_pylist(), strict=True)
         for word, n in pairs:
-            context.keyed_state.set_current_key(word)
+            context.set_current_key(word)
             total = (self.count.value() or 0) + n
             self.count.update(total)
             totals.append(total)

@@ -25,21 +25,22 @@ from hypothesis.stateful import (
 )
 from statetier.backend import (
     AggregatingStateDescriptor,
-    KeyedStateBackend,
     ListStateDescriptor,
-    ManualClock,
     MapStateDescriptor,
-    OperatorStateBackend,
     ReducingStateDescriptor,
     StateDescriptor,
     StateTtlConfig,
     StateVisibility,
     UpdateType,
     ValueStateDescriptor,
+)
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import (
     assign_to_key_group,
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
+from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.snapshot import (
     SnapshotStore,
     commit_snapshot,
@@ -47,6 +48,7 @@ from statetier.backend.snapshot import (
     restore_operator_state,
     snapshot_subtask,
 )
+from statetier.backend.ttl import ManualClock
 
 MAX_PARALLELISM = 16
 TTL_MS = 100

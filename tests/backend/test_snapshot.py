@@ -16,23 +16,24 @@ from statetier.backend import (
     CheckpointedFunction,
     FunctionInitializationContext,
     FunctionSnapshotContext,
-    KeyedStateBackend,
-    KeyGroupRange,
     ListState,
     ListStateDescriptor,
-    ManualClock,
     MapStateDescriptor,
-    OperatorStateBackend,
     PickleSerializer,
     ReducingStateDescriptor,
     StateDescriptor,
     StateRegistrationError,
     StateTtlConfig,
     ValueStateDescriptor,
+)
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import (
+    KeyGroupRange,
     assign_to_key_group,
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
+from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.snapshot import (
     CorruptFileError,
     Manifest,
@@ -46,6 +47,7 @@ from statetier.backend.snapshot import (
     snapshot_subtask,
 )
 from statetier.backend.snapshot.format import FORMAT_VERSION, DataFileReader
+from statetier.backend.ttl import ManualClock
 
 P = 128
 T0 = 50_000

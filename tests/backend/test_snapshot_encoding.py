@@ -7,7 +7,8 @@ import dataclasses
 from typing import Any
 
 import pytest
-from statetier.backend import KeyedStateBackend, ValueStateDescriptor
+from statetier.backend import ValueStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.serializers import DEFAULT_SERIALIZER, SerializationError
 from statetier.backend.snapshot import serialize

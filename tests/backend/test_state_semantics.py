@@ -10,9 +10,6 @@ from typing import Any
 import pytest
 from statetier.backend import (
     AggregatingStateDescriptor,
-    KeyedStateBackend,
-    KeyGroupOutOfRangeError,
-    KeyGroupRange,
     ListStateDescriptor,
     MapStateDescriptor,
     MsgpackSerializer,
@@ -25,9 +22,13 @@ from statetier.backend import (
     StateRegistrationError,
     StateTtlConfig,
     ValueStateDescriptor,
+    register_serializer,
+)
+from statetier.backend.keyed_backend import KeyedStateBackend, KeyGroupOutOfRangeError
+from statetier.backend.keygroups import (
+    KeyGroupRange,
     assign_to_key_group,
     key_group_range_for_operator,
-    register_serializer,
 )
 from statetier.backend.serializers import serializer_by_id
 from statetier.backend.snapshot import (

@@ -19,10 +19,12 @@ import fsspec
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from statetier.backend import ManualClock, ValueStateDescriptor, assign_to_key_group
+from statetier.backend import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext, TimeDomain
+from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.serializers import DEFAULT_SERIALIZER
+from statetier.backend.ttl import ManualClock
 
 MAX_PARALLELISM = 8
 KEYS: list[Any] = ["a", "b", 7, ("t", 1), "e"]

@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 from statetier.backend import (
     ListStateDescriptor,
-    ManualClock,
     NoCurrentKeyError,
     StateRegistrationError,
     ValueStateDescriptor,
-    assign_to_key_group,
     load_config,
 )
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext, TimeDomain
 from statetier.backend.keyed_backend import EVENT_TIMER_STATE, PROCESSING_TIMER_STATE
+from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.timers import MIN_WATERMARK
+from statetier.backend.ttl import ManualClock
 
 EVENT = TimeDomain.EVENT_TIME
 PROC = TimeDomain.PROCESSING_TIME

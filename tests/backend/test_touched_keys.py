@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from statetier.backend import (
-    KeyedStateBackend,
-    KeyGroupRange,
-    ManualClock,
-    StateTtlConfig,
-    ValueStateDescriptor,
-    assign_to_key_group,
-)
+from statetier.backend import StateTtlConfig, ValueStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
+from statetier.backend.ttl import ManualClock
 
 
 def test_written_and_read_keys_are_logged_by_key_group() -> None:

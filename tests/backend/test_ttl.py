@@ -9,10 +9,7 @@ from typing import Any
 import pytest
 from statetier.backend import (
     AggregatingStateDescriptor,
-    KeyedStateBackend,
-    KeyGroupRange,
     ListStateDescriptor,
-    ManualClock,
     MapStateDescriptor,
     ReducingStateDescriptor,
     StateDescriptor,
@@ -21,8 +18,9 @@ from statetier.backend import (
     TtlMismatchError,
     UpdateType,
     ValueStateDescriptor,
-    assign_to_key_group,
 )
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.snapshot import (
     SnapshotStore,
@@ -31,6 +29,7 @@ from statetier.backend.snapshot import (
     snapshot_subtask,
 )
 from statetier.backend.snapshot.format import DataFileReader
+from statetier.backend.ttl import ManualClock
 
 TTL = 1000
 T0 = 10_000

@@ -18,7 +18,6 @@ from statetier.backend import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
     ListStateDescriptor,
-    ManualClock,
     MapStateDescriptor,
     StateTtlConfig,
     ValueStateDescriptor,
@@ -27,6 +26,7 @@ from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.seaweed import KEY, SECRET
 from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_faults import FaultPlan
 

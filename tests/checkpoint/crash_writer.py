@@ -12,9 +12,9 @@ import json
 import os
 import sys
 
-from statetier.backend import ManualClock
 from statetier.backend.config import load_config
 from statetier.backend.local_runner import LocalRunner
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint import ckpt_faults  # noqa: F401 - registers faulty://
 from tests.checkpoint.ckpt_support import CLOCK_MS, MAX_P, Accumulate, dump_operator, records

@@ -8,7 +8,9 @@ import zlib
 
 import msgpack
 import pytest
-from statetier.backend import KeyedStateBackend, KeyGroupRange, OperatorStateBackend
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import KeyGroupRange
+from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.snapshot import (
     CorruptFileError,
     SnapshotStore,

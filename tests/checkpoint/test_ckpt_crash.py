@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statetier.backend import ManualClock
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.verify import verify_store
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import (
     CLOCK_MS,

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from statetier.backend import ManualClock, StateTtlConfig, ValueStateDescriptor
+from statetier.backend import StateTtlConfig, ValueStateDescriptor
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.format import DELTA, DataFileReader
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import (
     MAX_P,

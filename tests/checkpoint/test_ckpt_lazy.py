@@ -10,8 +10,9 @@ import threading
 from typing import Any
 
 import pytest
-from statetier.backend import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
-from statetier.backend.keygroups import assign_to_key_group
+from statetier.backend import ValueStateDescriptor
+from statetier.backend.keyed_backend import KeyedStateBackend
+from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.snapshot import (
     SnapshotStore,

@@ -9,9 +9,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from statetier.backend import ManualClock
 from statetier.backend.config import load_config
 from statetier.backend.local_runner import LocalRunner
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import (
     CLOCK_MS,

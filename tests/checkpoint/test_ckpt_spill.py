@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statetier.backend import ManualClock
 from statetier.backend.config import load_config
 from statetier.backend.local_runner import LocalRunner
+from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import (
     CLOCK_MS,

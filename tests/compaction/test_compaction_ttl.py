@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from statetier.backend import (
     ListStateDescriptor,
-    ManualClock,
     MapStateDescriptor,
     StateTtlConfig,
     StateVisibility,
@@ -45,6 +44,7 @@ from statetier.backend.snapshot.compaction import (
 from statetier.backend.snapshot.format import DataFileBuilder, DataFileReader, encode_data_file
 from statetier.backend.snapshot.ttl_filter import ttl_filter
 from statetier.backend.state.codec import StateCodec
+from statetier.backend.ttl import ManualClock
 from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from pyspark.sql import SparkSession
-from statetier.backend import ManualClock
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
+from statetier.backend.ttl import ManualClock
 
 from tests.spark.spark_support import TTL_MS, ExpiringWords
 

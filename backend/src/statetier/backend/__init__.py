@@ -1,16 +1,23 @@
 """statetier.backend: Flink-grade keyed state for Python, in heap, spill and checkpoint tiers.
 
-The public surface is re-exported here; modules beside it hold one concept each:
+This package exports what a user writes against, and nothing else (``__all__``; the test
+``tests/test_public_api.py`` holds it to that list):
 
-- :mod:`~statetier.backend.keygroups`: key -> key group -> operator, as in Flink and Spark SQL.
-- :mod:`~statetier.backend.descriptors` and :mod:`~statetier.backend.state`: what users declare
-  and the handles they get.
-- :mod:`~statetier.backend.keyed_backend`: the state of one key-group range and the current key.
-- :mod:`~statetier.backend.operator_state`: non-keyed list state and its redistribution.
-- :mod:`~statetier.backend.ttl`: time-to-live settings and clocks.
-- :mod:`~statetier.backend.snapshot`: files, manifests and restore at any parallelism.
-- :mod:`~statetier.backend.config`: the one configuration schema.
+- functions: :class:`KeyedProcessFunction`, :class:`CheckpointListener`,
+  :class:`CheckpointedFunction` and its contexts, :class:`AggregateFunction`;
+- their context: :class:`RuntimeContext` and its timers (:class:`TimerService`,
+  :class:`TimeDomain`);
+- state: descriptors, handles, time-to-live settings, serializers, the errors state use raises;
+- :class:`LocalRunner`, which runs a function in one process, and the configuration
+  (:func:`load_config`).
+
+Two more modules are public: :mod:`statetier.backend.spark` (the pipeline on Spark) and
+:mod:`statetier.backend.testing` (a manual clock and a test harness for functions). Every other
+module is the runtime's: importable by its path for statetier's own components and tools, not
+an API (docs/architecture.md, "Public API").
 """
+
+from typing import TYPE_CHECKING, Any
 
 from statetier.backend.config import ConfigError, StatetierConfig, load_config
 from statetier.backend.descriptors import (
@@ -22,25 +29,18 @@ from statetier.backend.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from statetier.backend.keyed_backend import (
-    KeyedStateBackend,
-    KeyGroupOutOfRangeError,
-    StateRegistrationError,
+from statetier.backend.functions import (
+    CheckpointListener,
+    KeyedProcessFunction,
+    RuntimeContext,
+    TimeDomain,
 )
-from statetier.backend.keygroups import (
-    KeyGroupRange,
-    NullKeyError,
-    assign_to_key_group,
-    compute_default_max_parallelism,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
-    spark_key_group_expr,
-)
+from statetier.backend.keyed_backend import StateRegistrationError
+from statetier.backend.keygroups import NullKeyError
 from statetier.backend.operator_state import (
     CheckpointedFunction,
     FunctionInitializationContext,
     FunctionSnapshotContext,
-    OperatorStateBackend,
 )
 from statetier.backend.serializers import (
     MsgpackSerializer,
@@ -59,39 +59,35 @@ from statetier.backend.state import (
     ValueState,
 )
 from statetier.backend.state.context import NoCurrentKeyError
-from statetier.backend.ttl import (
-    ManualClock,
-    StateTtlConfig,
-    StateVisibility,
-    SystemClock,
-    TtlMismatchError,
-    UpdateType,
-)
+from statetier.backend.timers import TimerService
+from statetier.backend.ttl import StateTtlConfig, StateVisibility, TtlMismatchError, UpdateType
+
+if TYPE_CHECKING:
+    from statetier.backend.local_runner import LocalRunner
 
 __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "CheckpointListener",
     "CheckpointedFunction",
     "ConfigError",
     "FunctionInitializationContext",
     "FunctionSnapshotContext",
-    "KeyGroupOutOfRangeError",
-    "KeyGroupRange",
-    "KeyedStateBackend",
+    "KeyedProcessFunction",
     "ListState",
     "ListStateDescriptor",
-    "ManualClock",
+    "LocalRunner",
     "MapState",
     "MapStateDescriptor",
     "MsgpackSerializer",
     "NoCurrentKeyError",
     "NullKeyError",
-    "OperatorStateBackend",
     "PickleSerializer",
     "RawBytesSerializer",
     "ReducingState",
     "ReducingStateDescriptor",
+    "RuntimeContext",
     "SerializationError",
     "Serializer",
     "State",
@@ -100,16 +96,22 @@ __all__ = [
     "StateTtlConfig",
     "StateVisibility",
     "StatetierConfig",
-    "SystemClock",
+    "TimeDomain",
+    "TimerService",
     "TtlMismatchError",
     "UpdateType",
     "ValueState",
     "ValueStateDescriptor",
-    "assign_to_key_group",
-    "compute_default_max_parallelism",
-    "key_group_range_for_operator",
     "load_config",
-    "operator_index_for_key_group",
     "register_serializer",
-    "spark_key_group_expr",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``LocalRunner`` on first use: it brings the checkpoint tier (fsspec), which the
+    components that only read the settings schema (the operator) do not need."""
+    if name == "LocalRunner":
+        from statetier.backend.local_runner import LocalRunner
+
+        return LocalRunner
+    raise AttributeError(f"module 'statetier.backend' has no attribute {name!r}")

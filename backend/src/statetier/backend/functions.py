@@ -70,6 +70,15 @@ class RuntimeContext:
     def current_key(self) -> Any:
         return self.keyed_state.current_key
 
+    def set_current_key(self, key: Any) -> None:
+        """Scope every state handle (and timer registration) to ``key``.
+
+        The runtime does this before each ``process`` and ``on_timer`` call of a
+        :class:`KeyedProcessFunction`; a function that sees many keys at once (Spark's
+        ``KeyGroupFunction``) calls it before it touches ``key``'s state.
+        """
+        self.keyed_state.set_current_key(key)
+
 
 @runtime_checkable
 class CheckpointListener(Protocol):

@@ -122,6 +122,14 @@ class LocalRunner:
         """The epoch the runner resumed from (0: started empty)."""
         return self.last_epoch
 
+    def instance_for(self, key: Any) -> OperatorInstance:
+        """The instance that owns ``key``'s key group."""
+        check_key(key)
+        kg = assign_to_key_group(key, self.max_parallelism)
+        return self.instances[
+            operator_index_for_key_group(self.max_parallelism, self.parallelism, kg)
+        ]
+
     def partition(self, records: Iterable[tuple[Any, Any]]) -> list[list[tuple[Any, Any]]]:
         """Records per instance, by the owner of each record's key group."""
         parts: list[list[tuple[Any, Any]]] = [[] for _ in self.instances]

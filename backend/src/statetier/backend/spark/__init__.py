@@ -1,13 +1,15 @@
 """statetier on Spark: keyed functions with tiered state over DataFrames and micro-batches.
 
-See docs/spark.md. The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's
-``spark`` extra); it is imported lazily, so the executors' state hosts, which import this package
-for the function classes, start without loading pyspark.
+A public module (docs/architecture.md, "Public API"): ``__all__`` is what a Spark job writes
+against: the pipeline, the per-key-group function form and its combiner, the task a function is
+serving. The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
+The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's ``spark`` extra); it is
+imported lazily, so the executors' state hosts, which import this package for the function
+classes, start without loading pyspark.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark.functions import (
     KEY_GROUP_COLUMN,
     Combiner,
@@ -24,8 +26,6 @@ __all__ = [
     "Combiner",
     "EpochReport",
     "KeyGroupFunction",
-    "KeyedProcessFunction",
-    "RuntimeContext",
     "SparkTask",
     "StatefulPipeline",
     "current_task",
