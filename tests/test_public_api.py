@@ -138,13 +138,13 @@ def test_snippets_are_found_in_markdown(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
         "Text.\n\n```python\n>>> from statetier.backend.keygroups import KeyGroupRange\n\n```\n\n"
-        "```python\nfrom statetier.backend.runtime import OperatorInstance\n```\n\n"
+        "```python\nfrom statetier.backend.runtime import FunctionInstance\n```\n\n"
         "```sh\npython -m statetier.backend\n```\n"
     )
     problems = [p for source in snippets(page) for p in import_problems(source)]
     assert problems == [
         "line 1: from statetier.backend.keygroups import KeyGroupRange",
-        "line 1: from statetier.backend.runtime import OperatorInstance",
+        "line 1: from statetier.backend.runtime import FunctionInstance",
     ]
 
 

@@ -17,9 +17,9 @@ from statetier.backend.keygroups import (
     assign_str_to_key_group,
     assign_to_key_group,
     compute_default_max_parallelism,
-    key_group_range_for_operator,
+    instance_for_key_group,
+    key_group_range_for_instance,
     key_hash,
-    operator_index_for_key_group,
     spark_key_group_expr,
 )
 
@@ -262,7 +262,7 @@ def flink_range(max_parallelism: int, parallelism: int, index: int) -> tuple[int
 
 def _check_ranges(max_parallelism: int, parallelism: int, exhaustive: bool) -> None:
     ranges = [
-        key_group_range_for_operator(max_parallelism, parallelism, i) for i in range(parallelism)
+        key_group_range_for_instance(max_parallelism, parallelism, i) for i in range(parallelism)
     ]
     assert ranges[0].start == 0
     assert ranges[-1].end == max_parallelism - 1
@@ -273,7 +273,7 @@ def _check_ranges(max_parallelism: int, parallelism: int, exhaustive: bool) -> N
             assert kg_range.start == ranges[i - 1].end + 1  # contiguous and disjoint
         # The owner formula agrees at both ends, and its neighbours belong to the neighbours;
         # the owner is monotonic in the key group, so everything in between is i's too.
-        owner = operator_index_for_key_group
+        owner = instance_for_key_group
         assert owner(max_parallelism, parallelism, kg_range.start) == i
         assert owner(max_parallelism, parallelism, kg_range.end) == i
         if kg_range.start:
@@ -303,23 +303,23 @@ def test_ranges_match_flink_for_max_parallelism_32768() -> None:
 
 def test_key_group_range_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="parallelism"):
-        key_group_range_for_operator(128, 129, 0)
+        key_group_range_for_instance(128, 129, 0)
     with pytest.raises(ValueError, match="parallelism"):
-        key_group_range_for_operator(128, 0, 0)
+        key_group_range_for_instance(128, 0, 0)
     with pytest.raises(ValueError, match="max parallelism"):
-        key_group_range_for_operator(32769, 1, 0)
-    with pytest.raises(ValueError, match="operator index"):
-        key_group_range_for_operator(128, 4, 4)
-    with pytest.raises(ValueError, match="operator index"):
-        key_group_range_for_operator(128, 4, -1)
+        key_group_range_for_instance(32769, 1, 0)
+    with pytest.raises(ValueError, match="instance index"):
+        key_group_range_for_instance(128, 4, 4)
+    with pytest.raises(ValueError, match="instance index"):
+        key_group_range_for_instance(128, 4, -1)
 
 
 def test_keys_land_in_the_range_of_their_owner() -> None:
     for max_parallelism, parallelism in ((128, 3), (128, 128), (32768, 7), (1000, 999)):
         for i in range(500):
             kg = assign_to_key_group(f"key-{i}", max_parallelism)
-            owner = operator_index_for_key_group(max_parallelism, parallelism, kg)
-            assert kg in key_group_range_for_operator(max_parallelism, parallelism, owner)
+            owner = instance_for_key_group(max_parallelism, parallelism, kg)
+            assert kg in key_group_range_for_instance(max_parallelism, parallelism, owner)
 
 
 def test_key_group_range_type() -> None:
@@ -384,7 +384,7 @@ def test_a_parallelism_above_32768_is_refused_not_clamped(parallelism: int) -> N
     with pytest.raises(ValueError, match=rf"parallelism {parallelism} is above .*32768"):
         compute_default_max_parallelism(parallelism)
     with pytest.raises(ValueError, match=r"parallelism must be in 1\.\.max parallelism"):
-        key_group_range_for_operator(32768, parallelism, 0)
+        key_group_range_for_instance(32768, parallelism, 0)
 
 
 # --------------------------------------------------------------------------- Spark SQL form

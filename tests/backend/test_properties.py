@@ -1,6 +1,6 @@
 """Property-based tests: every state type against a plain-dict reference model.
 
-A hypothesis state machine drives a set of keyed backends (one per operator instance) through
+A hypothesis state machine drives a set of keyed backends (one per function instance) through
 random operation sequences over several keys, for each state kind without and with TTL, while
 a ManualClock moves forward. Every read is compared with the reference model, which implements
 the documented semantics directly (timestamps, update type, visibility). Mid-sequence the whole
@@ -37,8 +37,8 @@ from statetier.backend import (
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import (
     assign_to_key_group,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
+    instance_for_key_group,
+    key_group_range_for_instance,
 )
 from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.snapshot import (
@@ -305,7 +305,7 @@ class KeyedStateMachine(RuleBasedStateMachine):
         self.parallelism = parallelism
         self.backends = []
         for i in range(parallelism):
-            kg_range = key_group_range_for_operator(MAX_PARALLELISM, parallelism, i)
+            kg_range = key_group_range_for_instance(MAX_PARALLELISM, parallelism, i)
             backend = KeyedStateBackend(kg_range, MAX_PARALLELISM, clock=self.clock)
             if register_first:
                 self._register(backend)
@@ -321,7 +321,7 @@ class KeyedStateMachine(RuleBasedStateMachine):
         """The state handle for a record of ``key``, ``dt`` ms after the previous record."""
         self.clock.advance(dt)
         kg = assign_to_key_group(key, MAX_PARALLELISM)
-        backend = self.backends[operator_index_for_key_group(MAX_PARALLELISM, self.parallelism, kg)]
+        backend = self.backends[instance_for_key_group(MAX_PARALLELISM, self.parallelism, kg)]
         kind, config = self.descriptors[name]
         state = backend.get_state(make_descriptor(kind, name, config))
         backend.set_current_key(key)
@@ -342,7 +342,7 @@ class KeyedStateMachine(RuleBasedStateMachine):
     def record_without_state_access(self, key: Any) -> None:
         # set_current_key alone: per-record cleanup may run, nothing visible may change
         kg = assign_to_key_group(key, MAX_PARALLELISM)
-        index = operator_index_for_key_group(MAX_PARALLELISM, self.parallelism, kg)
+        index = instance_for_key_group(MAX_PARALLELISM, self.parallelism, kg)
         self.backends[index].set_current_key(key)
 
     @rule(parallelism=st.integers(min_value=1, max_value=6), register_first=st.booleans())

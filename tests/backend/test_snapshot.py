@@ -30,8 +30,8 @@ from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import (
     KeyGroupRange,
     assign_to_key_group,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
+    instance_for_key_group,
+    key_group_range_for_instance,
 )
 from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.snapshot import (
@@ -164,7 +164,7 @@ def instances(
 ) -> list[KeyedStateBackend]:
     return [
         KeyedStateBackend(
-            key_group_range_for_operator(max_parallelism, parallelism, i),
+            key_group_range_for_instance(max_parallelism, parallelism, i),
             max_parallelism,
             clock=clock,
         )
@@ -175,7 +175,7 @@ def instances(
 def owner(backends: list[KeyedStateBackend], key: Any) -> KeyedStateBackend:
     max_p = backends[0].max_parallelism
     kg = assign_to_key_group(key, max_p)
-    return backends[operator_index_for_key_group(max_p, len(backends), kg)]
+    return backends[instance_for_key_group(max_p, len(backends), kg)]
 
 
 def snapshot_all(
@@ -345,7 +345,7 @@ def test_data_files_are_deterministic(tmp_path: Path) -> None:
     stores = [SnapshotStore(f"file://{tmp_path}/{i}") for i in range(2)]
     manifests = []
     for store, keys in zip(stores, (KEYS, list(reversed(KEYS))), strict=True):
-        backend = KeyedStateBackend(key_group_range_for_operator(P, 2, 0), P, clock=clock)
+        backend = KeyedStateBackend(key_group_range_for_instance(P, 2, 0), P, clock=clock)
         v = backend.get_state(ValueStateDescriptor[int]("count"))
         for key in keys:
             if assign_to_key_group(key, P) in backend.key_groups:
@@ -430,8 +430,8 @@ def test_kind_and_serializer_mismatch(
 
 def test_commit_refuses_inconsistent_subtasks(tmp_path: Path) -> None:
     store = SnapshotStore(f"file://{tmp_path}")
-    a = KeyedStateBackend(key_group_range_for_operator(P, 2, 0), P)
-    b = KeyedStateBackend(key_group_range_for_operator(P, 2, 1), P)
+    a = KeyedStateBackend(key_group_range_for_instance(P, 2, 0), P)
+    b = KeyedStateBackend(key_group_range_for_instance(P, 2, 1), P)
     overlapping = KeyedStateBackend(KeyGroupRange(60, 70), P)
     with pytest.raises(SnapshotError, match="overlap"):
         commit_snapshot(store, 1, [snapshot_subtask(store, 1, x) for x in (a, overlapping)])
@@ -447,7 +447,7 @@ def test_commit_refuses_inconsistent_subtasks(tmp_path: Path) -> None:
 
 def test_commit_refuses_snapshots_missing_key_groups(tmp_path: Path) -> None:
     store = SnapshotStore(f"file://{tmp_path}")
-    parts = [KeyedStateBackend(key_group_range_for_operator(P, 3, i), P) for i in range(3)]
+    parts = [KeyedStateBackend(key_group_range_for_instance(P, 3, i), P) for i in range(3)]
     for missing in range(3):
         subtasks = [snapshot_subtask(store, 1, b) for i, b in enumerate(parts) if i != missing]
         with pytest.raises(SnapshotError, match="key groups"):
@@ -745,7 +745,7 @@ def test_operator_state_registration_errors(store: SnapshotStore) -> None:
     assert len(ops.get_union_list_state(ListStateDescriptor[int]("union")).get()) == 6
     with pytest.raises(StateRegistrationError, match="registered with split"):
         ops.get_union_list_state(ListStateDescriptor[int]("split"))
-    with pytest.raises(ValueError, match="operator index"):
+    with pytest.raises(ValueError, match="instance index"):
         OperatorStateBackend(2, 2)
 
 
@@ -822,7 +822,7 @@ def _start(
     started = []
     for i in range(parallelism):
         ops = OperatorStateBackend(i, parallelism)
-        keyed = KeyedStateBackend(key_group_range_for_operator(P, parallelism, i), P)
+        keyed = KeyedStateBackend(key_group_range_for_instance(P, parallelism, i), P)
         if restore:
             restore_operator_state(store, ops)
             restore_keyed_state(store, keyed)

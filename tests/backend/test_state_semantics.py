@@ -28,7 +28,7 @@ from statetier.backend.keyed_backend import KeyedStateBackend, KeyGroupOutOfRang
 from statetier.backend.keygroups import (
     KeyGroupRange,
     assign_to_key_group,
-    key_group_range_for_operator,
+    key_group_range_for_instance,
 )
 from statetier.backend.serializers import serializer_by_id
 from statetier.backend.snapshot import (
@@ -444,7 +444,7 @@ def test_no_current_key_error_for_every_state_type() -> None:
 
 
 def test_key_group_out_of_range() -> None:
-    kg_range = key_group_range_for_operator(P, 4, 1)
+    kg_range = key_group_range_for_instance(P, 4, 1)
     b = KeyedStateBackend(kg_range, P)
     v = b.get_state(ValueStateDescriptor[int]("v"))
     inside = next(f"k{i}" for i in range(1000) if assign_to_key_group(f"k{i}", P) in kg_range)

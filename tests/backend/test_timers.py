@@ -1,4 +1,4 @@
-"""Timers as in Flink's KeyedProcessFunction, on OperatorInstance and the local runner.
+"""Timers as in Flink's KeyedProcessFunction, on FunctionInstance and the local runner.
 
 The behaviour followed is Flink's TimerService / InternalTimerServiceImpl: timers belong to the
 current key, one per (key, timestamp) and domain; a processing-time timer fires once processing
@@ -27,7 +27,7 @@ from statetier.backend.functions import KeyedProcessFunction, RuntimeContext, Ti
 from statetier.backend.keyed_backend import EVENT_TIMER_STATE, PROCESSING_TIMER_STATE
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.timers import MIN_WATERMARK
 from statetier.backend.ttl import ManualClock
@@ -79,11 +79,11 @@ class Scripted(KeyedProcessFunction[Any, Any, Any]):
         yield (domain.value, timestamp, key, self.note.value())
 
 
-def instance(clock: ManualClock | None = None, **kwargs: Any) -> OperatorInstance:
-    return OperatorInstance(Scripted, 0, 1, 16, clock=clock or ManualClock(0), **kwargs)
+def instance(clock: ManualClock | None = None, **kwargs: Any) -> FunctionInstance:
+    return FunctionInstance(Scripted, 0, 1, 16, clock=clock or ManualClock(0), **kwargs)
 
 
-def run(inst: OperatorInstance, *records: tuple[Any, Any]) -> None:
+def run(inst: FunctionInstance, *records: tuple[Any, Any]) -> None:
     assert inst.process(records) == []
 
 
@@ -207,7 +207,7 @@ def test_a_function_without_on_timer_drops_its_timers_silently() -> None:
             context.timer_service.register_event_time_timer(value)
             return []
 
-    inst = OperatorInstance(NoHandler, 0, 1, 16)
+    inst = FunctionInstance(NoHandler, 0, 1, 16)
     inst.process([("k", 3)])
     assert inst.advance_time(watermark=3) == []  # Flink's default onTimer does nothing
     assert inst.timers.count(EVENT) == 0
@@ -444,7 +444,7 @@ def test_sessionization_emits_every_session_once_across_a_restart(tmp_path: Path
 
 def test_a_key_group_function_sets_timers_and_gets_on_timer_rows() -> None:
     """The per-key-group form (what the Spark state host runs) uses the same service: it makes
-    a key current itself, and OperatorInstance.advance_time calls its on_timer."""
+    a key current itself, and FunctionInstance.advance_time calls its on_timer."""
     pa = pytest.importorskip("pyarrow")
     from statetier.backend.spark.functions import KeyGroupFunction
 
@@ -462,7 +462,7 @@ def test_a_key_group_function_sets_timers_and_gets_on_timer_rows() -> None:
         def on_timer(self, timestamp: int, key: str, context: RuntimeContext) -> list[Any]:
             return [(key, self.last.value(), timestamp)]
 
-    inst = OperatorInstance(LastClick, 0, 1, 16)  # type: ignore[arg-type]  # as the host does
+    inst = FunctionInstance(LastClick, 0, 1, 16)  # type: ignore[arg-type]  # as the host does
     table = pa.table({"user": ["u1", "u2", "u1"], "ts": [10, 20, 50]})
     inst.function.process_key_group(0, table, inst.context)  # type: ignore[attr-defined]
     assert inst.advance_time(watermark=149) == [("u1", 50, 110), ("u2", 20, 120)]

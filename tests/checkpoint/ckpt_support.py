@@ -149,9 +149,9 @@ def dump_operator(runner: LocalRunner) -> tuple[list[Any], list[list[Any]]]:
     split: list[Any] = []
     unions: list[list[Any]] = []
     for instance in runner.instances:
-        state = instance.operator.states.get("offsets")
+        state = instance.operator_state.states.get("offsets")
         split.extend(state.state.elements if state else [])
-        union = instance.operator.states.get("epochs")
+        union = instance.operator_state.states.get("epochs")
         unions.append(sorted(union.state.elements if union else []))
     return split, unions
 

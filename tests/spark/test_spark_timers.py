@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from statetier.backend.keygroups import assign_to_key_group, operator_index_for_key_group
+from statetier.backend.keygroups import assign_to_key_group, instance_for_key_group
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.timers import MAX_WATERMARK
@@ -192,7 +192,7 @@ def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
     failed_range = {
         k
         for k, _, _, epoch, _ in out
-        if epoch == 3 and operator_index_for_key_group(mp, 4, assign_to_key_group(k, mp)) == 1
+        if epoch == 3 and instance_for_key_group(mp, 4, assign_to_key_group(k, mp)) == 1
     }
     assert failed_range, "the failed range fired timers in epoch 3 before it failed"
     second = run_query(range(4, 6), EventTimer, 3)  # restarted, at another parallelism

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pyspark.sql import SparkSession
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.ttl import ManualClock
@@ -23,7 +23,7 @@ def stored_keys(store: SnapshotStore, state: str) -> set[str]:
     manifest = store.manifest()
     keys: set[str] = set()
     for index in range(manifest.parallelism):
-        instance = OperatorInstance(
+        instance = FunctionInstance(
             cast(Any, ExpiringWords),
             index,
             manifest.parallelism,

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pyarrow as pa
 from statetier.backend.bench.spark_functions import ArrowWordCount
 from statetier.backend.config import load_config
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore, commit_snapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
@@ -39,7 +39,7 @@ class GatedCompactor:
 
 
 def commit_epoch(
-    instance: OperatorInstance, store: SnapshotStore, lease: Any, epoch: int
+    instance: FunctionInstance, store: SnapshotStore, lease: Any, epoch: int
 ) -> Manifest:
     words = [f"w{(epoch * 7 + i) % 50}" for i in range(100)]
     function = cast(ArrowWordCount, instance.function)
@@ -61,7 +61,7 @@ def test_commits_do_not_wait_for_a_running_compaction(tmp_path: Path) -> None:
     assert upkeep.compaction is not None
     gated = GatedCompactor(upkeep.compaction.compactor)
     upkeep.compaction.compactor = gated
-    instance = OperatorInstance(cast(Any, ArrowWordCount), 0, 1, 128, store=store)
+    instance = FunctionInstance(cast(Any, ArrowWordCount), 0, 1, 128, store=store)
     try:
         waits = []
         for epoch in range(1, 7):

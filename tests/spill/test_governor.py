@@ -14,7 +14,7 @@ from pathlib import Path
 
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
-from statetier.backend.keygroups import assign_to_key_group, key_group_range_for_operator
+from statetier.backend.keygroups import assign_to_key_group, key_group_range_for_instance
 from statetier.backend.spill import SpillManager, SpillStorage
 from statetier.backend.spill.governor import MemoryGovernor
 from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, Trigger
@@ -31,7 +31,7 @@ def ranges(governor: MemoryGovernor, n: int) -> list[tuple[KeyedStateBackend, Sp
     """``n`` backends of one pipeline (ranges 0..n-1), each managed under ``governor``."""
     out = []
     for index in range(n):
-        kgs = key_group_range_for_operator(MAX_PARALLELISM, n, index)
+        kgs = key_group_range_for_instance(MAX_PARALLELISM, n, index)
         backend = KeyedStateBackend(kgs, MAX_PARALLELISM)
         out.append((backend, SpillManager(backend, governor=governor)))
     return out
@@ -154,8 +154,8 @@ def test_the_process_has_one_governor_per_spill_configuration(tmp_path: Path) ->
     from statetier.backend.config import load_config
 
     config = load_config({"spill.enabled": True, "spill.dirs": str(tmp_path)}, env={})
-    a = KeyedStateBackend(key_group_range_for_operator(64, 2, 0), 64)
-    b = KeyedStateBackend(key_group_range_for_operator(64, 2, 1), 64)
+    a = KeyedStateBackend(key_group_range_for_instance(64, 2, 0), 64)
+    b = KeyedStateBackend(key_group_range_for_instance(64, 2, 1), 64)
     first, second = SpillManager.from_config(a, config), SpillManager.from_config(b, config)
     assert first.governor is second.governor
     assert first.storage is second.storage and first.monitor is second.monitor

@@ -17,7 +17,7 @@ from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import MemoryMonitor, MonitorSettings, SpillManager, SpillStorage
 from statetier.backend.spill.metrics import METRIC_NAMES
 from statetier.backend.spill.monitor import GcPauseTracker, read_rss, resolve_budget
@@ -213,7 +213,7 @@ def test_operator_instance_runs_with_spilling_on(tmp_path: Path) -> None:
     config = load_config(
         {"spill.enabled": True, "spill.dirs": str(tmp_path), "memory.budget": "16g"}, env={}
     )
-    instance = OperatorInstance(WordCount, 0, 1, 32, config=config)
+    instance = FunctionInstance(WordCount, 0, 1, 32, config=config)
     assert instance.spill is not None
     words = [f"w{n % 500}" for n in range(5000)]
     instance.process((w, 1) for w in words[:2500])

@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--words", type=int, default=300_000, help="records to count")
     parser.add_argument("--vocabulary", type=int, default=50_000, help="distinct words")
     parser.add_argument("--batches", type=int, default=10, help="epochs (one checkpoint each)")
-    parser.add_argument("--parallelism", type=int, default=2, help="operator instances")
+    parser.add_argument("--parallelism", type=int, default=2, help="function instances")
     parser.add_argument(
         "--restore-parallelism", type=int, default=3, help="instances that read the result back"
     )

@@ -33,13 +33,13 @@ class RuntimeContext:
     def __init__(
         self,
         keyed: KeyedStateBackend,
-        operator: OperatorStateBackend,
+        operator_state: OperatorStateBackend,
         *,
         is_restored: bool = False,
         timer_service: TimerService | None = None,
     ) -> None:
         self.keyed_state = keyed
-        self.operator_state = operator
+        self.operator_state = operator_state
         self.is_restored = is_restored  # True when the state came from a checkpoint
         self.timer_service = timer_service or TimerService(keyed, keyed.clock.now_ms())
         # While on_timer runs: the domain of the firing timer (Flink's OnTimerContext); else None.

@@ -1,6 +1,6 @@
 """The keyed state backend: the state of one key-group range, and the current key.
 
-One backend serves one operator instance (one Spark partition, one range of key groups). The
+One backend serves one function instance (one Spark partition, one range of key groups). The
 runtime sets the current key before each record; the user's handles then read and write that
 key's state. The backend owns one :class:`~statetier.backend.state.table.StateTable` per
 registered state and knows nothing about files: snapshots and restores are done by the objects

@@ -1,8 +1,8 @@
 """Key groups: the unit in which keyed state is partitioned, spilled, checkpointed and moved.
 
 As in Flink, every key maps to one of ``max_parallelism`` key groups by a stable hash, and each
-of ``parallelism`` operators owns a contiguous range of key groups. Rescaling never rehashes a
-key; it only hands whole key groups to other owners.
+of ``parallelism`` instances of a function (Flink's operator subtasks) owns a contiguous range of
+key groups. Rescaling never rehashes a key; it only hands whole key groups to other owners.
 
 The hash is 64-bit xxHash (seed 42) over the key's canonical bytes, chained over the fields of a
 tuple key. It is exactly what Spark SQL's ``xxhash64(col, ...)`` computes, so the Spark pipeline
@@ -37,9 +37,9 @@ __all__ = [
     "assign_to_key_group",
     "check_key",
     "compute_default_max_parallelism",
-    "key_group_range_for_operator",
+    "key_group_range_for_instance",
     "key_hash",
-    "operator_index_for_key_group",
+    "instance_for_key_group",
     "spark_key_group_expr",
 ]
 
@@ -151,8 +151,9 @@ def check_parallelism(max_parallelism: int, parallelism: int) -> None:
         )
 
 
-def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
-    """Which operator owns ``key_group``: ``key_group * parallelism // max_parallelism``."""
+def instance_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """The index of the instance that owns ``key_group``: ``key_group * parallelism //
+    max_parallelism`` (Flink's ``computeOperatorIndexForKeyGroup``)."""
     return key_group * parallelism // max_parallelism
 
 
@@ -190,15 +191,16 @@ class KeyGroupRange:
         return cls(int(start), int(end))
 
 
-def key_group_range_for_operator(
-    max_parallelism: int, parallelism: int, operator_index: int
+def key_group_range_for_instance(
+    max_parallelism: int, parallelism: int, index: int
 ) -> KeyGroupRange:
-    """Key groups owned by operator ``operator_index`` (Flink's formula)."""
+    """Key groups owned by instance ``index`` of ``parallelism`` (Flink's
+    ``computeKeyGroupRangeForOperatorIndex``)."""
     check_parallelism(max_parallelism, parallelism)
-    if not 0 <= operator_index < parallelism:
-        raise ValueError(f"operator index must be in 0..{parallelism - 1}, got {operator_index}")
-    start = (operator_index * max_parallelism + parallelism - 1) // parallelism
-    end = ((operator_index + 1) * max_parallelism + parallelism - 1) // parallelism - 1
+    if not 0 <= index < parallelism:
+        raise ValueError(f"instance index must be in 0..{parallelism - 1}, got {index}")
+    start = (index * max_parallelism + parallelism - 1) // parallelism
+    end = ((index + 1) * max_parallelism + parallelism - 1) // parallelism - 1
     return KeyGroupRange(start, end)
 
 

@@ -1,4 +1,4 @@
-"""Runs a keyed function on several operator instances in one process, epoch by epoch.
+"""Runs a keyed function on several function instances in one process, epoch by epoch.
 
 This is the reference runtime: the demo, the docs and many tests use it, and the Spark
 integration does the same steps across executors. Each epoch moves to the epoch's time
@@ -25,9 +25,9 @@ from statetier.backend.keygroups import (
     assign_to_key_group,
     check_key,
     compute_default_max_parallelism,
-    operator_index_for_key_group,
+    instance_for_key_group,
 )
-from statetier.backend.runtime import FunctionFactory, OperatorInstance
+from statetier.backend.runtime import FunctionFactory, FunctionInstance
 from statetier.backend.snapshot import (
     Checkpointer,
     CheckpointSettings,
@@ -85,7 +85,7 @@ class LocalRunner:
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
         restore_epoch = self.last_epoch if epochs else None
         self.instances = [
-            OperatorInstance(
+            FunctionInstance(
                 factory,
                 index,
                 parallelism,
@@ -122,13 +122,11 @@ class LocalRunner:
         """The epoch the runner resumed from (0: started empty)."""
         return self.last_epoch
 
-    def instance_for(self, key: Any) -> OperatorInstance:
+    def instance_for(self, key: Any) -> FunctionInstance:
         """The instance that owns ``key``'s key group."""
         check_key(key)
         kg = assign_to_key_group(key, self.max_parallelism)
-        return self.instances[
-            operator_index_for_key_group(self.max_parallelism, self.parallelism, kg)
-        ]
+        return self.instances[instance_for_key_group(self.max_parallelism, self.parallelism, kg)]
 
     def partition(self, records: Iterable[tuple[Any, Any]]) -> list[list[tuple[Any, Any]]]:
         """Records per instance, by the owner of each record's key group."""
@@ -141,7 +139,7 @@ class LocalRunner:
             if index is None:
                 check_key(key)
                 kg = assign_to_key_group(key, max_p)
-                index = owner[key] = operator_index_for_key_group(max_p, p, kg)
+                index = owner[key] = instance_for_key_group(max_p, p, kg)
             parts[index].append(record)
         return parts
 

@@ -1,6 +1,6 @@
-"""Operator (non-keyed) state: lists per operator instance, redistributed on rescale.
+"""Operator (non-keyed) state: lists per function instance, redistributed on rescale.
 
-Each operator instance keeps named lists of elements (offsets of a source, buffered records). On
+Each function instance keeps named lists of elements (offsets of a source, buffered records). On
 restore at another parallelism the elements of all instances are redistributed, as in Flink:
 
 - even-split (``get_list_state``): restored at the parallelism it was written with, every
@@ -41,7 +41,7 @@ class Redistribution(enum.Enum):
 
 
 class OperatorListState(ListState[Any]):
-    """A plain list owned by one operator instance."""
+    """A plain list owned by one function instance."""
 
     def __init__(self) -> None:
         self.elements: list[Any] = []
@@ -111,7 +111,7 @@ class OperatorStateBackend:
 
     def __init__(self, index: int = 0, parallelism: int = 1) -> None:
         if not 0 <= index < parallelism:
-            raise ValueError(f"operator index must be in 0..{parallelism - 1}, got {index}")
+            raise ValueError(f"instance index must be in 0..{parallelism - 1}, got {index}")
         self.index = index
         self.parallelism = parallelism
         self.states: dict[str, RegisteredListState] = {}

@@ -1,4 +1,4 @@
-"""An operator instance: one function, its keyed state for one key-group range, its operator state.
+"""A function instance: one function, its keyed state for one key-group range, its operator state.
 
 This is the unit every runner drives, locally or in a Spark task: restore (optional), ``open``
 the function, feed it records of its own key groups, move time and fire timers, snapshot, tell
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from statetier.backend.config import StatetierConfig
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.keyed_backend import KeyedStateBackend
-from statetier.backend.keygroups import key_group_range_for_operator
+from statetier.backend.keygroups import key_group_range_for_instance
 from statetier.backend.operator_state import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 FunctionFactory = Callable[[], KeyedProcessFunction[Any, Any, Any]]
 
 
-class OperatorInstance:
+class FunctionInstance:
     """Instance ``index`` of ``parallelism`` of a keyed function."""
 
     def __init__(
@@ -68,20 +68,20 @@ class OperatorInstance:
         clock: Clock | None = None,
         config: StatetierConfig | None = None,
     ) -> None:
-        key_groups = key_group_range_for_operator(max_parallelism, parallelism, index)
+        key_groups = key_group_range_for_instance(max_parallelism, parallelism, index)
         self.clock: Clock = clock or SystemClock()
         self.keyed = KeyedStateBackend(key_groups, max_parallelism, clock=self.clock)
-        self.operator = OperatorStateBackend(index, parallelism)
+        self.operator_state = OperatorStateBackend(index, parallelism)
         self.store = store
         # Snapshots of this instance: full, or deltas on the chains of its own range.
         incremental = config.checkpoint_incremental if config is not None else True
-        self.writer = SubtaskWriter(self.keyed, self.operator, incremental=incremental)
+        self.writer = SubtaskWriter(self.keyed, self.operator_state, incremental=incremental)
         restored = store is not None and restore_epoch is not None
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:
             assert store is not None
             manifest = restore_keyed_state(store, self.keyed, restore_epoch)
-            restore_operator_state(store, self.operator, manifest.epoch)
+            restore_operator_state(store, self.operator_state, manifest.epoch)
             self.writer.restored_from(manifest)
             self.restored_bytes = restored_bytes(manifest, key_groups)
         # Held by whoever uses this instance (the Spark state host: while a task processes or
@@ -102,11 +102,11 @@ class OperatorInstance:
         self.timers = TimerService(self.keyed, self.clock.now_ms())
         self.function = factory()
         self.context = RuntimeContext(
-            self.keyed, self.operator, is_restored=restored, timer_service=self.timers
+            self.keyed, self.operator_state, is_restored=restored, timer_service=self.timers
         )
         initialize = getattr(self.function, "initialize_state", None)
         if initialize is not None:
-            initialize(FunctionInitializationContext(restored, self.operator, self.keyed))
+            initialize(FunctionInitializationContext(restored, self.operator_state, self.keyed))
         self.function.open(self.context)
 
     def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:

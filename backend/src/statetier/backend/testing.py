@@ -21,7 +21,7 @@ from statetier.backend.config import StatetierConfig
 from statetier.backend.descriptors import StateKind
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.runtime import FunctionFactory, OperatorInstance
+from statetier.backend.runtime import FunctionFactory, FunctionInstance
 from statetier.backend.timers import TimeDomain
 from statetier.backend.ttl import ManualClock
 
@@ -167,7 +167,7 @@ class FunctionHarness:
         instance.context.set_current_key(key)
         return instance.context
 
-    def _instance(self, key: Any) -> OperatorInstance:
+    def _instance(self, key: Any) -> FunctionInstance:
         return self.runner.instance_for(key)
 
     # ------------------------------------------------------------------ checkpoints

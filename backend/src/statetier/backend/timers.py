@@ -163,7 +163,7 @@ class _TimerQueue:
 
 
 class TimerService:
-    """Timers and time of one operator instance (Flink's ``TimerService``).
+    """Timers and time of one function instance (Flink's ``TimerService``).
 
     Functions reach it as ``context.timer_service``; registering and deleting act on the current
     key. The runtime moves time with :meth:`advance` and fires with :meth:`due`.

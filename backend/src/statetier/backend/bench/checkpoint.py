@@ -42,7 +42,7 @@ from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import (
     KeyGroupRange,
     assign_to_key_group,
-    key_group_range_for_operator,
+    key_group_range_for_instance,
 )
 from statetier.backend.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 from statetier.backend.serializers import DEFAULT_SERIALIZER
@@ -77,7 +77,7 @@ def seaweedfs() -> Iterator[str]:
 def build_backends(keys: int, value_bytes: int) -> list[KeyedStateBackend]:
     backends = []
     for index in range(PARALLELISM):
-        kg = key_group_range_for_operator(MAX_P, PARALLELISM, index)
+        kg = key_group_range_for_instance(MAX_P, PARALLELISM, index)
         backends.append(KeyedStateBackend(kg, MAX_P))
     owner: dict[int, KeyedStateBackend] = {}
     for backend in backends:

@@ -230,13 +230,13 @@ def checkpoint_counts(store: Any, parallelism: int | None = None) -> dict[str, i
     the checkpoint's own)."""
     from statetier.backend.bench.spark_functions import ArrowWordCount
     from statetier.backend.descriptors import ValueStateDescriptor
-    from statetier.backend.runtime import OperatorInstance
+    from statetier.backend.runtime import FunctionInstance
 
     manifest = store.manifest()
     parallelism = parallelism or manifest.parallelism
     counts: dict[str, int] = {}
     for index in range(parallelism):
-        instance = OperatorInstance(
+        instance = FunctionInstance(
             cast(Any, ArrowWordCount),  # a KeyGroupFunction: open() is all a restore needs
             index,
             parallelism,

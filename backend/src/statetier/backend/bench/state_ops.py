@@ -2,9 +2,9 @@
 
 The peer is the same word count done on a Python dict (``d[w] = d.get(w, 0) + 1``), the fastest
 thing pure Python can do. statetier does it through the public per-record API, the way the
-runtime drives it (``OperatorInstance.process``): the runtime sets the current key, user code
+runtime drives it (``FunctionInstance.process``): the runtime sets the current key, user code
 reads the ValueState and updates it. Target: at least 25% of the dict.
-ListState and MapState, and a whole KeyedProcessFunction run by an OperatorInstance, are
+ListState and MapState, and a whole KeyedProcessFunction run by an FunctionInstance, are
 reported beside it for reference.
 """
 
@@ -24,7 +24,7 @@ from statetier.backend.descriptors import (
 from statetier.backend.helptext import plain
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.workloads import zipf_words
 
 TARGET_RATIO = 0.25
@@ -43,7 +43,7 @@ def run(records: int, repeats: int) -> dict[str, object]:
     def value_state() -> int:
         backend = KeyedStateBackend(KeyGroupRange.of(max_parallelism), max_parallelism)
         count = backend.get_state(ValueStateDescriptor[int]("count"))
-        set_current_key = backend.set_current_key  # hoisted, as OperatorInstance.process does
+        set_current_key = backend.set_current_key  # hoisted, as FunctionInstance.process does
         for word in words:
             set_current_key(word)
             count.update((count.value() or 0) + 1)
@@ -68,7 +68,7 @@ def run(records: int, repeats: int) -> dict[str, object]:
         return len(words)
 
     def keyed_function() -> int:
-        instance = OperatorInstance(WordCount, 0, 1, max_parallelism)
+        instance = FunctionInstance(WordCount, 0, 1, max_parallelism)
         instance.process((word, 1) for word in words)
         return len(words)
 

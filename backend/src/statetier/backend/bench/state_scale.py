@@ -17,7 +17,7 @@ larger, is reported beside it; the heap peer's RSS says what the state really to
 
 Then the timed part: ``--records`` records drawn from a Zipf law (exponent 1.1 over all the
 keys, rank 1 hottest; keys are hashed to key groups, so every key group holds hot and cold
-words), each a read and an update of its key's count through ``OperatorInstance.process``.
+words), each a read and an update of its key's count through ``FunctionInstance.process``.
 Records are made in slices outside the timer. records/s is that part's rate; the spilled share
 is the share of the 128 key groups on disk at its end; the counts of 2,000 keys (the 1,000
 hottest and 1,000 spread over the key space) are checked.
@@ -55,7 +55,7 @@ from statetier.backend.config import load_config, parse_size
 from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.helptext import plain
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill.monitor import read_rss
 
 PEERS = ("spilled", "heap", "rocksdict")
@@ -189,7 +189,7 @@ def _statetier(peer: str, args: argparse.Namespace) -> dict[str, Any]:
             },
             env={},
         )
-    instance = OperatorInstance(WordCount, 0, 1, MAX_PARALLELISM, config=config)
+    instance = FunctionInstance(WordCount, 0, 1, MAX_PARALLELISM, config=config)
     try:
 
         def apply(words: list[str]) -> None:
@@ -282,7 +282,7 @@ def calibrate() -> dict[str, float]:
     """Memory of one key's state on heap, measured in this (fresh) process: the growth of
     anonymous RSS over ``CALIBRATION_KEYS`` words counted all on heap, and the heap estimate
     the governor weighs against the budget (an over-estimate: it counts shared small ints)."""
-    instance = OperatorInstance(WordCount, 0, 1, MAX_PARALLELISM)
+    instance = FunctionInstance(WordCount, 0, 1, MAX_PARALLELISM)
     try:
         before = read_rss()
         start = 10 * CALIBRATION_KEYS  # keys of the length of most keys at millions of words

@@ -1,7 +1,7 @@
 """``statetier bench wordcount``: the FLIP-50 experiment — heap, spilled and RocksDB side by side.
 
 Same Zipf words (deterministic seed) in every mode, in 10 micro-batches, counted through the
-runtime's per-record path (``OperatorInstance.process`` running a ValueState word count; the
+runtime's per-record path (``FunctionInstance.process`` running a ValueState word count; the
 change log is drained after each batch, as its checkpoint would):
 
 - ``heap``: every key group on heap (spilling off).
@@ -42,7 +42,7 @@ from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescrip
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.helptext import plain
 from statetier.backend.keygroups import assign_to_key_group
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import SpillManager
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.state import ListState
@@ -90,7 +90,7 @@ class _PauseLog:
         }
 
 
-def state_bytes(instance: OperatorInstance) -> tuple[int, int, int]:
+def state_bytes(instance: FunctionInstance) -> tuple[int, int, int]:
     """(heap bytes, spilled bytes, spilled key groups) of an instance's keyed state."""
     spill = instance.spill
     if spill is None:
@@ -101,7 +101,7 @@ def state_bytes(instance: OperatorInstance) -> tuple[int, int, int]:
     return acc.total_heap(), acc.total_spilled(), len(spill.spilled)
 
 
-def _counts(instance: OperatorInstance) -> dict[str, int]:
+def _counts(instance: FunctionInstance) -> dict[str, int]:
     state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
     counts = {}
     for key in instance.keyed.keys("count"):
@@ -149,7 +149,7 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     pauses = _PauseLog()
     gc.collect()
     baseline = read_rss()  # the runtime and the input: the governor's allowance, about
-    instance = OperatorInstance(WordCount, 0, 1, MAX_PARALLELISM, config=config)
+    instance = FunctionInstance(WordCount, 0, 1, MAX_PARALLELISM, config=config)
     started = time.perf_counter()
     size = len(words)
     for i in range(BATCHES):
@@ -261,7 +261,7 @@ def _gc_case(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     pauses = _PauseLog()
     gc.collect()
-    instance = OperatorInstance(Sessions, 0, 1, MAX_PARALLELISM, config=config)
+    instance = FunctionInstance(Sessions, 0, 1, MAX_PARALLELISM, config=config)
     started = time.perf_counter()
     instance.process((key, key) for key in range(keys))
     seconds = time.perf_counter() - started

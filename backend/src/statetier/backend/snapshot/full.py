@@ -20,11 +20,11 @@ def snapshot_subtask(
     store: SnapshotStore,
     epoch: int,
     keyed: KeyedStateBackend | None,
-    operator: OperatorStateBackend | None = None,
+    operator_state: OperatorStateBackend | None = None,
     owner: str = "w",
 ) -> SubtaskSnapshot:
-    """Write the full state of one operator instance for ``epoch`` (not yet committed)."""
-    prepared = SubtaskWriter(keyed, operator, incremental=False).prepare(store, epoch, owner)
+    """Write the full state of one function instance for ``epoch`` (not yet committed)."""
+    prepared = SubtaskWriter(keyed, operator_state, incremental=False).prepare(store, epoch, owner)
     for upload in prepared.uploads:
         store.put(upload.entry.path, upload.data)
     return prepared.snapshot

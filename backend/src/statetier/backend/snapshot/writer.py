@@ -1,4 +1,4 @@
-"""The snapshot writer of one operator instance: full or incremental, chain by chain.
+"""The snapshot writer of one function instance: full or incremental, chain by chain.
 
 The writer remembers, per state, the chain (base + deltas) of its own key-group range that its
 last snapshot produced. The next snapshot of a state with such a chain writes only a delta of the
@@ -37,7 +37,7 @@ __all__ = ["PreparedSubtask", "SubtaskSnapshot", "SubtaskWriter", "epoch_clock"]
 
 @dataclasses.dataclass
 class SubtaskSnapshot:
-    """What one operator instance contributes to an epoch's manifest."""
+    """What one function instance contributes to an epoch's manifest."""
 
     key_groups: Any  # KeyGroupRange | None
     max_parallelism: int | None
@@ -77,12 +77,12 @@ class SubtaskWriter:
     def __init__(
         self,
         keyed: KeyedStateBackend | None,
-        operator: OperatorStateBackend | None,
+        operator_state: OperatorStateBackend | None,
         *,
         incremental: bool = True,
     ) -> None:
         self.keyed = keyed
-        self.operator = operator
+        self.operator_state = operator_state
         self.incremental = incremental
         self._chains: dict[str, list[FileEntry]] = {}
         self._lock = threading.Lock()
@@ -174,16 +174,16 @@ class SubtaskWriter:
                 self._chains = new_chains
                 keyed_files = [f for files in new_chains.values() for f in files]
         operator_file = None
-        if self.operator is not None:
-            data = encode_operator_state(self.operator)
+        if self.operator_state is not None:
+            data = encode_operator_state(self.operator_state)
             path = store.operator_file_name(
-                epoch, self.operator.index, self.operator.parallelism, owner
+                epoch, self.operator_state.index, self.operator_state.parallelism, owner
             )
             operator_file = dataclasses.replace(
                 keyed_entry(path, data, "", "", BASE, epoch),
                 state=None,
                 key_groups=None,
-                operator_index=self.operator.index,
+                operator_index=self.operator_state.index,
             )
             uploads.append(PreparedFile(operator_file, data))
         snapshot = SubtaskSnapshot(

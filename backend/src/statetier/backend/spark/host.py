@@ -5,7 +5,7 @@ workers die), so the state does not live in the workers. The first task of an ap
 executor starts this process detached, listening on a Unix socket under the executor's local dir;
 every task then streams its records to it and reads the outputs back.
 
-The host keeps one :class:`~statetier.backend.runtime.OperatorInstance` per (pipeline,
+The host keeps one :class:`~statetier.backend.runtime.FunctionInstance` per (pipeline,
 parallelism, range). A task for epoch N names the committed base (epoch N-1 and the token of the
 task attempt whose files that epoch committed for the range); the host uses its warm instance only
 when it is at exactly that version, otherwise it restores the range from tier 2 at the base. That
@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.snapshot.layout import error_name, result_name
@@ -96,7 +96,7 @@ class TaskRun:
 
 @dataclasses.dataclass
 class HostedRange:
-    instance: OperatorInstance
+    instance: FunctionInstance
     epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
     token: str | None = None  # the task attempt that produced it
     notified: int = 0  # the latest epoch the function was told is committed
@@ -369,7 +369,7 @@ class StateHost:
             with contextlib.suppress(Exception):
                 hosted.instance.close()
         t0 = time.perf_counter()
-        instance = OperatorInstance(
+        instance = FunctionInstance(
             cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
             header["index"],
             parallelism,
@@ -446,7 +446,7 @@ class StateHost:
 
     def _process(
         self,
-        instance: OperatorInstance,
+        instance: FunctionInstance,
         header: dict[str, Any],
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
@@ -484,7 +484,7 @@ class StateHost:
 
     def _process_key_groups(
         self,
-        instance: OperatorInstance,
+        instance: FunctionInstance,
         function: KeyGroupFunction,
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
@@ -518,7 +518,7 @@ class StateHost:
 
     def _snapshot(
         self,
-        instance: OperatorInstance,
+        instance: FunctionInstance,
         store: SnapshotStore,
         epoch: int,
         owner: str,

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 
 log = logging.getLogger("statetier.spark.listeners")
 
 __all__ = ["notify_aborted", "notify_committed"]
 
 
-def notify_committed(instance: OperatorInstance, epoch: int, notified: int) -> int:
+def notify_committed(instance: FunctionInstance, epoch: int, notified: int) -> int:
     """Tell ``instance`` that ``epoch`` (its current version) is committed, once; returns the
     latest epoch it has been told of."""
     if epoch > notified:
@@ -31,7 +31,7 @@ def notify_committed(instance: OperatorInstance, epoch: int, notified: int) -> i
 
 
 def notify_aborted(
-    instance: OperatorInstance, snapshotted: int | None, base: int, notified: int
+    instance: FunctionInstance, snapshotted: int | None, base: int, notified: int
 ) -> None:
     """``instance`` snapshotted epoch ``snapshotted``, but the range goes on from ``base``:
     that snapshot will never be committed as this instance's (unless it already was). The

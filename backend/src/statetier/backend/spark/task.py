@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import pyarrow as pa
-from statetier.backend.keygroups import key_group_range_for_operator
+from statetier.backend.keygroups import key_group_range_for_instance
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -213,7 +213,7 @@ def partition_function(
         )
         header.pop("base_tokens")
         mine = str(
-            key_group_range_for_operator(header["max_parallelism"], spec["parallelism"], index)
+            key_group_range_for_instance(header["max_parallelism"], spec["parallelism"], index)
         )
         header["chain_updates"] = [
             u for u in header.get("chain_updates", ()) if u["key_groups"] == mine

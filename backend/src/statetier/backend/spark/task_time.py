@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statetier.backend.runtime import OperatorInstance
+from statetier.backend.runtime import FunctionInstance
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import SystemClock
 
@@ -37,14 +37,14 @@ class EpochClock:
             self._now = now_ms
 
 
-def timers_before(instance: OperatorInstance, header: dict[str, Any]) -> list[Any]:
+def timers_before(instance: FunctionInstance, header: dict[str, Any]) -> list[Any]:
     """Move to the epoch's time and fire what is due: the outputs of ``on_timer``."""
     if isinstance(instance.clock, EpochClock):
         instance.clock.move_to(header.get("processing_time"))
     return instance.advance_time(header.get("watermark"), header.get("processing_time"))
 
 
-def timers_after(instance: OperatorInstance, header: dict[str, Any]) -> list[Any]:
+def timers_after(instance: FunctionInstance, header: dict[str, Any]) -> list[Any]:
     """After the records: fire the timers they set at or before the epoch's time, then (at the
     end of a batch run's input) every event-time timer."""
     out = instance.advance_time(header.get("watermark"), header.get("processing_time"))
