@@ -26,7 +26,7 @@ from statetier.backend.snapshot.compaction import (
 )
 from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.compaction.worker import JobDroppedError
-from statetier.operator import compaction as operator_compaction
+from statetier.operator import compaction_service
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 
@@ -91,13 +91,13 @@ def test_the_operator_default_gateway_refuses_a_worker_without_a_token(tmp_path:
     }
     deployment = next(
         o
-        for o in operator_compaction.desired_objects(body)
+        for o in compaction_service.desired_objects(body)
         if o["metadata"]["name"] == "svc-gateway"
     )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     (var,) = [e for e in container["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
     assert var["valueFrom"]["secretKeyRef"] == {"name": "svc-compaction-token", "key": "token"}
-    secret = operator_compaction.token_secret(body)
+    secret = compaction_service.token_secret(body)
     assert secret is not None and secret["metadata"]["name"] == "svc-compaction-token"
     token = base64.b64decode(secret["data"]["token"]).decode()  # as the kubelet passes it
     args = list(container["args"][1:])

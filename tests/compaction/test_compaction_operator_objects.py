@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from statetier.compaction import cli
-from statetier.operator import compaction
+from statetier.operator import compaction_service
 
 
 def _objects(**spec: Any) -> dict[str, Any]:
@@ -18,7 +18,9 @@ def _objects(**spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
-    return {o["metadata"]["name"] + "/" + o["kind"]: o for o in compaction.desired_objects(body)}
+    return {
+        o["metadata"]["name"] + "/" + o["kind"]: o for o in compaction_service.desired_objects(body)
+    }
 
 
 def _container(objects: dict[str, Any], name: str) -> dict[str, Any]:

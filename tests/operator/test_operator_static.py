@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-from statetier.operator import compaction
+from statetier.operator import compaction_service
 from statetier.operator.testing import cel_rules
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def test_generated_manifests_pass_kubernetes_validate() -> None:
     )
     body = copy.deepcopy(example)
     body["metadata"]["uid"] = "8d2c1f9e-0000-4000-8000-000000000001"
-    objects = compaction.desired_objects(body)
+    objects = compaction_service.desired_objects(body)
     assert [o["kind"] for o in objects] == ["Deployment", "Service", "Deployment"]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -190,7 +190,7 @@ def _example_objects() -> list[dict[str, Any]]:
     )
     body = copy.deepcopy(example)
     body["metadata"]["uid"] = "8d2c1f9e-0000-4000-8000-000000000001"
-    return compaction.desired_objects(body)
+    return compaction_service.desired_objects(body)
 
 
 def _dockerfile_user() -> int:
@@ -222,7 +222,7 @@ def test_operator_defaults_match_the_crd() -> None:
     spec_schema = _crd_schema("CompactionService")["properties"]["spec"]
     minimal = {"image": "x", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
     defaulted = _apply_defaults(copy.deepcopy(minimal), spec_schema)
-    assert compaction.with_defaults(minimal) == defaulted
+    assert compaction_service.with_defaults(minimal) == defaulted
 
 
 # ------------------------------------------------- CEL rules (x-kubernetes-validations)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from statetier.backend.config import SETTINGS
 from statetier.operator import annotations as ann
-from statetier.operator import compaction, memory, sparkapp, webhooks
+from statetier.operator import compaction_service, memory, sparkapp, webhooks
 from statetier.operator.testing import controllers
 from statetier.operator.testing.patching import (
     PatchTestFailedError,
@@ -229,7 +229,7 @@ def test_annotation_problems_name_the_annotation_and_allowed_values() -> None:
 
 
 def _spec(**workers: int) -> dict[str, Any]:
-    return compaction.with_defaults(
+    return compaction_service.with_defaults(
         {"image": "i", "workers": workers, "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
     )
 
@@ -245,12 +245,12 @@ def test_pods_take_the_service_account_and_pull_secrets_of_the_spec() -> None:
     }
     pods = [
         o["spec"]["template"]["spec"]
-        for o in compaction.desired_objects(body)
+        for o in compaction_service.desired_objects(body)
         if o["kind"] == "Deployment"
     ]
     assert [p["serviceAccountName"] for p in pods] == ["compaction-s3", "compaction-s3"]
     assert [p["imagePullSecrets"] for p in pods] == [[{"name": "registry"}]] * 2
-    plain = compaction.desired_objects({**body, "spec": _spec(min=1, max=2)})
+    plain = compaction_service.desired_objects({**body, "spec": _spec(min=1, max=2)})
     assert all(
         "serviceAccountName" not in o["spec"].get("template", {}).get("spec", {}) for o in plain
     )
@@ -266,7 +266,7 @@ def test_pods_take_the_service_account_and_pull_secrets_of_the_spec() -> None:
     ],
 )
 def test_desired_workers_is_clamped(workers: dict[str, int], expected: int) -> None:
-    assert compaction.desired_workers(_spec(**workers)) == expected
+    assert compaction_service.desired_workers(_spec(**workers)) == expected
 
 
 def _deploy(ready: int, replicas: int = 2, *, rollout: str = "complete") -> dict[str, Any]:
@@ -295,7 +295,7 @@ def _by_type(conditions: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 
 def test_conditions_after_a_complete_rollout() -> None:
     spec = _spec(min=2, max=4)
-    result = compaction.conditions(spec, [], _deploy(1, 1), _deploy(2), 3)
+    result = compaction_service.conditions(spec, [], _deploy(1, 1), _deploy(2), 3)
     assert _by_type(result) == {
         "Ready": ("True", "AllReplicasReady"),
         "Progressing": ("False", "RolloutComplete"),
@@ -303,10 +303,10 @@ def test_conditions_after_a_complete_rollout() -> None:
     }
     assert {c["observedGeneration"] for c in result} == {3}
     # A worker goes away after the rollout: below min is Degraded.
-    result = compaction.conditions(spec, [], _deploy(1, 1), _deploy(1), 1)
+    result = compaction_service.conditions(spec, [], _deploy(1, 1), _deploy(1), 1)
     assert _by_type(result)["Degraded"] == ("True", "WorkersBelowMinimum")
     assert _by_type(result)["Ready"] == ("False", "WorkersUnavailable")
-    result = compaction.conditions(spec, [], _deploy(0, 1), _deploy(2), 1)
+    result = compaction_service.conditions(spec, [], _deploy(0, 1), _deploy(2), 1)
     assert _by_type(result)["Degraded"] == ("True", "GatewayUnavailable")
 
 
@@ -316,24 +316,24 @@ def test_conditions_while_a_rollout_is_under_way(rollout: str) -> None:
     Degraded: the Deployment controller reports long before any Pod is ready."""
     spec = _spec(min=2, max=4)
     gateway, workers = _deploy(0, 1, rollout=rollout), _deploy(0, rollout=rollout)
-    result = _by_type(compaction.conditions(spec, [], gateway, workers, 1))
+    result = _by_type(compaction_service.conditions(spec, [], gateway, workers, 1))
     assert result == {
         "Ready": ("False", "GatewayUnavailable"),
         "Progressing": ("True", "RollingOut"),
         "Degraded": ("False", "Progressing"),
     }
-    assert compaction.rollout(workers) == "pending"
+    assert compaction_service.rollout(workers) == "pending"
 
 
 def test_conditions_of_a_stalled_rollout_and_an_invalid_spec() -> None:
     spec = _spec(min=2, max=4)
     stalled = _deploy(0, rollout="stalled")
-    assert compaction.rollout(stalled) == "stalled"
-    result = _by_type(compaction.conditions(spec, [], _deploy(1, 1), stalled, 1))
+    assert compaction_service.rollout(stalled) == "stalled"
+    result = _by_type(compaction_service.conditions(spec, [], _deploy(1, 1), stalled, 1))
     assert result["Degraded"] == ("True", "ProgressDeadlineExceeded")
     assert result["Progressing"] == ("False", "ProgressDeadlineExceeded")
-    problems = compaction.spec_problems(_spec(min=5, max=1))
-    conditions = compaction.conditions(_spec(min=5, max=1), problems, None, None, 1)
+    problems = compaction_service.spec_problems(_spec(min=5, max=1))
+    conditions = compaction_service.conditions(_spec(min=5, max=1), problems, None, None, 1)
     degraded = next(c for c in conditions if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec" and "workers.min (5)" in degraded["message"]
 
@@ -344,7 +344,7 @@ def test_condition_transition_time_is_kept_while_status_holds() -> None:
         {"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
         {"type": "Degraded", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
     ]
-    conditions = compaction.conditions(spec, [], _deploy(1, 1), _deploy(1, 1), 1, before)
+    conditions = compaction_service.conditions(spec, [], _deploy(1, 1), _deploy(1, 1), 1, before)
     times = {c["type"]: c["lastTransitionTime"] for c in conditions}
     assert times["Ready"] == "2020-01-01T00:00:00Z"
     assert times["Degraded"] != "2020-01-01T00:00:00Z"

@@ -263,7 +263,7 @@ def test_namespaced_install_has_peering_and_roles_per_namespace() -> None:
 
 def test_compaction_pod_monitor_selects_the_operators_gateway_pods() -> None:
     """The PodMonitor's selector and port match the gateway pods the operator creates."""
-    from statetier.operator import compaction
+    from statetier.operator import compaction_service
 
     monitor = find(render(ALL_ON), "PodMonitor", "statetier-compaction")
     service = {
@@ -274,7 +274,7 @@ def test_compaction_pod_monitor_selects_the_operators_gateway_pods() -> None:
     }
     gateway = next(
         d
-        for d in compaction.desired_objects(service)
+        for d in compaction_service.desired_objects(service)
         if d["kind"] == "Deployment" and d["metadata"]["name"] == "c-gateway"
     )
     pod = gateway["spec"]["template"]
@@ -283,7 +283,9 @@ def test_compaction_pod_monitor_selects_the_operators_gateway_pods() -> None:
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
     workers = next(
-        d for d in compaction.desired_objects(service) if d["metadata"]["name"] == "c-workers"
+        d
+        for d in compaction_service.desired_objects(service)
+        if d["metadata"]["name"] == "c-workers"
     )
     assert not selector.items() <= workers["spec"]["template"]["metadata"]["labels"].items()
 
@@ -470,7 +472,7 @@ def test_network_policies_let_exactly_the_right_pods_in() -> None:
     """The peers and targets of the NetworkPolicies are the labels the pods really carry: the
     operator's, the gateway and worker pods the operator creates, the opted-in Spark pods."""
     from statetier.operator import annotations as ann
-    from statetier.operator import compaction, sparkapp
+    from statetier.operator import compaction_service, sparkapp
 
     docs = render(ALL_ON)
     policies = {
@@ -487,11 +489,13 @@ def test_network_policies_let_exactly_the_right_pods_in() -> None:
     }
     body = {
         "metadata": {"name": "c", "namespace": "spark-jobs", "uid": "u"},
-        "spec": compaction.with_defaults(
+        "spec": compaction_service.with_defaults(
             {"image": "i", "objectStorage": {"allowedPrefixes": ["s3://b/"]}}
         ),
     }
-    gateway, _, workers = compaction.desired_objects(body)  # Deployment, Service, Deployment
+    gateway, _, workers = compaction_service.desired_objects(
+        body
+    )  # Deployment, Service, Deployment
     gateway_pod = gateway["spec"]["template"]["metadata"]["labels"]
     worker_pod = workers["spec"]["template"]["metadata"]["labels"]
     app = {"metadata": {"annotations": {"statetier.io/enabled": "true"}}, "spec": {}}

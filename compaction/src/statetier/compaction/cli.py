@@ -1,6 +1,6 @@
 """``statetier-compaction gateway|worker``: the two processes of the compaction service.
 
-The operator starts them with exactly these flags (see statetier.operator.compaction). The
+The operator starts them with exactly these flags (see statetier.operator.compaction_service). The
 shared token comes from ``STATETIER_COMPACTION_TOKEN`` (the backend's ``compaction.token``
 setting, so client, gateway and workers read one variable) or ``--token-file``; a gateway
 without one refuses its API unless started with ``--insecure-no-token`` (a sandbox).

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 import kopf
-from statetier.operator import autoscaling, compaction, kube, metrics
-from statetier.operator.compaction import GROUP, PLURAL, VERSION
+from statetier.operator import autoscaling, compaction_service, kube, metrics
+from statetier.operator.compaction_service import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
 
@@ -49,16 +49,16 @@ async def autoscale(
 ) -> None:
     """Scale the workers from the gateway's queue until autoscaling is disabled or deleted."""
     namespace = namespace or "default"
-    spec = compaction.with_defaults(dict(body.get("spec") or {}))
+    spec = compaction_service.with_defaults(dict(body.get("spec") or {}))
     recommender = autoscaling.Recommender(autoscaling.settings_of(spec).window)
     last_reason = ""
     while not stopped:
-        spec = compaction.with_defaults(dict(body.get("spec") or {}))  # a live view
+        spec = compaction_service.with_defaults(dict(body.get("spec") or {}))  # a live view
         settings = autoscaling.settings_of(spec)
         recommender.window = settings.window
-        url = settings.gateway_url or compaction.endpoint(name, namespace, spec)
+        url = settings.gateway_url or compaction_service.endpoint(name, namespace, spec)
         workers = spec["workers"]
-        current = compaction.desired_workers(spec)
+        current = compaction_service.desired_workers(spec)
         api = await kube.client()
         try:
             stats = await _stats(url)

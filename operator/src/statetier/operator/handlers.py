@@ -15,14 +15,14 @@ from typing import Any
 import kopf
 from statetier.operator import (
     autoscaling_handlers,
-    compaction_handlers,
+    compaction_service_handlers,
     kube,
     metrics,
     sparkapp_handlers,
 )
 from statetier.operator import settings as operator_settings
 
-__all__ = ["autoscaling_handlers", "compaction_handlers", "sparkapp_handlers"]
+__all__ = ["autoscaling_handlers", "compaction_service_handlers", "sparkapp_handlers"]
 
 
 @kopf.on.login()

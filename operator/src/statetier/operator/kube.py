@@ -21,7 +21,7 @@ from typing import Any, cast
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
-from statetier.operator.compaction import GROUP, PLURAL, VERSION
+from statetier.operator.compaction_service import GROUP, PLURAL, VERSION
 
 __all__ = ["FIELD_MANAGER", "ApiError", "Kube", "client", "close"]
 

@@ -5,7 +5,7 @@ webhook server: ``statetier-operator run --no-webhooks`` (e.g. when another repl
 separate Deployment serves them) simply does not import this module.
 
 Mutation reads CompactionService endpoints from a kopf index kept by
-:mod:`statetier.operator.compaction_handlers`, so an admission never waits on an API call.
+:mod:`statetier.operator.compaction_service_handlers`, so an admission never waits on an API call.
 
 Every webhook is ``persistent``: when kopf manages the webhook configurations it leaves them in
 place on a normal stop, so while no operator runs the apiserver fails closed
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
-from statetier.operator import compaction, metrics, sparkapp
+from statetier.operator import compaction_service, metrics, sparkapp
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 
@@ -127,9 +127,9 @@ def mutate(
 
 
 @kopf.on.validate(
-    compaction.GROUP,
-    compaction.VERSION,
-    compaction.PLURAL,
+    compaction_service.GROUP,
+    compaction_service.VERSION,
+    compaction_service.PLURAL,
     id="validate-compactionservice",
     operations=OPERATIONS,
     persistent=True,
@@ -138,7 +138,7 @@ def validate_compaction_service(spec: kopf.Spec, **_: Any) -> None:
     """Reject what the schema cannot check. min above max is the CRD's CEL rule's to refuse
     (the apiserver runs it before any validating webhook); this repeats it for objects stored
     before the rule existed, and checks the image and prefixes."""
-    problems = compaction.spec_problems(compaction.with_defaults(dict(spec)))
+    problems = compaction_service.spec_problems(compaction_service.with_defaults(dict(spec)))
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()
         raise kopf.AdmissionError("; ".join(problems), code=422)

@@ -4,7 +4,7 @@ A CompactionService becomes three objects, all owned by it (so deleting it garba
 them): the gateway Deployment and its Service, and the worker Deployment whose replicas the
 operator keeps within ``workers.min..workers.max``. This module only computes: the desired
 objects from the spec, and the status from what exists. The kopf handlers that apply them live
-in :mod:`statetier.operator.compaction_handlers`, so everything here is testable without an
+in :mod:`statetier.operator.compaction_service_handlers`, so everything here is testable without an
 apiserver and the reconciliation stays a thin, obvious loop.
 """
 

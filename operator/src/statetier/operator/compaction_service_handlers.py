@@ -19,8 +19,8 @@ import contextlib
 from typing import Any, cast
 
 import kopf
-from statetier.operator import compaction, compaction_token, kube, metrics
-from statetier.operator.compaction import GROUP, PLURAL, VERSION
+from statetier.operator import compaction_service, compaction_token, kube, metrics
+from statetier.operator.compaction_service import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
 RESOURCE = "compactionservice"
@@ -57,7 +57,7 @@ async def _apply_all(api: kube.Kube, objects: list[Obj]) -> list[str]:
 async def _ensure_token(api: kube.Kube, body: Obj) -> list[str]:
     """Create the generated token Secret if the service names none and it does not exist yet,
     before the Deployments that read it; an existing one is kept (see compaction_token)."""
-    secret = compaction.token_secret(body)
+    secret = compaction_service.token_secret(body)
     if secret is None or not await api.create_if_absent(secret):
         return []
     return [f"Secret {secret['metadata']['name']} created"]
@@ -96,27 +96,27 @@ async def _refresh_status(namespace: str, name: str) -> Obj | None:
     cs = await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
-    spec = compaction.with_defaults(cs.get("spec"))
-    problems = compaction.spec_problems(spec)
-    names = compaction.names(name)
+    spec = compaction_service.with_defaults(cs.get("spec"))
+    problems = compaction_service.spec_problems(spec)
+    names = compaction_service.names(name)
     gateway, workers = await asyncio.gather(
         api.read_deployment(namespace, names["gateway"]),
         api.read_deployment(namespace, names["workers"]),
     )
     old = dict(cs.get("status") or {})
     worker_status = (workers or {}).get("status") or {}
-    desired = 0 if problems else compaction.desired_workers(spec)
+    desired = 0 if problems else compaction_service.desired_workers(spec)
     status: Obj = {
         "observedGeneration": cs["metadata"].get("generation", 1),
-        "endpoint": compaction.endpoint(name, namespace, spec),
+        "endpoint": compaction_service.endpoint(name, namespace, spec),
         "gateway": {"ready": ((gateway or {}).get("status") or {}).get("readyReplicas", 0)},
         "workers": {
             "desired": desired,
             "current": worker_status.get("replicas", 0),
             "ready": worker_status.get("readyReplicas", 0),
-            "selector": compaction.worker_selector(name),
+            "selector": compaction_service.worker_selector(name),
         },
-        "conditions": compaction.conditions(
+        "conditions": compaction_service.conditions(
             spec,
             problems,
             gateway,
@@ -141,8 +141,8 @@ async def reconcile(
     """Bring the gateway, its Service and the workers in line with the spec."""
     namespace = namespace or "default"
     with metrics.reconciling(RESOURCE):
-        spec = compaction.with_defaults(body.get("spec"))
-        problems = compaction.spec_problems(spec)
+        spec = compaction_service.with_defaults(body.get("spec"))
+        problems = compaction_service.spec_problems(spec)
         raw = dict(body)
         if problems:
             message = "; ".join(problems)
@@ -153,14 +153,14 @@ async def reconcile(
         api = await kube.client()
         try:
             changes = await _ensure_token(api, raw)
-            changes += await _apply_all(api, compaction.desired_objects(raw))
+            changes += await _apply_all(api, compaction_service.desired_objects(raw))
             await refresh_status(namespace, name)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
             kopf.warn(body, reason="ReconcileFailed", message=str(exc))
             raise kopf.TemporaryError(str(exc), delay=5) from exc
         if changes:
-            desired_workers = compaction.desired_workers(spec)
+            desired_workers = compaction_service.desired_workers(spec)
             message = "; ".join(changes) + (
                 f" (workers {desired_workers} within {spec['workers']['min']}.."
                 f"{spec['workers']['max']})"
@@ -186,7 +186,10 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
 
 
 @kopf.on.event(
-    "apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": compaction.MANAGED_BY}
+    "apps",
+    "v1",
+    "deployments",
+    labels={"app.kubernetes.io/managed-by": compaction_service.MANAGED_BY},
 )
 async def deployment_changed(
     type: str | None,  # kopf passes the event type under this name
@@ -203,7 +206,7 @@ async def deployment_changed(
     the status follows the Deployment's. When the CompactionService itself is gone or going,
     nothing is recreated: the Deployments are being garbage-collected.
     """
-    owner = labels.get(compaction.SERVICE_LABEL)
+    owner = labels.get(compaction_service.SERVICE_LABEL)
     if not owner or not namespace:
         return
     api = await kube.client()
@@ -211,10 +214,10 @@ async def deployment_changed(
         cs = await api.read_compaction_service(namespace, owner)
         if cs is None or cs["metadata"].get("deletionTimestamp"):
             return
-        spec = compaction.with_defaults(cs.get("spec"))
+        spec = compaction_service.with_defaults(cs.get("spec"))
         drifted = type == "DELETED" or _edited_by_others(dict(body))
-        if drifted and not compaction.spec_problems(spec):
-            for change in await _apply_all(api, compaction.desired_objects(cs)):
+        if drifted and not compaction_service.spec_problems(spec):
+            for change in await _apply_all(api, compaction_service.desired_objects(cs)):
                 message = f"{change} (drift)"
                 kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
                 logger.info("reconciled %s/%s: %s", namespace, owner, message)
