@@ -121,8 +121,8 @@ class KeyGroupFunction:
     """Processes all records of one key group of an epoch at once.
 
     Register states in :meth:`open` (``context.get_state(descriptor)``); in
-    :meth:`process_key_group`, call ``context.keyed_state.set_current_key(key)`` before using a
-    handle for ``key``. Return a ``pyarrow.Table``/``RecordBatch`` in the output schema, an
+    :meth:`process_key_group`, call ``context.set_current_key(key)`` before using a handle for
+    ``key``. Return a ``pyarrow.Table``/``RecordBatch`` in the output schema, an
     iterable of output rows (tuples in schema order), or ``None``.
 
     Set ``combiner`` (a :class:`Combiner`) to receive per-key aggregates instead of records.
