@@ -14,6 +14,8 @@ import ast
 import doctest
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,19 @@ def test_the_readme_first_example_runs() -> None:
     """The README's plain Python block (not a doctest, so not run by the doctest plugin)."""
     (block,) = FENCE.findall((REPO / "README.md").read_text())
     exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+def test_the_settings_schema_loads_without_the_checkpoint_tier() -> None:
+    """The operator imports statetier.backend.config, hence the package: LocalRunner (and with
+    it fsspec and the snapshot modules) is loaded on first use only."""
+    code = (
+        "import sys, statetier.backend.config\n"
+        "print(sorted(m for m in ('statetier.backend.local_runner', 'statetier.backend.snapshot',"
+        " 'fsspec') if m in sys.modules))\n"
+        "from statetier.backend import LocalRunner\n"
+        "print(LocalRunner.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.splitlines() == ["[]", "statetier.backend.local_runner"]
