@@ -4,8 +4,10 @@ its output, state and timers; what a test may get wrong gets a clear error."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 from statetier.backend import (
     KeyedProcessFunction,
@@ -126,3 +128,23 @@ def test_harnesses_share_a_clock_and_keep_their_checkpoints_apart() -> None:
         assert one.clock is clock
         assert one.checkpoint_uri != two.checkpoint_uri
         assert two.keys("log") == []
+
+
+def test_close_drops_only_the_in_memory_checkpoint_the_harness_made(tmp_path: Path) -> None:
+    memory = fsspec.filesystem("memory")
+    harness = FunctionHarness(Reminders)
+    harness.process("a", 1)
+    harness.checkpoint()
+    root = harness.runner.store.root if harness.runner.store else ""
+    assert memory.exists(root)
+    restarted = harness.restart()  # takes the checkpoint over: still there
+    assert memory.exists(root)
+    assert restarted.state("log", "a") == [1]
+    restarted.close()
+    assert not memory.exists(root)
+
+    given = f"file://{tmp_path}/ckpt"
+    with FunctionHarness(Reminders, checkpoint_uri=given) as kept:
+        kept.process("a", 1)
+        kept.checkpoint()
+    assert any((tmp_path / "ckpt").iterdir())

@@ -75,6 +75,9 @@ class FunctionHarness:
         self.checkpoint_uri = checkpoint_uri or (
             f"memory://statetier-testing/{os.getpid()}-{next(_harnesses)}"
         )
+        # The in-memory checkpoint this harness made: deleted by close(), unless a restart
+        # took it over. A checkpoint_uri the test gave is never deleted.
+        self._owns_checkpoint = checkpoint_uri is None
         self._config = config
         self.runner = LocalRunner(
             self._factory,
@@ -185,18 +188,28 @@ class FunctionHarness:
                 "a harness made with a function object cannot restart (the object keeps what it "
                 "held); make the harness with the function's class or a factory"
             )
+        owns, self._owns_checkpoint = self._owns_checkpoint, False
         self.close()
-        return FunctionHarness(
+        restarted = FunctionHarness(
             self._function,
             parallelism=parallelism or self.runner.parallelism,
             clock=self.clock,
             checkpoint_uri=self.checkpoint_uri,
             config=self._config,
         )
+        restarted._owns_checkpoint = owns
+        return restarted
 
     def close(self) -> None:
-        """Finish pending checkpoints and release what the instances hold (spill files)."""
+        """Finish pending checkpoints, release what the instances hold (spill files) and drop
+        the in-memory checkpoint the harness made (so a test suite's harnesses do not pile up
+        in memory)."""
         self.runner.close()
+        if self._owns_checkpoint and self.runner.store is not None:
+            self._owns_checkpoint = False
+            fs, root = self.runner.store.fs, self.runner.store.root
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
 
     def __enter__(self) -> FunctionHarness:
         return self
