@@ -1,7 +1,7 @@
 """State descriptors: the name, kind, serializers and TTL of a state, declared by the user.
 
 A descriptor is passed to ``get_state`` (keyed state) or ``get_list_state`` (operator state)
-and returns a handle. Names are unique per operator: registering the same name again with a
+and returns a handle. Names are unique per function: registering the same name again with a
 descriptor of the same kind returns the same handle; another kind is an error.
 """
 
@@ -55,7 +55,7 @@ class AggregateFunction(Protocol[IN_contra, ACC, OUT_co]):
 
 
 def _check_name(name: object) -> None:
-    """A state name is any string: Flink only asks for a name (not null), unique per operator.
+    """A state name is any string: Flink only asks for a name (not null), unique per function.
 
     Checkpoint file names encode it (``snapshot.store.state_dir``), so no character is special.
     """
