@@ -608,41 +608,77 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 _BY_FIELD = {setting.field: setting for setting in SETTINGS}
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class StatetierConfig(Mapping[str, Any]):
-    """Resolved settings, as attributes (``cfg.spill_dirs``) or by name (``cfg["spill.dirs"]``).
+    """Resolved settings, as typed attributes (``cfg.spill_dirs``) or by name
+    (``cfg["spill.dirs"]``).
 
-    Immutable; every value has been parsed and validated.
+    Immutable; made by :func:`load_config`, which parses and validates every value. One field per
+    :data:`SETTINGS` entry, declared with the type its parser returns, so ``mypy --strict``
+    refuses a misspelled or mistyped setting (``cfg.spil_dirs``); a test keeps the fields and
+    the schema in step.
     """
 
-    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-        self._values = dict(values)
-        self._sources = dict(sources)
-
-    def __getattr__(self, field: str) -> Any:
-        setting = _BY_FIELD.get(field)
-        if setting is None:
-            raise AttributeError(f"no setting has the field {field!r}")
-        return self._values[setting.name]
+    checkpoint_uri: str
+    checkpoint_retained: int
+    checkpoint_incremental: bool
+    checkpoint_upload_concurrency: int
+    state_max_parallelism: int
+    spill_dirs: tuple[str, ...]
+    memory_budget: int
+    memory_runtime_allowance: int
+    spill_threshold: float
+    spill_load_threshold: float
+    spill_ratio: float
+    spill_gc_pause_threshold: float
+    spill_check_interval: float
+    spill_enabled: bool
+    spill_gc_window: float
+    spill_size_weight: float
+    spill_chunk_size: int
+    compaction_endpoints: tuple[str, ...]
+    compaction_timeout: float
+    compaction_failure_strategy: str
+    compaction_retries: int
+    compaction_poll_interval: float
+    compaction_token: str
+    compaction_mode: str
+    compaction_delta_trigger: int
+    compaction_size_ratio: float
+    host_idle_timeout: float
+    host_result_timeout: float
+    host_liveness_timeout: float
+    host_bind_address: str
+    host_port: int
+    host_registry_port: int
+    metrics_port: int
+    sources: Mapping[str, str] = dataclasses.field(
+        default_factory=dict, compare=False, kw_only=True
+    )
+    """Where each value came from, by setting name (see :meth:`source`); not a setting."""
 
     def __getitem__(self, name: str) -> Any:
-        return self._values[name]
+        setting = _BY_NAME.get(name)
+        if setting is None:
+            raise KeyError(name)
+        return getattr(self, setting.field)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+        return iter(_BY_NAME)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(_BY_NAME)
 
     def source(self, name: str) -> str:
         """Where the value came from: ``default``, ``env``, ``spark`` or ``code``."""
-        return self._sources[name]
+        return self.sources.get(name, "code")
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables, as the operator writes them."""
-        return {_BY_NAME[n].env_var: _render(v) for n, v in self._values.items()}
+        return {_BY_NAME[n].env_var: _render(v) for n, v in self.items()}
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{name}={value!r}" for name, value in self._values.items())
+        body = ", ".join(f"{name}={value!r}" for name, value in self.items())
         return f"StatetierConfig({body})"
 
 
@@ -687,7 +723,8 @@ def load_config(
             values[setting.name] = setting.default
             sources[setting.name] = "default"
     _check_consistency(values)
-    return StatetierConfig(values, sources)
+    fields = {_BY_NAME[name].field: value for name, value in values.items()}
+    return StatetierConfig(**fields, sources=sources)
 
 
 def _normalize_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
