@@ -3,7 +3,8 @@
 ``StatetierConfig`` declares one field per setting with the type its parser returns. These tests
 keep the two in step (a setting without a field, a field without a setting, or a field whose type
 is not what the parser gives all fail), and show what the typing buys: ``mypy --strict`` refuses a
-misspelled setting name or a value used as the wrong type, and accepts the correct spelling.
+misspelled setting name, a value used as the wrong type or a comparison with a choice that does
+not exist, and accepts the correct spelling.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def test_every_setting_has_a_field_of_its_parsers_type_and_no_field_is_extra() -
         parsed = typing.get_type_hints(setting.parser)["return"]
         assert hints[setting.field] == parsed, (setting.name, hints[setting.field], parsed)
         origin = typing.get_origin(parsed) or parsed
-        assert isinstance(setting.default, origin), setting.name
+        if origin is typing.Literal:  # a choice: the default is one of its values
+            assert setting.default in typing.get_args(parsed), setting.name
+        else:
+            assert isinstance(setting.default, origin), setting.name
 
 
 def test_fields_hold_the_parsed_values_and_the_mapping_view_agrees() -> None:
@@ -49,6 +53,7 @@ from statetier.backend.config import load_config
 cfg = load_config({"spill.dirs": "/ssd"}, env={})
 dirs: tuple[str, ...] = cfg.spill_dirs
 budget: int = cfg.memory_budget
+remote_fails = cfg.compaction_failure_strategy == "fail"
 """
 
 BAD = """
@@ -57,10 +62,11 @@ from statetier.backend.config import load_config
 cfg = load_config({"spill.dirs": "/ssd"}, env={})
 dirs: tuple[str, ...] = cfg.spil_dirs
 budget: str = cfg.memory_budget
+in_executor = cfg.compaction_mode == "executer"
 """
 
 
-def test_mypy_strict_refuses_a_misspelled_or_mistyped_setting(tmp_path: Path) -> None:
+def test_mypy_strict_refuses_a_misspelled_or_mistyped_setting_or_choice(tmp_path: Path) -> None:
     (tmp_path / "good_use.py").write_text(GOOD)
     (tmp_path / "bad_use.py").write_text(BAD)
     (tmp_path / "mypy.ini").write_text(f"[mypy]\nmypy_path = {ROOT / 'backend' / 'src'}\n")
@@ -89,4 +95,7 @@ def test_mypy_strict_refuses_a_misspelled_or_mistyped_setting(tmp_path: Path) ->
         "bad_use.py:6:" in line and 'expression has type "int", variable has type "str"' in line
         for line in errors
     ), out
-    assert len(errors) == 2, out
+    assert any(
+        "bad_use.py:7:" in line and "Non-overlapping equality check" in line for line in errors
+    ), out
+    assert len(errors) == 3, out

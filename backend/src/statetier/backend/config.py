@@ -24,7 +24,7 @@ import os
 import re
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 __all__ = [
     "SETTINGS",
@@ -197,6 +197,27 @@ def parse_token(raw: object) -> str:
     return text
 
 
+FailureStrategy = Literal["fallback", "fail"]
+CompactionMode = Literal["background", "executor"]
+
+
+def _choice(raw: object, choices: tuple[str, ...]) -> str:
+    text = parse_str(raw)
+    if text not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
+    return text
+
+
+def parse_failure_strategy(raw: object) -> FailureStrategy:
+    """``fallback`` or ``fail``: a Literal type, so mypy refuses a comparison with a typo."""
+    return cast(FailureStrategy, _choice(raw, get_args(FailureStrategy)))
+
+
+def parse_compaction_mode(raw: object) -> CompactionMode:
+    """``background`` or ``executor`` (a Literal type, as above)."""
+    return cast(CompactionMode, _choice(raw, get_args(CompactionMode)))
+
+
 def parse_dirs(raw: object) -> tuple[str, ...]:
     """Comma-separated absolute directories."""
     dirs = parse_list(raw)
@@ -255,13 +276,6 @@ def ip_address_or_empty(value: Any) -> str | None:
     except ValueError:
         return "must be an IP address (such as 10.0.0.5 or ::1) or empty"
     return None
-
-
-def one_of(*choices: str) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(choices)}"
-
-    return check
 
 
 # --------------------------------------------------------------------------- the schema
@@ -476,10 +490,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "compaction.failure-strategy",
         "enum",
-        parse_str,
+        parse_failure_strategy,
         "fallback",
         "What to do when remote compaction fails: fallback (compact locally) or fail.",
-        one_of("fallback", "fail"),
     ),
     Setting(
         "compaction.retries",
@@ -511,14 +524,13 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "compaction.mode",
         "enum",
-        parse_str,
+        parse_compaction_mode,
         "background",
         "Where chains of deltas are merged into new bases. background: after each commit, off "
         "the epoch's path, on the compaction service when compaction.endpoints is set, else in "
         "the process that commits (the Spark driver, the local runner). executor (Spark only, "
         "to compare): the state host writes a full base inside its snapshot once a chain is "
         "longer than compaction.delta-trigger.",
-        one_of("background", "executor"),
     ),
     Setting(
         "compaction.delta-trigger",
@@ -638,11 +650,11 @@ class StatetierConfig(Mapping[str, Any]):
     spill_chunk_size: int
     compaction_endpoints: tuple[str, ...]
     compaction_timeout: float
-    compaction_failure_strategy: str
+    compaction_failure_strategy: FailureStrategy
     compaction_retries: int
     compaction_poll_interval: float
     compaction_token: str
-    compaction_mode: str
+    compaction_mode: CompactionMode
     compaction_delta_trigger: int
     compaction_size_ratio: float
     host_idle_timeout: float
