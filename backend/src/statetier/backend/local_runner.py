@@ -34,7 +34,6 @@ from statetier.backend.snapshot import (
     Manifest,
     SnapshotStore,
 )
-from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["LocalRunner", "checkpoint_settings"]
@@ -85,8 +84,11 @@ class LocalRunner:
         # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
         restore_epoch = self.last_epoch if epochs else None
-        if config is not None:
-            serve_metrics(config.metrics_port)  # this process's endpoint, if metrics.port is set
+        if config is not None and config.metrics_port:
+            # this process's endpoint; imported here, as the spill tier is only when enabled
+            from statetier.backend.spill.metrics import serve_metrics
+
+            serve_metrics(config.metrics_port)
         self.instances = [
             OperatorInstance(
                 factory,
