@@ -57,12 +57,31 @@ def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
-    convert.__name__ = getattr(parse, "__name__", "value")
     return convert
 
 
 def _options(cls: type[Any]) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if _HELP in f.metadata]
+
+
+def _flags(field: dataclasses.Field[Any]) -> tuple[str, ...]:
+    named = field.metadata[_FLAG] or "--" + field.name.replace("_", "-")
+    return (named,) if isinstance(named, str) else tuple(named)
+
+
+def _value_options(field: dataclasses.Field[Any], kind: Any, flag: str) -> dict[str, Any]:
+    """argparse's options for a flag that takes a value."""
+    meta = field.metadata
+    required = field.default is dataclasses.MISSING
+    shown = "" if field.default in (None, dataclasses.MISSING) else " (default %(default)s)"
+    return {
+        "type": _argument_type(meta[_PARSE] or (typing.get_args(kind) or (kind,))[0]),
+        "default": None if required else field.default,
+        "required": required,
+        "choices": meta[_CHOICES],
+        "metavar": None if meta[_CHOICES] else flag.lstrip("-").upper().replace("-", "_"),
+        "help": meta[_HELP] + shown,
+    }
 
 
 def add_options(
@@ -72,34 +91,25 @@ def add_options(
     """Add a flag for every :func:`option` field of the dataclass ``cls``."""
     hints = typing.get_type_hints(cls)
     for field in _options(cls):
-        meta = field.metadata
-        named = meta[_FLAG] or "--" + field.name.replace("_", "-")
-        flags = (named,) if isinstance(named, str) else tuple(named)
-        kind = hints[field.name]
-        common: dict[str, Any] = {"dest": field.name, "help": meta[_HELP]}
+        flags, kind = _flags(field), hints[field.name]
         if kind is bool:
             negative = flags[0].startswith("--no-")
             if field.default is not negative:
                 raise TypeError(f"{cls.__name__}.{field.name}: {flags[0]} contradicts its default")
             action = "store_false" if negative else "store_true"
-            parser.add_argument(*flags, action=action, **common)
+            parser.add_argument(*flags, dest=field.name, action=action, help=field.metadata[_HELP])
         elif typing.get_origin(kind) is tuple:
-            # None, not the default: argparse would append to a default list
-            parser.add_argument(*flags, action="append", default=None, **common)
-        else:
-            parse = meta[_PARSE] or next(t for t in typing.get_args(kind) or (kind,))
-            required = field.default is dataclasses.MISSING
-            if field.default not in (None, dataclasses.MISSING):
-                common["help"] += " (default %(default)s)"
+            # default None, not the field's: argparse would append to a default list
+            metavar = flags[0].lstrip("-").upper().replace("-", "_")
             parser.add_argument(
                 *flags,
-                type=_argument_type(parse),
-                default=None if required else field.default,
-                required=required,
-                metavar=None if meta[_CHOICES] else flags[0].lstrip("-").upper().replace("-", "_"),
-                choices=meta[_CHOICES],
-                **common,
+                dest=field.name,
+                action="append",
+                metavar=metavar,
+                help=field.metadata[_HELP],
             )
+        else:
+            parser.add_argument(*flags, dest=field.name, **_value_options(field, kind, flags[0]))
 
 
 def from_options(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
