@@ -46,6 +46,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from statetier.backend.config import parse_size
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import CompactionResult
 from statetier.compaction.metrics import GatewayMetrics
 from statetier.compaction.paths import PathPolicy, RefusedPathError
@@ -84,19 +86,33 @@ NO_TOKEN = (
 
 @dataclasses.dataclass(frozen=True)
 class GatewaySettings:
-    """Everything a gateway is started with; every bound has a default (docs/compaction.md)."""
+    """Everything a gateway is started with; every bound has a default (docs/compaction.md).
+
+    The fields declared with :func:`option` are flags of ``statetier-compaction gateway``,
+    their defaults and help taken from here."""
 
     allowed_prefixes: tuple[str, ...]
     token: str = ""
-    insecure: bool = False  # serve the API without a token (a sandbox)
+    insecure: bool = option(
+        False,
+        "serve the API without a token (a sandbox only: anyone reaching the port can "
+        "register as a worker and receive jobs)",
+        flag="--insecure-no-token",
+    )
     scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
     limits: Limits = dataclasses.field(default_factory=Limits)
-    heartbeat_interval: float = 2.0
-    max_poll_wait: float = 20.0
-    target_queue_per_worker: int = 4
-    max_body_bytes: int = 1 << 20
-    header_timeout: float = 10.0  # a new connection must send a request's headers by then
-    body_timeout: float = 10.0  # and a request its whole body
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8080, "0 picks a free port (printed)")
+    target_queue_per_worker: int = option(
+        4, "jobs per worker behind suggested_workers in /v1/stats"
+    )
+    heartbeat_interval: float = option(2.0, "seconds between a worker's heartbeats")
+    max_body_bytes: int = option(1 << 20, "bytes of a request's body", parse=parse_size)
+    header_timeout: float = option(
+        10.0, "seconds a new connection may take to send a request's headers"
+    )
+    body_timeout: float = option(10.0, "seconds a request may take to send its whole body")
+    max_poll_wait: float = option(20.0, "seconds a poll may wait for a job or a result")
     keepalive_timeout: float = 30.0  # an idle kept-alive connection is closed after it
 
     def __post_init__(self) -> None:
@@ -111,6 +127,8 @@ class GatewaySettings:
                 raise ValueError(f"{name.replace('_', '-')} must be in (0, 3600] seconds")
         if not 1 << 10 <= self.max_body_bytes <= 1 << 30:
             raise ValueError("max-body-bytes must be between 1 KiB and 1 GiB")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not between 0 and 65535")
         if self.token and self.insecure:
             raise ValueError("a token and --insecure-no-token contradict each other")
 

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from statetier.backend.config import parse_size
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
 from statetier.backend.snapshot.layout import location_of
 
@@ -81,16 +83,21 @@ def tenant_of(request: CompactionRequest) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerSettings:
-    worker_policy: str = "least-loaded"
-    job_policy: str = "fair"
-    lease_ttl: float = 10.0
-    stall_timeout: float = 300.0
-    max_attempts: int = 3
+    """How the gateway's scheduler hands out jobs and when it gives up on them; the fields
+    declared with :func:`option` are flags of ``statetier-compaction gateway``."""
+
+    worker_policy: str = option("least-loaded", "which worker gets a job", choices=WORKER_POLICIES)
+    job_policy: str = option(
+        "fair", "which queued job goes next", flag="--scheduling-policy", choices=JOB_POLICIES
+    )
+    lease_ttl: float = option(10.0, "seconds without heartbeat")
+    stall_timeout: float = option(300.0, "seconds without progress")
+    max_attempts: int = option(3, "attempts of a job before it fails")
     finished_retention: float = 3600.0
     max_finished: int = 10000
-    max_queued: int = 1000
-    max_queued_per_tenant: int = 100
-    max_tenant_bytes: int = 64 << 30
+    max_queued: int = option(1000, "queued jobs in all")
+    max_queued_per_tenant: int = option(100, "queued jobs of one tenant")
+    max_tenant_bytes: int = option(64 << 30, "queued+running input bytes", parse=parse_size)
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "max_finished", "max_queued", "max_queued_per_tenant"):

@@ -19,8 +19,10 @@ import math
 import re
 from typing import Any
 
+from statetier.backend.config import parse_size
 from statetier.backend.descriptors import StateKind
 from statetier.backend.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import (
     CompactionInput,
     CompactionOutput,
@@ -83,9 +85,9 @@ class InvalidRequestError(ValueError):
 class Limits:
     """Per-job bounds (gateway settings; see docs/compaction.md)."""
 
-    max_inputs: int = 256
-    max_job_bytes: int = 4 << 30
-    max_worker_slots: int = 64
+    max_inputs: int = option(256, "input files per job")
+    max_job_bytes: int = option(4 << 30, "input bytes per job", parse=parse_size)
+    max_worker_slots: int = option(64, "jobs one worker may take at a time")
 
     def __post_init__(self) -> None:
         if self.max_inputs < 1 or self.max_worker_slots < 1:

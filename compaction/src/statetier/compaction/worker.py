@@ -38,6 +38,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.http_json import call_json
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     LocalCompactor,
@@ -48,7 +49,7 @@ from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
 
-__all__ = ["JobDroppedError", "RegistrationError", "Worker"]
+__all__ = ["JobDroppedError", "RegistrationError", "Worker", "WorkerSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -146,27 +147,41 @@ class _Running:
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker is started with. The fields declared with :func:`option` are flags
+    of ``statetier-compaction worker``, their defaults and help taken from here."""
+
+    gateway: str = option(dataclasses.MISSING, "URL of the gateway")
+    allowed_prefixes: tuple[str, ...] = ()
+    token: str = ""
+    slots: int = option(1, "jobs run at a time", flag="--concurrency")
+    max_read_rate: float = option(0.0, "input bytes/s, 0: no cap")
+    worker_id: str | None = option(None, "name of this worker (default: host, pid and a suffix)")
+    poll_wait: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.allowed_prefixes:
+            raise ValueError("at least one allowed prefix is required")
+        if not 1 <= self.slots <= 1024:
+            raise ValueError(f"concurrency {self.slots} is not between 1 and 1024")
+        if self.max_read_rate < 0:
+            raise ValueError(f"max-read-rate {self.max_read_rate:g} is negative")
+
+
 class Worker:
     """One worker process's loop; :meth:`run` blocks until :meth:`stop`."""
 
-    def __init__(
-        self,
-        gateway: str,
-        *,
-        allowed_prefixes: tuple[str, ...],
-        slots: int = 1,
-        token: str = "",
-        max_read_rate: float = 0.0,
-        worker_id: str | None = None,
-        poll_wait: float = 10.0,
-    ) -> None:
-        self.gateway = gateway.rstrip("/")
-        self.policy = PathPolicy(allowed_prefixes)
-        self.slots = max(1, slots)
-        self.token = token
-        self.max_read_rate = max_read_rate
-        self.worker_id = worker_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.poll_wait = poll_wait
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.gateway = settings.gateway.rstrip("/")
+        self.policy = PathPolicy(settings.allowed_prefixes)
+        self.slots = settings.slots
+        self.token = settings.token
+        self.max_read_rate = settings.max_read_rate
+        self.worker_id = (
+            settings.worker_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.poll_wait = settings.poll_wait
         self.heartbeat_interval = 2.0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()

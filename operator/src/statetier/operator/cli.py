@@ -1,7 +1,8 @@
 """``statetier-operator``: run the operator, or measure it.
 
-``run`` parses the operator settings, installs them and starts kopf with the chosen namespaces,
-peering and liveness endpoint. ``bench`` measures the time from ``kubectl apply`` of a
+``run`` parses the operator settings (flags made from :class:`OperatorSettings`) and starts kopf
+with them in its memo: the chosen namespaces, peering and liveness endpoint, and what the
+handlers read. ``bench`` measures the time from ``kubectl apply`` of a
 CompactionService to its Deployments existing, against the API emulator. ``sandbox`` shows the
 operator at work on a laptop (``make sandbox``). ``render-app`` configures SparkApplication
 manifests without the mutating webhook.
@@ -12,41 +13,35 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main"]
+from statetier.backend.options import add_options, from_options
+from statetier.operator.settings import OperatorSettings
+
+__all__ = ["build_parser", "main"]
 
 
 def _run(args: argparse.Namespace) -> int:
     import kopf
-    from statetier.operator import handlers, settings
+    from statetier.operator import handlers
 
-    settings.configure(
-        settings.OperatorSettings(
-            namespaces=tuple(args.namespace),
-            metrics_addr=args.metrics_addr,
-            metrics_port=args.metrics_port,
-            webhook_addr=args.webhook_addr,
-            webhook_port=args.webhook_port,
-            webhook_host=args.webhook_host,
-            certfile=args.certfile,
-            keyfile=args.keyfile,
-            webhooks=not args.no_webhooks,
-            manage_webhook_configuration=not args.no_manage_webhooks,
-            checkpoint_delete_timeout=args.checkpoint_delete_timeout,
-        )
-    )
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    try:
+        ours = from_options(OperatorSettings, args)
+    except ValueError as exc:
+        print(f"statetier-operator run: {exc}", file=sys.stderr)
+        return 2
+    kopf.configure(verbose=ours.verbose, log_format=kopf.LogFormat[ours.log_format.upper()])
     assert handlers  # imported for its registrations
-    if not args.no_webhooks:
+    if ours.webhooks:
         from statetier.operator import webhooks
 
         assert webhooks  # imported for its registrations
     kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        standalone=args.standalone,
-        peering_name=args.peering,
-        priority=args.priority,
-        liveness_endpoint=args.liveness,
+        clusterwide=not ours.namespaces,
+        namespaces=list(ours.namespaces),
+        standalone=ours.standalone,
+        peering_name=ours.peering,
+        priority=ours.priority,
+        liveness_endpoint=ours.liveness,
+        memo=kopf.Memo(settings=ours),  # what every handler reads (settings.of)
     )
     return 0
 
@@ -60,63 +55,14 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; ``run``'s flags are made from :class:`OperatorSettings`."""
     parser = argparse.ArgumentParser(prog="statetier-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"statetier-operator {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the operator (kopf)")
-    run.add_argument(
-        "--namespace",
-        "-n",
-        action="append",
-        default=[],
-        help="namespace to watch (repeatable, globs allowed); none: all namespaces",
-    )
-    run.add_argument(
-        "--standalone",
-        action="store_true",
-        help="no peering: run even if another replica is active",
-    )
-    run.add_argument(
-        "--peering",
-        default=None,
-        help="KopfPeering name; one replica (highest priority) is active at a time",
-    )
-    run.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
-    run.add_argument(
-        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
-    )
-    run.add_argument("--metrics-addr", default="0.0.0.0")
-    run.add_argument("--metrics-port", type=int, default=9090, help="0 disables metrics")
-    run.add_argument("--webhook-addr", default="0.0.0.0")
-    run.add_argument("--webhook-port", type=int, default=9443)
-    run.add_argument(
-        "--webhook-host",
-        default=None,
-        help="host name in the webhook URLs (e.g. the Service DNS name)",
-    )
-    run.add_argument("--certfile", default=None, help="webhook serving certificate (PEM)")
-    run.add_argument("--keyfile", default=None, help="webhook serving key (PEM)")
-    run.add_argument("--no-webhooks", action="store_true", help="serve no admission webhooks")
-    run.add_argument(
-        "--no-manage-webhooks",
-        action="store_true",
-        help="do not create/patch the WebhookConfiguration objects",
-    )
-    run.add_argument(
-        "--checkpoint-delete-timeout",
-        type=float,
-        default=60.0,
-        help="seconds a finalizer may spend deleting checkpoints",
-    )
-    run.add_argument(
-        "--log-format",
-        default="json",
-        choices=["json", "plain", "full"],
-        help="json: structured logs, one object per line",
-    )
-    run.add_argument("--verbose", action="store_true")
+    add_options(run, OperatorSettings)  # every flag, default and help is declared there
     run.set_defaults(func=_run)
 
     bench = sub.add_parser("bench", help="apply->Deployment latency against the emulator")
@@ -147,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     sandbox.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
     sandbox.set_defaults(func=_sandbox)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 

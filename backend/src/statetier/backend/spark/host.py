@@ -76,6 +76,7 @@ from statetier.backend.spark.results import (
     snapshot_to_dict,
 )
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
+from statetier.backend.spill.metrics import serve_metrics
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
@@ -368,6 +369,7 @@ class StateHost:
             hosted.lock.release()
             with contextlib.suppress(Exception):
                 hosted.instance.close()
+        serve_metrics(config.metrics_port)  # the host process's endpoint, from its first range
         t0 = time.perf_counter()
         instance = OperatorInstance(
             cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),

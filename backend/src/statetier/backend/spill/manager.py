@@ -143,9 +143,9 @@ class SpillManager:
         config: StatetierConfig,
         in_use: threading.RLock | None = None,
     ) -> SpillManager:
-        """A manager under the process's governor for these settings."""
+        """A manager under the process's governor for these settings. It starts no metrics
+        endpoint: the process's entry point does (``serve_metrics``)."""
         governor = MemoryGovernor.for_config(config)
-        metrics.serve_metrics(config.metrics_port)
         backend_metrics.watch_spill_dirs(list(config.spill_dirs) or default_spill_dirs())
         return cls(backend, governor=governor, in_use=in_use)
 
