@@ -66,7 +66,6 @@ def _gateway_settings(args: argparse.Namespace) -> Any:
         ),
         heartbeat_interval=args.heartbeat_interval,
         max_poll_wait=args.max_poll_wait,
-        target_queue_per_worker=args.target_queue_per_worker,
         max_body_bytes=args.max_body_bytes,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
@@ -134,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument(
         "--worker-policy", choices=["round-robin", "least-loaded"], default="least-loaded"
     )
-    gw.add_argument("--target-queue-per-worker", type=int, default=4)
+    # accepted and ignored: operators up to 0.1.0 passed it; the autoscaler reads the target
+    # from the CompactionService, not from the gateway
+    gw.add_argument("--target-queue-per-worker", type=int, help=argparse.SUPPRESS)
     gw.add_argument("--lease-ttl", type=float, default=10.0, help="seconds without heartbeat")
     gw.add_argument("--heartbeat-interval", type=float, default=2.0)
     gw.add_argument("--stall-timeout", type=float, default=300.0, help="seconds without progress")

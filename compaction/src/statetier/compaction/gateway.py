@@ -93,7 +93,6 @@ class GatewaySettings:
     limits: Limits = dataclasses.field(default_factory=Limits)
     heartbeat_interval: float = 2.0
     max_poll_wait: float = 20.0
-    target_queue_per_worker: int = 4
     max_body_bytes: int = 1 << 20
     header_timeout: float = 10.0  # a new connection must send a request's headers by then
     body_timeout: float = 10.0  # and a request its whole body
@@ -272,12 +271,7 @@ class Gateway:
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
 
     async def stats(self, _: web.Request) -> web.Response:
-        stats = self.scheduler.stats()
-        load = stats["queued"] + stats["running"]
-        target = max(1, self.settings.target_queue_per_worker)
-        stats["target_queue_per_worker"] = target
-        stats["suggested_workers"] = -(-load // target)
-        return web.json_response(stats)
+        return web.json_response(self.scheduler.stats())
 
     # ------------------------------------------------------------------ client API
 

@@ -69,10 +69,7 @@ class _JobFiles:
     """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
-    def __init__(
-        self, output_url: str, root: str, cancelled: threading.Event, max_read_rate: float
-    ) -> None:
-        self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+    def __init__(self, root: str, cancelled: threading.Event, max_read_rate: float) -> None:
         self.root = root  # the allowed prefix the output lies under
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
@@ -115,10 +112,6 @@ class _JobFiles:
                 self._throttle()
         return b"".join(parts)
 
-    def makedirs(self, url: str, exist_ok: bool = True) -> None:
-        fs, path = fsspec.core.url_to_fs(url)
-        fs.makedirs(path, exist_ok=exist_ok)
-
     def pipe_file(self, url: str, data: bytes) -> None:
         """Write one output whole. On a local filesystem the directories below the allowed
         prefix are created as needed, never the prefix itself or anything above it: a prefix
@@ -132,10 +125,6 @@ class _JobFiles:
                     f"the allowed prefix {self.root} is not a directory on this worker"
                 )
         put_whole(fs, path, data)
-
-    def mv(self, source: str, target: str) -> None:
-        fs, path = fsspec.core.url_to_fs(source)
-        fs.mv(path, fsspec.core.url_to_fs(target)[1])
 
 
 @dataclasses.dataclass
@@ -265,7 +254,7 @@ class Worker:
             self.policy.check_request(request)
             prefix = attempt_prefix(request.output_prefix, request.job_id, running.attempt)
             root = self.policy.root_of(request.output_prefix)
-            running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
+            running.files = _JobFiles(root, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
