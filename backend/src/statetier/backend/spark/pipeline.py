@@ -71,6 +71,7 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task import combine_function, partition_function
 from statetier.backend.spark.upkeep import EpochUpkeep
+from statetier.backend.spark.wire import MessageError
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
 
@@ -571,9 +572,17 @@ class StatefulPipeline:
         timeout = self.config.host_result_timeout
         deadline = time.monotonic() + timeout
         pause = 0.002
+
+        def read() -> RangeResult:
+            raw = fs.cat_file(path)
+            try:
+                return RangeResult.decode(raw)
+            except MessageError as e:  # never partial (written whole): not one of ours
+                raise CorruptFileError(name, f"range {index} of epoch {epoch}: {e}") from None
+
         while True:
             try:
-                return RangeResult.decode(fs.cat_file(path), name)
+                return read()
             except FileNotFoundError:
                 pass
             try:
@@ -582,7 +591,7 @@ class StatefulPipeline:
                 error = None
             if error is None and not self._owner_alive(index):
                 with contextlib.suppress(FileNotFoundError):  # written just before it died?
-                    return RangeResult.decode(fs.cat_file(path), name)
+                    return read()
                 raise RangesLostError(
                     f"the state host of range {index} is gone before it wrote the range's "
                     f"snapshot of epoch {epoch}"
