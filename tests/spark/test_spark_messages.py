@@ -14,7 +14,7 @@ from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, TaskHeader
 from statetier.backend.spark.results import RangeResult, RangeStart
-from statetier.backend.spark.wire import MessageError
+from statetier.backend.wire import MessageError
 
 MAX_PARALLELISM = 8  # two ranges at parallelism 2: 0-3 and 4-7
 

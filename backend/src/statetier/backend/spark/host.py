@@ -74,7 +74,7 @@ from statetier.backend.spark.protocol import (
 from statetier.backend.spark.registry import HostInfo
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
-from statetier.backend.spark.wire import MessageError
+from statetier.backend.wire import MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 

@@ -23,7 +23,7 @@ from typing import Any
 from statetier.backend.keygroups import key_group_range_for_operator
 from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
-from statetier.backend.spark.wire import Fields, MessageError
+from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "TaskHeader"]
 

@@ -71,9 +71,9 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task import combine_function, partition_function
 from statetier.backend.spark.upkeep import EpochUpkeep
-from statetier.backend.spark.wire import MessageError
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
+from statetier.backend.wire import MessageError
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
-from statetier.backend.spark.wire import Fields, MessageError
+from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["RangeResult", "RangeStart"]
 

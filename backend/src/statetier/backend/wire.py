@@ -1,10 +1,11 @@
-"""Typed reads of the JSON messages a Spark pipeline's processes exchange.
+"""Typed reads of the JSON messages that cross a process boundary.
 
-The driver, the tasks and the state hosts are separate processes (often separate machines); each
-message between them is a frozen dataclass with one ``encode`` to JSON-ready data and one
-``decode`` from it. A decode reads its fields through :class:`Fields`, so that a malformed
-message (a missing field, a wrong type) fails with a :class:`MessageError` naming the message and
-the field, not a ``KeyError`` deep inside whatever first used it.
+A Spark pipeline's driver, tasks and state hosts, and the compaction service and its clients,
+are separate processes (often separate machines); each message between them is a frozen
+dataclass with one ``encode`` to JSON-ready data and one ``decode`` from it. A decode reads its
+fields through :class:`Fields`, so that a malformed message (a missing field, a wrong type)
+fails with a :class:`MessageError` naming the message and the field, not a ``KeyError`` deep
+inside whatever first used it.
 """
 
 from __future__ import annotations
