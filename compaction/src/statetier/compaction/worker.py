@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -42,11 +41,19 @@ from statetier.backend.snapshot.compaction import (
     CompactionError,
     LocalCompactor,
 )
+from statetier.backend.snapshot.compaction_jobs import ErrorKind
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.layout import attempt_prefix
 from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
-from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
+from statetier.compaction.validation import (
+    Assignment,
+    Done,
+    InvalidRequestError,
+    Limits,
+    parse_assignment,
+    parse_job,
+)
 
 __all__ = ["JobDroppedError", "RegistrationError", "Worker"]
 
@@ -203,7 +210,14 @@ class Worker:
                     registered = False
                     continue
                 for item in (body or {}).get("jobs", []):
-                    self._start(item)
+                    try:
+                        job = parse_assignment(item)
+                    except InvalidRequestError as exc:  # a gateway of another version?
+                        log.error(
+                            "gateway %s sent a job this worker cannot read: %s", self.gateway, exc
+                        )
+                        continue
+                    self._start(job)
             except OSError as exc:
                 log.warning("gateway %s unreachable: %s", self.gateway, exc)
                 registered = False
@@ -240,14 +254,14 @@ class Worker:
 
     # ------------------------------------------------------------------ jobs
 
-    def _start(self, item: dict[str, Any]) -> None:
-        running = _Running(str(item["job_id"]), int(item["attempt"]))
+    def _start(self, job: Assignment) -> None:
+        running = _Running(job.job_id, job.attempt)
         with self._lock:
             self._running[running.job_id] = running
-        self._pool.submit(self._execute, item["request"], running)
+        self._pool.submit(self._execute, job.request, running)
 
     def _execute(self, raw: Any, running: _Running) -> None:
-        answer: dict[str, Any] = {"attempt": running.attempt}
+        answer: Done | None
         job_id = running.job_id
         try:
             request = parse_job(raw, _SHAPE_ONLY)
@@ -258,7 +272,7 @@ class Worker:
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
-            answer["result"] = json.loads(result.to_json())
+            answer = Done(running.attempt, result)
             log.info(
                 "job %s attempt %d: %d bytes in, %d out, %.3f s",
                 job_id,
@@ -268,7 +282,7 @@ class Worker:
                 time.perf_counter() - started,
             )
         except JobDroppedError:
-            answer = {}
+            answer = None
         except (
             RefusedPathError,
             InvalidRequestError,
@@ -276,18 +290,19 @@ class Worker:
             CompactionError,
             FileNotFoundError,
         ) as exc:
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="request")
+            error = f"{type(exc).__name__}: {exc}"
+            answer = Done(running.attempt, None, error, ErrorKind.REQUEST)
         except Exception as exc:  # storage trouble: the gateway retries elsewhere
             log.exception("job %s failed", job_id)
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="service")
+            answer = Done(running.attempt, None, f"{type(exc).__name__}: {exc}", ErrorKind.SERVICE)
         finally:
             with self._free:
                 self._running.pop(job_id, None)
                 self._free.notify_all()
-        if not answer:
+        if answer is None:
             return
         try:
-            status, body = self._call("POST", f"/jobs/{job_id}/done", answer)
+            status, body = self._call("POST", f"/jobs/{job_id}/done", answer.encode())
         except OSError as exc:
             log.warning("could not report job %s: %s", job_id, exc)
             return
