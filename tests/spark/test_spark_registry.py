@@ -84,9 +84,11 @@ def test_new_ranges_wait_briefly_for_executors_whose_hosts_have_not_joined(
     registry.executors = 2
     registry.join_wait = 30.0  # b joins after 0.3 s: a loaded machine must not make it late
     joined: list[FakeHost] = []
-    threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b"))).start()
+    joiner = threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b")))
+    joiner.start()
     owners = [route(registry, i, "a") for i in range(4)]
     assert owners.count("a") == 2 and owners.count("b") == 2
+    joiner.join()  # b's ranges can be routed before the timer's thread keeps b here
     a.die()
     joined[0].die()
 

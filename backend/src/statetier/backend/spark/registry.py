@@ -28,7 +28,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -250,17 +249,6 @@ class HostRegistry:
         with self._lock:
             return [h for h in self.hosts.values() if h.alive]
 
-    def wait_for_hosts(self, count: int, timeout: float) -> int:
-        """Wait until ``count`` hosts are alive (or ``timeout``); how many are."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while sum(h.alive for h in self.hosts.values()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            return sum(h.alive for h in self.hosts.values())
-
     # ------------------------------------------------------------------ stopping
 
     def release_pipeline(self, pipeline: str) -> int:
@@ -320,11 +308,6 @@ def registry_for(app_id: str, bind: str, port: int, liveness_timeout: float) -> 
             secret = _SECRETS.setdefault(app_id, new_secret())
             registry = _REGISTRIES[app_id] = HostRegistry(secret, bind, port, liveness_timeout)
         return registry
-
-
-def registries() -> Iterator[HostRegistry]:
-    with _GUARD:
-        yield from list(_REGISTRIES.values())
 
 
 def ask_route(
