@@ -170,7 +170,7 @@ def test_a_host_refuses_connections_without_the_secret(
         host.wait(10)
 
 
-def test_a_host_answers_a_malformed_task_header_with_the_field_it_lacks(
+def test_a_host_answers_a_malformed_request_with_what_is_wrong(
     registry: HostRegistry, tmp_path: Path
 ) -> None:
     host = start_host(registry, tmp_path / "h.sock")
@@ -184,6 +184,16 @@ def test_a_host_answers_a_malformed_task_header_with_the_field_it_lacks(
             answer = conn.recv_bytes()
         assert answer[:1] == ERROR
         assert answer[1:].decode() == "statetier task header: field 'parallelism' is missing"
+        for request, error in [
+            (b'{"op": "dance"}', "unknown request 'dance'"),
+            (b'["task"]', "statetier host request: expected a JSON object, got ['task']"),
+            (b'{"op": "join", "registry": ["tcp"]}', "a malformed request: not enough values"),
+        ]:
+            with contextlib.closing(connect(tcp, registry.secret)) as conn:
+                conn.send_bytes(request)
+                answer = conn.recv_bytes()
+            assert answer[:1] == ERROR and error in answer[1:].decode()
+        assert registry.live_hosts()  # it still serves
     finally:
         registry.shutdown_hosts(5)
         host.wait(10)

@@ -74,7 +74,7 @@ from statetier.backend.spark.protocol import (
 from statetier.backend.spark.registry import HostInfo
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
-from statetier.backend.wire import MessageError
+from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
@@ -205,26 +205,36 @@ class StateHost:
         with self.lock:
             self.active += 1
         try:
-            header = json.loads(conn.recv_bytes())
-            op = header.get("op")
-            if op == "task":
-                self._task(conn, header)
-            elif op == "join":
-                self.link.join(Endpoint.from_json(header["registry"]))
-                conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
-            elif op == "ping":
-                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
-            elif op == "stats":
-                conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
-            elif op == "shutdown":
-                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
-                self.stopping.set()
+            self._request(conn)
         except (EOFError, OSError):
             pass
         finally:
             with self.lock:
                 self.active -= 1
                 self.last_activity = time.monotonic()
+
+    def _request(self, conn: Connection) -> None:
+        """One connection's request: its first frame says which (``op``)."""
+        try:
+            request = Fields("statetier host request", json.loads(conn.recv_bytes()))
+            op = request.text("op")
+            registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
+        except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint
+            conn.send_bytes(ERROR + f"a malformed request: {e}".encode())
+            return
+        if op == "task":
+            self._task(conn, request.data)
+        elif registry is not None:
+            self.link.join(registry)
+            conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
+        elif op in ("ping", "shutdown"):
+            conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
+            if op == "shutdown":
+                self.stopping.set()
+        elif op == "stats":
+            conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
+        else:
+            conn.send_bytes(ERROR + f"unknown request {op!r}".encode())
 
     def stats(self) -> dict[str, Any]:
         return {
