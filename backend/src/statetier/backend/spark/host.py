@@ -71,7 +71,7 @@ from statetier.backend.spark.protocol import (
     read_batch,
     write_batch,
 )
-from statetier.backend.spark.registry import HostInfo
+from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
 from statetier.backend.wire import Fields, MessageError
@@ -186,13 +186,13 @@ class StateHost:
                 log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
                 self.stopping.set()
 
-    def _order(self, order: dict[str, Any]) -> None:
+    def _order(self, order: HostOrder) -> None:
         """An order from the driver's registry."""
-        if order.get("op") == "shutdown":
+        if order.kind is OrderKind.SHUTDOWN:
             self.stopping.set()
-        elif order.get("op") == "release":
-            for pipeline, parallelism, index in order.get("ranges", []):
-                self._release((pipeline, parallelism, index))
+        elif order.kind is OrderKind.RELEASE:
+            for key in order.ranges:
+                self._release(key)
 
     def _release(self, key: tuple[str, int, int]) -> None:
         with self.lock:
