@@ -4,11 +4,15 @@ JSON, and a malformed one fails naming its field."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from typing import Any
 
 import pytest
+from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError
 from statetier.backend.snapshot.compaction import (
+    CompactionError,
     CompactionInput,
     CompactionOutput,
     CompactionRequest,
@@ -120,3 +124,37 @@ def test_a_malformed_assignment_names_its_field(body: Any, field: str) -> None:
     with pytest.raises(InvalidRequestError) as raised:
         parse_assignment(body)
     assert raised.value.field == field
+
+
+class _Garbled(http.server.BaseHTTPRequestHandler):
+    """A gateway that takes every job and answers with something that is no job status."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"] or 0))
+        body = b'{"job_id": "j", "state": "pondering"}'
+        self.send_response(202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_gateway_whose_answer_is_no_job_status_is_an_outage_not_a_refusal() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Garbled)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        compactor = RemoteCompactor([url], timeout=10, retries=1, failure_strategy="fail")
+        with pytest.raises(CompactionError) as raised:
+            compactor.compact(request())
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert not isinstance(raised.value, RemoteRefusedError)  # tried again, then given up
+    message = str(raised.value)
+    assert message.count("field 'state' must be one of queued, running") == 2
