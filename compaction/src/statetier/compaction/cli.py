@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(gw, GatewaySettings)
     add_options(gw.add_argument_group("scheduling"), SchedulerSettings)
     add_options(gw.add_argument_group("limits of one job"), Limits)
+    # accepted and ignored: operators up to 0.1.0 passed it; the autoscaler reads the target
+    # from the CompactionService, not from the gateway
+    gw.add_argument("--target-queue-per-worker", type=int, help=argparse.SUPPRESS)
     gw.set_defaults(func=_gateway)
 
     wk = sub.add_parser("worker", parents=[common], help="run a compaction worker")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -43,11 +42,19 @@ from statetier.backend.snapshot.compaction import (
     CompactionError,
     LocalCompactor,
 )
+from statetier.backend.snapshot.compaction_jobs import ErrorKind
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.layout import attempt_prefix
 from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
-from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
+from statetier.compaction.validation import (
+    Assignment,
+    Done,
+    InvalidRequestError,
+    Limits,
+    parse_assignment,
+    parse_job,
+)
 
 __all__ = ["JobDroppedError", "RegistrationError", "Worker", "WorkerSettings"]
 
@@ -70,10 +77,7 @@ class _JobFiles:
     """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
-    def __init__(
-        self, output_url: str, root: str, cancelled: threading.Event, max_read_rate: float
-    ) -> None:
-        self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+    def __init__(self, root: str, cancelled: threading.Event, max_read_rate: float) -> None:
         self.root = root  # the allowed prefix the output lies under
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
@@ -116,10 +120,6 @@ class _JobFiles:
                 self._throttle()
         return b"".join(parts)
 
-    def makedirs(self, url: str, exist_ok: bool = True) -> None:
-        fs, path = fsspec.core.url_to_fs(url)
-        fs.makedirs(path, exist_ok=exist_ok)
-
     def pipe_file(self, url: str, data: bytes) -> None:
         """Write one output whole. On a local filesystem the directories below the allowed
         prefix are created as needed, never the prefix itself or anything above it: a prefix
@@ -133,10 +133,6 @@ class _JobFiles:
                     f"the allowed prefix {self.root} is not a directory on this worker"
                 )
         put_whole(fs, path, data)
-
-    def mv(self, source: str, target: str) -> None:
-        fs, path = fsspec.core.url_to_fs(source)
-        fs.mv(path, fsspec.core.url_to_fs(target)[1])
 
 
 @dataclasses.dataclass
@@ -229,7 +225,14 @@ class Worker:
                     registered = False
                     continue
                 for item in (body or {}).get("jobs", []):
-                    self._start(item)
+                    try:
+                        job = parse_assignment(item)
+                    except InvalidRequestError as exc:  # a gateway of another version?
+                        log.error(
+                            "gateway %s sent a job this worker cannot read: %s", self.gateway, exc
+                        )
+                        continue
+                    self._start(job)
             except OSError as exc:
                 log.warning("gateway %s unreachable: %s", self.gateway, exc)
                 registered = False
@@ -266,25 +269,25 @@ class Worker:
 
     # ------------------------------------------------------------------ jobs
 
-    def _start(self, item: dict[str, Any]) -> None:
-        running = _Running(str(item["job_id"]), int(item["attempt"]))
+    def _start(self, job: Assignment) -> None:
+        running = _Running(job.job_id, job.attempt)
         with self._lock:
             self._running[running.job_id] = running
-        self._pool.submit(self._execute, item["request"], running)
+        self._pool.submit(self._execute, job.request, running)
 
     def _execute(self, raw: Any, running: _Running) -> None:
-        answer: dict[str, Any] = {"attempt": running.attempt}
+        answer: Done | None
         job_id = running.job_id
         try:
             request = parse_job(raw, _SHAPE_ONLY)
             self.policy.check_request(request)
             prefix = attempt_prefix(request.output_prefix, request.job_id, running.attempt)
             root = self.policy.root_of(request.output_prefix)
-            running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
+            running.files = _JobFiles(root, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
-            answer["result"] = json.loads(result.to_json())
+            answer = Done(running.attempt, result)
             log.info(
                 "job %s attempt %d: %d bytes in, %d out, %.3f s",
                 job_id,
@@ -294,7 +297,7 @@ class Worker:
                 time.perf_counter() - started,
             )
         except JobDroppedError:
-            answer = {}
+            answer = None
         except (
             RefusedPathError,
             InvalidRequestError,
@@ -302,18 +305,19 @@ class Worker:
             CompactionError,
             FileNotFoundError,
         ) as exc:
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="request")
+            error = f"{type(exc).__name__}: {exc}"
+            answer = Done(running.attempt, None, error, ErrorKind.REQUEST)
         except Exception as exc:  # storage trouble: the gateway retries elsewhere
             log.exception("job %s failed", job_id)
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="service")
+            answer = Done(running.attempt, None, f"{type(exc).__name__}: {exc}", ErrorKind.SERVICE)
         finally:
             with self._free:
                 self._running.pop(job_id, None)
                 self._free.notify_all()
-        if not answer:
+        if answer is None:
             return
         try:
-            status, body = self._call("POST", f"/jobs/{job_id}/done", answer)
+            status, body = self._call("POST", f"/jobs/{job_id}/done", answer.encode())
         except OSError as exc:
             log.warning("could not report job %s: %s", job_id, exc)
             return
