@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from statetier.operator import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,9 +58,39 @@ def test_e2e_kind_skips_cleanly_without_docker_or_kind() -> None:
     assert "e2e-kind: skipped:" in proc.stdout
 
 
+@pytest.mark.parametrize("command", ["sandbox", "bench"])
+def test_sandbox_and_bench_come_from_the_kubetest_distribution(command: str) -> None:
+    dist = cli.installed_commands()[command].dist
+    assert dist is not None and dist.name == "statetier-kubetest"
+    proc = subprocess.run(
+        ["statetier-operator", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: statetier-operator {command}")
+
+
+@pytest.mark.parametrize("command", sorted(cli.KUBETEST_COMMANDS))
+def test_without_kubetest_sandbox_and_bench_say_what_to_install(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the dispatcher as `statetier-operator` runs it, with no distribution registering the command
+    assert cli.run_kubetest_command(command, ["--help"], {}) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"statetier-operator {command} comes with the statetier-kubetest package: "
+        "pip install statetier-kubetest\n"
+    )
+
+
 @pytest.mark.slow
 def test_bench_measures_apply_to_deployments() -> None:
-    from statetier.operator.testing.bench import measure
+    from statetier.kubetest.bench import measure
 
     samples = measure(runs=3)
     assert len(samples) == 3

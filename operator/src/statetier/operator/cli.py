@@ -1,18 +1,29 @@
 """``statetier-operator``: run the operator, or measure it.
 
 ``run`` parses the operator settings, installs them and starts kopf with the chosen namespaces,
-peering and liveness endpoint. ``bench`` measures the time from ``kubectl apply`` of a
-CompactionService to its Deployments existing, against the API emulator. ``sandbox`` shows the
-operator at work on a laptop (``make sandbox``). ``render-app`` configures SparkApplication
-manifests without the mutating webhook.
+peering and liveness endpoint. ``render-app`` configures SparkApplication manifests without the
+mutating webhook. ``bench`` (the time from ``kubectl apply`` of a CompactionService to its
+Deployments existing, against the API emulator) and ``sandbox`` (the operator at work on a
+laptop, ``make sandbox``) run the Kubernetes test environment, which is not part of the
+operator: the statetier-kubetest distribution registers them in the entry-point group
+``COMMANDS_GROUP``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 
 __all__ = ["main"]
+
+COMMANDS_GROUP = "statetier_operator.commands"
+KUBETEST = "statetier-kubetest"
+KUBETEST_COMMANDS = {
+    "bench": "apply->Deployment latency against the emulator",
+    "sandbox": "emulator + operator + examples, narrated",
+}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -52,15 +63,36 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("statetier-operator")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
 
+def installed_commands() -> dict[str, metadata.EntryPoint]:
+    """The commands installed distributions register in ``COMMANDS_GROUP``, by name."""
+    return {entry.name: entry for entry in metadata.entry_points(group=COMMANDS_GROUP)}
+
+
+def run_kubetest_command(
+    name: str, argv: Sequence[str], commands: Mapping[str, metadata.EntryPoint]
+) -> int:
+    """``statetier-operator NAME ...`` from the entry point ``commands`` hold under ``name``;
+    without one, a line that says what to install and exit status 2."""
+    if name not in commands:
+        print(
+            f"statetier-operator {name} comes with the {KUBETEST} package: pip install {KUBETEST}",
+            file=sys.stderr,
+        )
+        return 2
+    command: Callable[[Sequence[str]], int] = commands[name].load()
+    return command(list(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in KUBETEST_COMMANDS:
+        return run_kubetest_command(argv[0], argv[1:], installed_commands())
     parser = argparse.ArgumentParser(prog="statetier-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"statetier-operator {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,10 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--verbose", action="store_true")
     run.set_defaults(func=_run)
 
-    bench = sub.add_parser("bench", help="apply->Deployment latency against the emulator")
-    bench.add_argument("--runs", type=int, default=20)
-    bench.set_defaults(func=_bench)
-
     render = sub.add_parser(
         "render-app", help="configure SparkApplication manifests without the mutating webhook"
     )
@@ -143,18 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     render.set_defaults(func=_render_app)
 
-    sandbox = sub.add_parser("sandbox", help="emulator + operator + examples, narrated")
-    sandbox.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
-    sandbox.set_defaults(func=_sandbox)
+    for name, text in KUBETEST_COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=f"{text} ({KUBETEST})")
 
     args = parser.parse_args(argv)
     return int(args.func(args))
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from statetier.operator.testing.bench import main as bench_main
-
-    return bench_main(args.runs)
 
 
 def _render_app(args: argparse.Namespace) -> int:
@@ -163,12 +184,6 @@ def _render_app(args: argparse.Namespace) -> int:
     return render_main(
         args.files, args.compaction_endpoint, args.pod_template, args.compaction_token_secret
     )
-
-
-def _sandbox(args: argparse.Namespace) -> int:
-    from statetier.operator.testing.sandbox import main as sandbox_main
-
-    return sandbox_main(args.repo)
 
 
 if __name__ == "__main__":
