@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -44,10 +45,11 @@ def dev_modules(files: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFile]:
-    """Each distribution's wheel, built with the pinned setuptools and no build isolation."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, zipfile.ZipFile]]:
+    """Each distribution's wheel, built with the pinned setuptools and no build isolation (the
+    five builds side by side: a few seconds each)."""
     out = tmp_path_factory.mktemp("wheels")
-    built = {}
+    builds = {}
     for name in (*RUNTIME, *DEVELOPMENT):
         source = out / "src" / name
         shutil.copytree(
@@ -55,18 +57,29 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFil
             source,
             ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist"),
         )
-        result = subprocess.run(
+        builds[name] = subprocess.Popen(
             [
                 sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                 "--no-build-isolation", "--disable-pip-version-check", "--no-cache-dir",
                 "-w", str(out / name), str(source),
             ],
-            capture_output=True, text=True, timeout=120, check=False,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        (wheel,) = (out / name).glob("*.whl")
-        built[name] = zipfile.ZipFile(wheel)
-    return built
+    built = {}
+    try:
+        for name, build in builds.items():
+            output, _ = build.communicate(timeout=180)
+            assert build.returncode == 0, output[-3000:]
+            (wheel,) = (out / name).glob("*.whl")
+            built[name] = zipfile.ZipFile(wheel)
+    finally:
+        for build in builds.values():  # a failed or slow build stops the others
+            if build.poll() is None:
+                build.kill()
+                build.wait()
+    yield built
+    for archive in built.values():
+        archive.close()
 
 
 def requirements(wheel: zipfile.ZipFile) -> set[str]:
