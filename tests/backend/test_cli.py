@@ -15,6 +15,8 @@ import pytest
 from statetier.backend import cli
 from statetier.tools import commands
 
+from tests.uninstalled import run_without
+
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -252,12 +254,11 @@ def test_demo_and_bench_are_the_tools_distributions_commands() -> None:
 
 @pytest.mark.parametrize("command", sorted(cli.TOOL_COMMANDS))
 def test_without_the_tools_a_tool_command_says_what_to_install(
-    command: str, capsys: pytest.CaptureFixture[str]
+    command: str, tmp_path: Path
 ) -> None:
-    # the dispatcher as `statetier` runs it, with no distribution registering the command
-    assert cli.run_tool(command, ["--help"], {}) == cli.EXIT_USAGE
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err == (
+    result = run_without("statetier-tools", tmp_path / "site", "statetier.backend.cli", command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (
         f"statetier {command} comes with the statetier-tools package: pip install statetier-tools\n"
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from statetier.operator import cli
 
+from tests.uninstalled import run_without
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -76,13 +78,12 @@ def test_sandbox_and_bench_come_from_the_kubetest_distribution(command: str) -> 
 
 @pytest.mark.parametrize("command", sorted(cli.KUBETEST_COMMANDS))
 def test_without_kubetest_sandbox_and_bench_say_what_to_install(
-    command: str, capsys: pytest.CaptureFixture[str]
+    command: str, tmp_path: Path
 ) -> None:
-    # the dispatcher as `statetier-operator` runs it, with no distribution registering the command
-    assert cli.run_kubetest_command(command, ["--help"], {}) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err == (
+    result = run_without("statetier-kubetest", tmp_path / "site", "statetier.operator.cli", command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (
         f"statetier-operator {command} comes with the statetier-kubetest package: "
         "pip install statetier-kubetest\n"
     )
