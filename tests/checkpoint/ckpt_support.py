@@ -25,8 +25,8 @@ from statetier.backend import (
 )
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.seaweed import KEY, SECRET
 from statetier.backend.snapshot import SnapshotStore
+from statetier.tools.seaweed import KEY, SECRET
 
 from tests.checkpoint.ckpt_faults import FaultPlan
 

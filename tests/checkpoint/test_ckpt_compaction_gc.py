@@ -27,7 +27,7 @@ from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.layout import epoch_of
 from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.verify import verify_store
-from statetier.compaction.testing import free_port
+from statetier.tools.compaction_launch import free_port
 
 from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
-from statetier.backend.bench.spark_functions import ArrowWordCount
 from statetier.backend.config import load_config
 from statetier.backend.runtime import OperatorInstance
 from statetier.backend.snapshot import SnapshotStore, commit_snapshot
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.spark.upkeep import EpochUpkeep
+from statetier.tools.bench.spark_functions import ArrowWordCount
 
 
 class GatedCompactor:

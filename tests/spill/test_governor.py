@@ -198,10 +198,10 @@ def test_only_the_runtime_starts_the_metrics_endpoint(
     """An operator instance (or its spill manager) is made for every range a process owns and
     starts no server; the runtime that drives the process (here LocalRunner) starts it once."""
     from statetier.backend.config import load_config
-    from statetier.backend.demo import WordCount
     from statetier.backend.local_runner import LocalRunner
     from statetier.backend.runtime import OperatorInstance
     from statetier.backend.spill import metrics as spill_metrics
+    from statetier.tools.wordcount import WordCount
 
     started: list[int] = []
     monkeypatch.setattr(spill_metrics, "_served", [])  # as in a fresh process

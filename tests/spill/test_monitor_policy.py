@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from statetier.backend.config import load_config
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
@@ -22,6 +21,7 @@ from statetier.backend.spill import MemoryMonitor, MonitorSettings, SpillManager
 from statetier.backend.spill.metrics import METRIC_NAMES
 from statetier.backend.spill.monitor import GcPauseTracker, Move, read_rss, resolve_budget
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
+from statetier.tools.wordcount import WordCount
 
 MiB = 1 << 20
 

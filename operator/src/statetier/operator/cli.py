@@ -2,21 +2,31 @@
 
 ``run`` parses the operator settings (flags made from :class:`OperatorSettings`) and starts kopf
 with them in its memo: the chosen namespaces, peering and liveness endpoint, and what the
-handlers read. ``bench`` measures the time from ``kubectl apply`` of a
-CompactionService to its Deployments existing, against the API emulator. ``sandbox`` shows the
-operator at work on a laptop (``make sandbox``). ``render-app`` configures SparkApplication
-manifests without the mutating webhook.
+handlers read. ``render-app`` configures SparkApplication manifests without the mutating
+webhook. ``bench`` (the time from ``kubectl apply`` of a CompactionService to its Deployments
+existing, against the API emulator) and ``sandbox`` (the operator at work on a laptop,
+``make sandbox``) run the Kubernetes test environment, which is not part of the operator: the
+statetier-kubetest distribution registers them in the entry-point group ``COMMANDS_GROUP``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 
 from statetier.backend.options import add_options, from_options
 from statetier.operator.settings import OperatorSettings
 
 __all__ = ["build_parser", "main"]
+
+COMMANDS_GROUP = "statetier_operator.commands"
+KUBETEST = "statetier-kubetest"
+KUBETEST_COMMANDS = {
+    "bench": "apply->Deployment latency against the emulator",
+    "sandbox": "emulator + operator + examples, narrated",
+}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -47,12 +57,30 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("statetier-operator")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def installed_commands() -> dict[str, metadata.EntryPoint]:
+    """The commands installed distributions register in ``COMMANDS_GROUP``, by name."""
+    return {entry.name: entry for entry in metadata.entry_points(group=COMMANDS_GROUP)}
+
+
+def run_kubetest_command(
+    name: str, argv: Sequence[str], commands: Mapping[str, metadata.EntryPoint]
+) -> int:
+    """``statetier-operator NAME ...`` from the entry point ``commands`` hold under ``name``;
+    without one, a line that says what to install and exit status 2."""
+    if name not in commands:
+        print(
+            f"statetier-operator {name} comes with the {KUBETEST} package: pip install {KUBETEST}",
+            file=sys.stderr,
+        )
+        return 2
+    command: Callable[[Sequence[str]], int] = commands[name].load()
+    return command(list(argv))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,10 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the operator (kopf)")
     add_options(run, OperatorSettings)  # every flag, default and help is declared there
     run.set_defaults(func=_run)
-
-    bench = sub.add_parser("bench", help="apply->Deployment latency against the emulator")
-    bench.add_argument("--runs", type=int, default=20)
-    bench.set_defaults(func=_bench)
 
     render = sub.add_parser(
         "render-app", help="configure SparkApplication manifests without the mutating webhook"
@@ -89,22 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.set_defaults(func=_render_app)
 
-    sandbox = sub.add_parser("sandbox", help="emulator + operator + examples, narrated")
-    sandbox.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
-    sandbox.set_defaults(func=_sandbox)
+    for name, text in KUBETEST_COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=f"{text} ({KUBETEST})")
 
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in KUBETEST_COMMANDS:
+        return run_kubetest_command(argv[0], argv[1:], installed_commands())
     args = build_parser().parse_args(argv)
     return int(args.func(args))
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from statetier.operator.testing.bench import main as bench_main
-
-    return bench_main(args.runs)
 
 
 def _render_app(args: argparse.Namespace) -> int:
@@ -113,12 +133,6 @@ def _render_app(args: argparse.Namespace) -> int:
     return render_main(
         args.files, args.compaction_endpoint, args.pod_template, args.compaction_token_secret
     )
-
-
-def _sandbox(args: argparse.Namespace) -> int:
-    from statetier.operator.testing.sandbox import main as sandbox_main
-
-    return sandbox_main(args.repo)
 
 
 if __name__ == "__main__":
