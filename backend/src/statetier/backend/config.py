@@ -199,6 +199,7 @@ def parse_token(raw: object) -> str:
 
 FailureStrategy = Literal["fallback", "fail"]
 CompactionMode = Literal["background", "executor"]
+Exchange = Literal["auto", "always", "never"]
 
 
 def _choice(raw: object, choices: tuple[str, ...]) -> str:
@@ -216,6 +217,11 @@ def parse_failure_strategy(raw: object) -> FailureStrategy:
 def parse_compaction_mode(raw: object) -> CompactionMode:
     """``background`` or ``executor`` (a Literal type, as above)."""
     return cast(CompactionMode, _choice(raw, get_args(CompactionMode)))
+
+
+def parse_exchange(raw: object) -> Exchange:
+    """``auto``, ``always`` or ``never`` (a Literal type, as above)."""
+    return cast(Exchange, _choice(raw, get_args(Exchange)))
 
 
 def parse_dirs(raw: object) -> tuple[str, ...]:
@@ -607,6 +613,17 @@ SETTINGS: tuple[Setting[Any], ...] = (
         between(0, 65535),
     ),
     Setting(
+        "pipeline.exchange",
+        "enum",
+        parse_exchange,
+        "auto",
+        "Spark: how a micro-batch's records reach their key-group ranges. auto: a micro-batch "
+        "read as one partition skips Spark's exchange (its one task sends each range's records "
+        "to the range's state host), a larger one goes through the exchange, one task per "
+        "range. always: the exchange every time. never: every micro-batch is read by one task "
+        "that sends every range (no shuffle; one task reads all of the micro-batch).",
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,
@@ -663,6 +680,7 @@ class StatetierConfig(Mapping[str, Any]):
     host_bind_address: str
     host_port: int
     host_registry_port: int
+    pipeline_exchange: Exchange
     metrics_port: int
     sources: Mapping[str, str] = dataclasses.field(
         default_factory=dict, compare=False, kw_only=True

@@ -1,9 +1,11 @@
 """The Spark side of a task: find the state host that owns its range and stream to it.
 
-This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition, that is
-one key-group range. A function with a :class:`~statetier.backend.spark.functions.Combiner` also
-gets a map-side ``mapInArrow`` before the exchange (:func:`combine_function`), which
-pre-aggregates each input partition per key.
+This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition: after
+Spark's exchange, one key-group range (:func:`partition_function`); without it, a micro-batch
+of one partition, which the task cuts into every range itself (:func:`direct_function`). A
+function with a :class:`~statetier.backend.spark.functions.Combiner` also gets a map-side
+``mapInArrow`` before the exchange (:func:`combine_function`), which pre-aggregates each input
+partition per key.
 
 Each task first makes sure its own executor has a state host (the first task of the application
 on the executor starts it, detached, under a file lock so concurrent tasks start one) and that the
@@ -17,18 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from statetier.backend.spark.channel import Endpoint, connect
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -44,9 +49,13 @@ from statetier.backend.spark.registry import HostInfo, ask_route
 __all__ = [
     "bind_address",
     "combine_function",
+    "direct_function",
     "epoch_of_job",
     "local_host",
     "partition_function",
+    "receive_outputs",
+    "send_task",
+    "split_ranges",
     "stream",
 ]
 
@@ -211,14 +220,8 @@ def partition_function(
             task_attempt_id=task.taskAttemptId(),
             owner_host=owner.host_id,
         )
-        with contextlib.closing(conn):
-            try:
-                yield from stream(conn, header, function_bytes, batches)
-            except (EOFError, OSError) as e:
-                raise RuntimeError(
-                    f"lost the state host {owner.host_id} (executor {owner.executor}) of range "
-                    f"{index}: {e!r}; the task fails and Spark retries it"
-                ) from e
+        with contextlib.closing(conn), _host_lost(owner, index):
+            yield from stream(conn, header, function_bytes, batches)
 
     return run
 
@@ -227,14 +230,30 @@ def stream(
     conn: Connection,
     header: TaskHeader,
     function_bytes: bytes,
-    batches: Iterator[pa.RecordBatch],
+    batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Send a task to a state host: its header, function and records; yield its outputs."""
+    send_task(conn, header, function_bytes, batches)
+    yield from receive_outputs(conn)
+
+
+def send_task(
+    conn: Connection,
+    header: TaskHeader,
+    function_bytes: bytes,
+    batches: Iterable[pa.RecordBatch],
+) -> None:
+    """A task's header, function and records, then the empty frame that ends them: the host
+    starts on the range once it has them all."""
     conn.send_bytes(json.dumps(header.encode()).encode())
     conn.send_bytes(function_bytes)
     for batch in batches:
         conn.send_bytes(write_batch(batch))
     conn.send_bytes(b"")
+
+
+def receive_outputs(conn: Connection) -> Iterator[pa.RecordBatch]:
+    """The outputs of the task sent on ``conn``, until the host says it is done."""
     while True:
         message = conn.recv_bytes()
         kind, body = message[:1], memoryview(message)[1:]
@@ -246,6 +265,78 @@ def stream(
             raise RuntimeError(f"statetier state host failed:\n{bytes(body).decode()}")
         else:
             raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
+
+
+def direct_function(
+    spec: PipelineSpec, epoch: EpochSpec | None, function_bytes: bytes
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an epoch without Spark's exchange: its one partition is the
+    whole micro-batch, which the task cuts into the key-group ranges (by the key-group column
+    the plan added) and sends to each range's state host, every range first, so that the hosts
+    work on them side by side; then it reads back their outputs, range by range.
+
+    A retry of this task is a retry of every range (each host finds its range dirty or at
+    another epoch and restores it), as a retry of one range's task is with the exchange."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        assert task is not None
+        this_epoch = epoch or epoch_of_job(task, spec.pipeline)
+        slices = split_ranges(list(batches), spec.parallelism, spec.max_parallelism)
+        with contextlib.ExitStack() as open_connections:
+            sent: list[tuple[HostInfo, int, Connection]] = []
+            for index, records in enumerate(slices):
+                owner, conn = _owner_connection(spec, index)
+                open_connections.callback(conn.close)
+                header = TaskHeader.for_task(
+                    spec,
+                    this_epoch,
+                    index=index,
+                    attempt_number=task.attemptNumber(),
+                    task_attempt_id=task.taskAttemptId(),
+                    owner_host=owner.host_id,
+                )
+                with _host_lost(owner, index):
+                    send_task(conn, header, function_bytes, records)
+                sent.append((owner, index, conn))
+            for owner, index, conn in sent:
+                with _host_lost(owner, index):
+                    yield from receive_outputs(conn)
+
+    return run
+
+
+def split_ranges(
+    batches: list[pa.RecordBatch], parallelism: int, max_parallelism: int
+) -> list[list[pa.RecordBatch]]:
+    """The records of each of ``parallelism`` ranges, by the key-group column: range ``i``
+    holds key groups ``kg`` with ``kg * parallelism // max_parallelism == i``, as the exchange
+    (``repartitionById``) assigns them."""
+    batches = [b for b in batches if b.num_rows]
+    if not batches:
+        return [[] for _ in range(parallelism)]
+    table = pa.Table.from_batches(batches)
+    owners = table.column(KEY_GROUP_COLUMN).to_numpy() * parallelism // max_parallelism
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(owners[order], np.arange(parallelism + 1)).tolist()
+    table = table.take(pa.array(order))
+    return [
+        table.slice(start, end - start).to_batches() for start, end in itertools.pairwise(bounds)
+    ]
+
+
+@contextlib.contextmanager
+def _host_lost(owner: HostInfo, index: int) -> Iterator[None]:
+    """A connection that breaks is a lost state host: the task fails and Spark retries it."""
+    try:
+        yield
+    except (EOFError, OSError) as e:
+        raise RuntimeError(
+            f"lost the state host {owner.host_id} (executor {owner.executor}) of range "
+            f"{index}: {e!r}; the task fails and Spark retries it"
+        ) from e
 
 
 def epoch_of_job(task: Any, pipeline: str) -> EpochSpec:
