@@ -366,7 +366,9 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
     first = run_query(range(3))
     assert [r.epoch for r in first.reports] == [1, 2, 3]
     routing = "direct" if exchange == "auto" else "exchange"
-    assert [r.routing for r in first.reports] == [routing] * 3
+    # the first micro-batch of an application takes the exchange: its tasks, on every
+    # executor, start the state hosts the ranges then stay with
+    assert [r.routing for r in first.reports[1:]] == [routing] * 2
     # range 1 of epoch 2 failed after updating its state (FailingWordCount): restored on retry;
     # without the exchange the failed task held every range, and every range that got its
     # records before the task failed is restored too
@@ -415,9 +417,10 @@ def test_the_exchange_is_taken_only_when_it_helps(
     for batch in batches:
         pipeline.run(words_df(spark, batch).repartition(partitions), sink)
     assert outputs == expected_counts(batches)
-    assert [r.routing for r in pipeline.reports] == [routing] * 3
+    assert [r.routing for r in pipeline.reports[1:]] == [routing] * 2  # (the first: see above)
     # the exchange into ranges is a shuffle by partition id; without it, no such step
-    assert all(("shufflepartitionidpassthrough" in p) == (routing == "exchange") for p in plans)
+    for report, plan in zip(pipeline.reports, plans, strict=True):
+        assert ("shufflepartitionidpassthrough" in plan) == (report.routing == "exchange")
     assert [r.warm for r in pipeline.reports] == [0, 4, 4]
 
 

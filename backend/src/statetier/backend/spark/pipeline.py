@@ -420,6 +420,12 @@ class StatefulPipeline:
             ranged = keyed.repartitionById(p, owner_col)
         return ranged.mapInArrow(partition_function(spec, epoch, self.function_bytes), schema)
 
+    def _every_executor_hosts(self) -> bool:
+        registry = self._registry
+        if registry is None:
+            return False
+        return len(registry.live_hosts()) >= max(1, registry.executors)
+
     def _chooses_per_batch(self) -> bool:
         """Whether the exchange is chosen per micro-batch (else the pipeline always takes it:
         ``pipeline.exchange=always``, or a combiner, which aggregates in the exchange)."""
@@ -428,12 +434,15 @@ class StatefulPipeline:
 
     def _skips_exchange(self, keyed: DataFrame, epoch: int) -> bool:
         """Whether ``epoch`` runs without Spark's exchange (``pipeline.exchange``): ``never``
-        does, ``auto`` when the micro-batch is one partition (one task reads it all anyway: a
-        shuffle would only cost). Remembered for the epoch's report."""
+        does; ``auto`` when the micro-batch is one partition (one task reads it all anyway: a
+        shuffle would only cost) and every executor has its state host (the exchange's tasks,
+        which run on every executor, start them; a range goes to a host that exists).
+        Remembered for the epoch's report."""
         assert self.config is not None
         mode = self.config.pipeline_exchange
         direct = self._chooses_per_batch() and (
-            mode == "never" or int(keyed._jdf.rdd().getNumPartitions()) == 1
+            mode == "never"
+            or (self._every_executor_hosts() and int(keyed._jdf.rdd().getNumPartitions()) == 1)
         )
         self._routing[epoch] = "direct" if direct else "exchange"
         return direct
