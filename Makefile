@@ -9,11 +9,17 @@ PYTEST_ARGS ?=
 
 all: test
 
-$(STAMP): requirements-dev.txt backend/pyproject.toml compaction/pyproject.toml operator/pyproject.toml
+# The runtime distributions (backend, compaction, operator) and the development ones: tools (the
+# demos and benchmarks of `statetier demo` and `statetier bench`) and kubetest (the Kubernetes
+# test environment of the tests, `make sandbox` and `statetier-operator bench`).
+DISTRIBUTIONS := backend compaction operator tools kubetest
+
+$(STAMP): requirements-dev.txt $(DISTRIBUTIONS:%=%/pyproject.toml)
 	@scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt \
-		-e 'backend[spark]' -e compaction -e operator
+		-e 'backend[spark]' -e compaction -e operator -e 'tools[spark,compaction,rocksdb]' \
+		-e kubetest
 	@touch $@
 
 install: $(STAMP)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from statetier.backend import cli
+from statetier.tools import commands
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
@@ -58,7 +59,7 @@ HELP = [
     ("demo",),
     ("demo", "--local"),
     ("bench",),
-    *[("bench", name) for name in cli.BENCHMARKS],
+    *[("bench", name) for name in commands.BENCHMARKS],
     ("checkpoint",),
     *[("checkpoint", action) for action in ("list", "inspect", "verify", "gc")],
     ("config",),

@@ -1,7 +1,7 @@
 """The import contracts of .importlinter hold for the tree, and a forbidden import breaks them.
 
 `make lint` runs `lint-imports` on the tree; CI runs the tests, so the first test checks the same
-there. The others copy the three packages to a temporary directory, add one import that the
+there. The others copy the five packages to a temporary directory, add one import that the
 layers described in docs/architecture.md forbid, and run `lint-imports` with the project's own
 contracts on the copy (first on the import path, so it shadows the installed packages): the
 contract that names that rule must break and name the import.
@@ -24,6 +24,8 @@ PACKAGES = {
     "backend": REPO / "backend/src/statetier/backend",
     "compaction": REPO / "compaction/src/statetier/compaction",
     "operator": REPO / "operator/src/statetier/operator",
+    "tools": REPO / "tools/src/statetier/tools",
+    "kubetest": REPO / "kubetest/src/statetier/kubetest",
 }
 
 
@@ -44,7 +46,7 @@ def lint_imports(*args: str, path: Path | None = None) -> subprocess.CompletedPr
 
 
 def copy_tree(root: Path) -> Path:
-    """The three packages under ``root``/statetier, a namespace package as installed."""
+    """The five packages under ``root``/statetier, a namespace package as installed."""
     for name, source in PACKAGES.items():
         shutil.copytree(
             source, root / "statetier" / name, ignore=shutil.ignore_patterns("__pycache__")
@@ -68,12 +70,19 @@ def test_the_tree_keeps_every_contract() -> None:
             "backend-layers",
             "statetier.backend.keygroups -> statetier.backend.runtime",
         ),
-        # the compaction service's worker using the test launcher
+        # the compaction service's worker using the developer tools' process launcher
         (
             "compaction/worker.py",
-            "from statetier.compaction import testing",
-            "no-test-support",
-            "statetier.compaction.worker -> statetier.compaction.testing",
+            "from statetier.tools import compaction_launch",
+            "runtime-no-dev-code",
+            "statetier.compaction.worker -> statetier.tools.compaction_launch",
+        ),
+        # the operator's command reaching into the Kubernetes test environment
+        (
+            "operator/cli.py",
+            "from statetier.kubetest import sandbox",
+            "runtime-no-dev-code",
+            "statetier.operator.cli -> statetier.kubetest.sandbox",
         ),
         # a handler module importing another (each registers handlers when imported)
         (

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import pytest
-from statetier.backend.bench.state_scale import draw_slices
+from statetier.tools.bench.state_scale import draw_slices
 
 BUDGET = 4 << 20
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from statetier.backend import cli
+from statetier.tools import commands
+
+from tests.uninstalled import run_without
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -158,7 +161,7 @@ HELP_COMMANDS: list[tuple[str, ...]] = [
     ("demo",),
     ("demo", "--local"),
     ("bench",),
-    *[("bench", name) for name in cli.BENCHMARKS],
+    *[("bench", name) for name in commands.BENCHMARKS],
     ("checkpoint",),
     *[("checkpoint", action) for action in ("list", "inspect", "verify", "gc")],
     ("config",),
@@ -236,3 +239,26 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "Traceback" in result.stderr
     assert "DemoDirError" in result.stderr
+
+
+def test_demo_and_bench_are_the_tools_distributions_commands() -> None:
+    installed = cli.tool_commands()
+    assert set(cli.TOOL_COMMANDS) <= set(installed)
+    for name in cli.TOOL_COMMANDS:
+        dist = installed[name].dist
+        assert dist is not None and dist.name == "statetier-tools"
+    listing = run_cli("bench", "--help")  # through the entry point, in a fresh process
+    assert listing.returncode == 0, listing.stderr
+    assert all(name in listing.stdout for name in commands.BENCHMARK_HELP)
+
+
+@pytest.mark.parametrize("command", sorted(cli.TOOL_COMMANDS))
+def test_without_the_tools_a_tool_command_says_what_to_install(
+    command: str, tmp_path: Path
+) -> None:
+    result = run_without("statetier-tools", tmp_path / "site", "statetier.backend.cli", command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"statetier {command} comes with the statetier-tools package: pip install statetier-tools\n"
+    )

@@ -24,9 +24,9 @@ from statetier.backend import (
 )
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.seaweed import KEY, SECRET
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.ttl import ManualClock
+from statetier.tools.seaweed import KEY, SECRET
 
 from tests.checkpoint.ckpt_faults import FaultPlan
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.backend.seaweed import BUCKET, SeaweedFS
+from statetier.tools.seaweed import BUCKET, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.checkpoint.*
 

@@ -27,7 +27,7 @@ from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.layout import epoch_of
 from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.verify import verify_store
-from statetier.compaction.testing import free_port
+from statetier.tools.compaction_launch import free_port
 
 from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
 
@@ -268,9 +268,8 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
         assert counting.calls >= 1
         assert any("/compacted/" in c.base.path for c in store.manifest().chains())
         assert restored(location) == dump_keyed(live)
-        assert child._pool is not None
-        for pid in list(child._pool._processes):  # the child is killed (out of memory, say)
-            os.kill(pid, signal.SIGKILL)
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)  # the child is killed (out of memory, say)
         calls = counting.calls
         for epoch in range(5, 11):
             live.process(records(epoch))
@@ -281,3 +280,53 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
     finally:
         child.close()
         live.close()
+
+
+UNGUARDED_DRIVER = """
+import sys
+from statetier.backend.config import load_config
+from statetier.backend.local_runner import LocalRunner
+from statetier.backend.snapshot.compaction import LocalCompactor
+from statetier.backend.snapshot.process_compactor import ProcessCompactor
+from tests.checkpoint.ckpt_support import Accumulate, records
+
+print("the script's top level ran", flush=True)
+config = load_config({"compaction.delta-trigger": 2, "compaction.size-ratio": 100.0})
+runner = LocalRunner(Accumulate, 2, max_parallelism=16, checkpoint_uri=sys.argv[1], config=config)
+child = ProcessCompactor(LocalCompactor(filesystem=runner.checkpointer.store.fs))
+runner.checkpointer.compactor = child
+for epoch in range(1, 7):
+    runner.process(records(epoch))
+    runner.checkpoint()
+    runner.checkpointer.drain()
+print("compacted bases:", sum("/compacted/" in c.base.path
+      for c in runner.checkpointer.store.manifest().chains()), flush=True)
+child.close()
+runner.close()
+"""
+
+
+def test_a_driver_script_without_a_main_guard_runs_once(tmp_path: Any) -> None:
+    """The merge process is a module of its own, not the driver's script run again: a user's
+    script without ``if __name__ == "__main__"`` is not executed a second time in it (as
+    multiprocessing's spawn would: a second Spark job, started from the merge process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "driver.py"
+    script.write_text(UNGUARDED_DRIVER)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script), f"file://{tmp_path}/ckpt"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("the script's top level ran") == 1, done.stdout
+    compacted = int(done.stdout.rsplit("compacted bases:", 1)[1])
+    assert compacted >= 1, done.stdout

@@ -1,6 +1,6 @@
 """Fixtures of the compaction tests: SeaweedFS (a real S3 server) once per session, and a
 fresh checkpoint prefix per test. Gateways and workers are started by each test with
-:class:`statetier.compaction.testing.Processes`, which stops them by process id."""
+:class:`statetier.tools.compaction_launch.Processes`, which stops them by process id."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
+from statetier.tools.compaction_launch import BUCKET, Processes, SeaweedFS
 
 
 @pytest.fixture(scope="session")

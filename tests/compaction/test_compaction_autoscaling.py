@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from statetier.backend.http_json import call_json
-from statetier.compaction.testing import Processes, SeaweedFS
+from statetier.kubetest.processes import Sandbox, compaction_service_manifest
 from statetier.operator import autoscaling, metrics
-from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
+from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 
@@ -166,7 +166,7 @@ def test_workers_follow_the_gateway_queue(
 
 
 def test_an_unreachable_gateway_changes_nothing(operator: Sandbox, procs: Processes) -> None:
-    from statetier.compaction.testing import free_port
+    from statetier.tools.compaction_launch import free_port
 
     box = operator
     manifest = compaction_service_manifest(

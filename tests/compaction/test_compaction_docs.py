@@ -7,7 +7,7 @@ from pathlib import Path
 
 from statetier.compaction.cli import build_parser
 from statetier.compaction.metrics import DOCUMENTED
-from statetier.compaction.testing import Processes
+from statetier.tools.compaction_launch import Processes
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compaction.md"
 

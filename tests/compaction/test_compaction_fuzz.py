@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.http_json import call_json
-from statetier.compaction.testing import Processes, SeaweedFS
+from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 

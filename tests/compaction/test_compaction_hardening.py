@@ -24,9 +24,9 @@ from statetier.backend.snapshot.compaction import (
     CompactionRequest,
     LocalCompactor,
 )
-from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.compaction.worker import JobDroppedError
 from statetier.operator import compaction_service
+from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 

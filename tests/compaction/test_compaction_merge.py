@@ -36,7 +36,7 @@ from statetier.backend.snapshot.format import (
     DataFileReader,
     encode_data_file,
 )
-from statetier.compaction.testing import Processes, SeaweedFS
+from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 

@@ -36,6 +36,16 @@ def test_the_cli_parses_what_the_operator_passes(deployment: str) -> None:
     assert parsed.allowed_prefix == ["s3://bucket/ckpt"]
 
 
+def test_the_gateway_still_accepts_the_flag_older_operators_pass() -> None:
+    """Operators up to 0.1.0 passed --target-queue-per-worker, which the gateway no longer
+    uses (the autoscaler reads the target from the CompactionService); a gateway image newer
+    than its operator must still start."""
+    args = _container(_objects(), "svc-gateway/Deployment")["args"]
+    assert "--target-queue-per-worker" not in args
+    parsed = cli.build_parser().parse_args([*args, "--target-queue-per-worker", "4"])
+    assert parsed.command == "gateway" and parsed.allowed_prefix == ["s3://bucket/ckpt"]
+
+
 def test_the_token_secret_reaches_gateway_and_workers() -> None:
     objects = _objects(tokenSecretRef={"name": "compaction-token"})
     for name in ("svc-gateway/Deployment", "svc-workers/Deployment"):

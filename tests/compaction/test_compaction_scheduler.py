@@ -10,6 +10,7 @@ from statetier.backend.snapshot.compaction import (
     CompactionResult,
 )
 from statetier.compaction.scheduler import (
+    ErrorKind,
     JobState,
     LeaseLostError,
     QueueFullError,
@@ -133,8 +134,8 @@ def test_request_errors_fail_at_once() -> None:
     s.register("w", 1)
     job, _ = s.submit(request("j"))
     s.schedule()
-    s.complete("w", "j", 1, None, "corrupt input", error_kind="request")
-    assert job.state is JobState.FAILED and job.attempt == 1 and job.error_kind == "request"
+    s.complete("w", "j", 1, None, "corrupt input", error_kind=ErrorKind.REQUEST)
+    assert job.state is JobState.FAILED and job.attempt == 1 and job.error_kind is ErrorKind.REQUEST
 
 
 def test_leave_requeues_at_once_and_join_takes_over() -> None:

@@ -11,7 +11,7 @@ import pytest
 from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError
 from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import CompactionInput, LocalCompactor
-from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
+from statetier.tools.compaction_launch import BUCKET, Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 

@@ -23,7 +23,7 @@ from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.http_json import call_json
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.compaction import CompactionError, LocalCompactor
-from statetier.compaction.testing import Processes, SeaweedFS, free_port
+from statetier.tools.compaction_launch import Processes, SeaweedFS, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 
@@ -317,7 +317,7 @@ def test_configuration_selects_the_remote_compactor(
 
 @pytest.mark.slow
 def test_benchmark_runs_and_reports_its_figures() -> None:
-    from statetier.compaction.bench import run
+    from statetier.tools.bench.compaction import run
 
     figures = run(keys=5000, deltas=2, value_size=50, repeats=1)
     assert figures["input_bytes"] > figures["output_bytes"] > 0

@@ -45,8 +45,8 @@ from statetier.backend.snapshot.format import DataFileBuilder, DataFileReader, e
 from statetier.backend.snapshot.ttl_filter import ttl_filter
 from statetier.backend.state.codec import StateCodec
 from statetier.backend.ttl import ManualClock
-from statetier.compaction.testing import Processes, SeaweedFS
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
+from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 T0 = 1_000_000
 TTL_MS = 1000

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from statetier.operator.testing.processes import Sandbox
-from statetier.operator.testing.processes import compaction_service_manifest as _manifest
+from statetier.kubetest.processes import Sandbox
+from statetier.kubetest.processes import compaction_service_manifest as _manifest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "compactionservice.yaml"
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"

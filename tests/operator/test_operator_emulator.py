@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statetier.operator.testing.processes import Sandbox
+from statetier.kubetest.processes import Sandbox
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 CM = "/api/v1/namespaces/default/configmaps"
@@ -205,7 +205,7 @@ def test_in_process_emulator_keeps_kmock_reactions_and_request_log() -> None:
     import asyncio
 
     import aiohttp
-    from statetier.operator.testing.emulator import serve
+    from statetier.kubetest.emulator import serve
 
     async def scenario() -> list[Any]:
         async with serve() as (emulator, url):

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from statetier.operator.testing import apply as ssa
-from statetier.operator.testing import controllers, pruning, typed
-from statetier.operator.testing.processes import Sandbox
-from statetier.operator.testing.processes import compaction_service_manifest as _manifest
+from statetier.kubetest import apply as ssa
+from statetier.kubetest import controllers, pruning, typed
+from statetier.kubetest.processes import Sandbox
+from statetier.kubetest.processes import compaction_service_manifest as _manifest
 
 from tests.operator.conftest import CRDS, SPARK_CRD
 
@@ -212,7 +212,7 @@ def test_a_crd_whose_rule_fails_on_its_default_is_refused(
 def test_webhook_selectors_are_honoured() -> None:
     """namespaceSelector (on the namespace's labels, which include kubernetes.io/metadata.name
     as the apiserver sets it) and objectSelector decide whether a webhook is called."""
-    from statetier.operator.testing.emulator import ApiEmulator
+    from statetier.kubetest.emulator import ApiEmulator
 
     emulator = ApiEmulator()
     ns = emulator.read_object("", "namespaces", None, "default")

@@ -6,8 +6,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+from statetier.kubetest.processes import Sandbox, compaction_service_manifest
 from statetier.operator import metrics
-from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operator.md"
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox, compaction_service_manifest, free_port
+from statetier.kubetest.processes import Sandbox, compaction_service_manifest, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"

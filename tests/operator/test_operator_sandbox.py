@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from statetier.operator import cli
+
+from tests.uninstalled import run_without
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,9 +60,38 @@ def test_e2e_kind_skips_cleanly_without_docker_or_kind() -> None:
     assert "e2e-kind: skipped:" in proc.stdout
 
 
+@pytest.mark.parametrize("command", ["sandbox", "bench"])
+def test_sandbox_and_bench_come_from_the_kubetest_distribution(command: str) -> None:
+    dist = cli.installed_commands()[command].dist
+    assert dist is not None and dist.name == "statetier-kubetest"
+    proc = subprocess.run(
+        ["statetier-operator", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: statetier-operator {command}")
+
+
+@pytest.mark.parametrize("command", sorted(cli.KUBETEST_COMMANDS))
+def test_without_kubetest_sandbox_and_bench_say_what_to_install(
+    command: str, tmp_path: Path
+) -> None:
+    result = run_without("statetier-kubetest", tmp_path / "site", "statetier.operator.cli", command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"statetier-operator {command} comes with the statetier-kubetest package: "
+        "pip install statetier-kubetest\n"
+    )
+
+
 @pytest.mark.slow
 def test_bench_measures_apply_to_deployments() -> None:
-    from statetier.operator.testing.bench import measure
+    from statetier.kubetest.bench import measure
 
     samples = measure(runs=3)
     assert len(samples) == 3

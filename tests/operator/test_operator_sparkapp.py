@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox, compaction_service_manifest
+from statetier.kubetest.processes import Sandbox, compaction_service_manifest
 
 SPARK = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
 CS = "/apis/statetier.io/v1alpha1/namespaces/default/compactionservices"

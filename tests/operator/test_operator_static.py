@@ -11,8 +11,8 @@ import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from statetier.kubetest import cel_rules
 from statetier.operator import compaction_service
-from statetier.operator.testing import cel_rules
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33.0"

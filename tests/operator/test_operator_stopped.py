@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.operator.testing.processes import Sandbox
-from statetier.operator.testing.processes import compaction_service_manifest as _manifest
+from statetier.kubetest.processes import Sandbox
+from statetier.kubetest.processes import compaction_service_manifest as _manifest
 
 from tests.operator.conftest import CRDS, SPARK_CRD
 

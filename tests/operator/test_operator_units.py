@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 from statetier.backend.config import SETTINGS
-from statetier.operator import annotations as ann
-from statetier.operator import compaction_service, memory, sparkapp, webhooks
-from statetier.operator.testing import controllers
-from statetier.operator.testing.patching import (
+from statetier.kubetest import controllers
+from statetier.kubetest.patching import (
     PatchTestFailedError,
     json_patch,
     merge_patch,
     strategic_merge_patch,
 )
+from statetier.operator import annotations as ann
+from statetier.operator import compaction_service, memory, sparkapp, webhooks
 
 
 def _app(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from statetier.backend.config import load_config
-from statetier.operator.testing.processes import Sandbox
+from statetier.kubetest.processes import Sandbox
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sparkapplication-wordcount.yaml"
 SPARK = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
@@ -69,7 +69,7 @@ def review(box: Sandbox, webhook: str, obj: dict[str, Any], operation: str = "CR
 
 
 def _apply_patch(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    from statetier.operator.testing.patching import json_patch
+    from statetier.kubetest.patching import json_patch
 
     assert response["patchType"] == "JSONPatch"
     result: dict[str, Any] = json_patch(obj, json.loads(base64.b64decode(response["patch"])))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 def main() -> None:
     from statetier.backend.config import load_config
-    from statetier.backend.demo import WordCount
     from statetier.backend.local_runner import LocalRunner
-    from statetier.backend.workloads import batches, zipf_words
+    from statetier.tools.wordcount import WordCount
+    from statetier.tools.workloads import batches, zipf_words
 
     port, workdir = int(sys.argv[1]), Path(sys.argv[2])
     spill = sys.argv[3:] != ["nospill"]

@@ -154,7 +154,7 @@ class ThreadedEmulator:
         self._loop.run_until_complete(self._serve())
 
     async def _serve(self) -> None:
-        from statetier.operator.testing.emulator import serve
+        from statetier.kubetest.emulator import serve
 
         self._stop = asyncio.Event()
         async with serve() as (emulator, url):
@@ -293,8 +293,8 @@ class OperatorRun:
         import subprocess
         import sys
 
-        from statetier.operator.testing.certs import self_signed
-        from statetier.operator.testing.processes import free_port
+        from statetier.kubetest.certs import self_signed
+        from statetier.kubetest.processes import free_port
 
         self.emulator = emulator
         self.workdir = workdir
@@ -352,7 +352,7 @@ class OperatorRun:
             return str(response.read().decode())
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        from statetier.operator.testing.processes import kubectl_path
+        from statetier.kubetest.processes import kubectl_path
 
         proc = self._subprocess.run(
             [kubectl_path(), "--kubeconfig", str(self.kubeconfig), *args],
@@ -409,7 +409,7 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
     """Install the chart's CRDs, run the operator with the chart's arguments, and drive every
     API path it has: CompactionService create/ready/scale/drift/autoscaler/delete, an opted-in
     SparkApplication with its event and finalizer (checkpoint deletion), peering, shutdown."""
-    from statetier.operator.testing.processes import compaction_service_manifest, free_port
+    from statetier.kubetest.processes import compaction_service_manifest, free_port
 
     result = FlowResult()
     docs = render(values)

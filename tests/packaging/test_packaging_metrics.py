@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from statetier.compaction.testing import Processes
-from statetier.operator.testing.processes import free_port
+from statetier.kubetest.processes import free_port
+from statetier.tools.compaction_launch import Processes
 
 from tests.packaging.packaging_support import CHART, FlowResult
 

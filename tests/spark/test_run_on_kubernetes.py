@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from statetier.backend.seaweed import BUCKET, SeaweedFS
-from statetier.compaction.testing import Processes
 from statetier.operator import annotations as ann
 from statetier.operator import sparkapp
+from statetier.tools.compaction_launch import Processes
+from statetier.tools.seaweed import BUCKET, SeaweedFS
 
 from tests.spark.conftest import REPO, spark_env
 

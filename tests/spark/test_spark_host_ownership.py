@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -23,9 +22,11 @@ from statetier.backend.snapshot import SnapshotStore, commit_snapshot
 from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+from statetier.backend.spark.messages import EpochTime, TaskHeader
+from statetier.backend.spark.protocol import ERROR
 from statetier.backend.spark.registry import HostRegistry, ask_route
-from statetier.backend.spark.results import RangeResult, snapshot_from_dict
-from statetier.backend.spark.task import _stream
+from statetier.backend.spark.results import RangeResult, RangeStart
+from statetier.backend.spark.task import stream
 
 from tests.spark.spark_support import VectorWordCount
 
@@ -82,30 +83,30 @@ def run_task(
     attempt: int,
 ) -> list[tuple[str, int]]:
     host = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None)
-    header: dict[str, Any] = {
-        "op": "task",
-        "pipeline": "wc",
-        "parallelism": 1,
-        "index": 0,
-        "max_parallelism": MAX_PARALLELISM,
-        "checkpoint_uri": uri,
-        "storage_options": {},
-        "config": {},
-        "key_columns": ["word"],
-        "schema": SCHEMA.serialize().to_pybytes().hex(),
-        "epoch": epoch,
-        "base_epoch": epoch - 1,
-        "base_token": base_token,
-        "owner": "driver",
-        "token": f"driver-t{attempt}",
-        "attempt_number": 0,
-        "task_attempt_id": attempt,
-        "owner_host": owner_host,
-    }
+    header = TaskHeader(
+        pipeline="wc",
+        parallelism=1,
+        index=0,
+        max_parallelism=MAX_PARALLELISM,
+        checkpoint_uri=uri,
+        storage_options={},
+        config={},
+        key_columns=("word",),
+        schema=SCHEMA.serialize().to_pybytes().hex(),
+        epoch=epoch,
+        base_epoch=epoch - 1,
+        base_token=base_token,
+        owner="driver",
+        token=f"driver-t{attempt}",
+        attempt_number=0,
+        task_attempt_id=attempt,
+        owner_host=owner_host,
+        time=EpochTime(None, 1_000),
+    )
     tcp = next(e for e in host.endpoints if e.kind == "tcp")
     function = bytes(cloudpickle.dumps(VectorWordCount))  # type: ignore[no-untyped-call]
     with contextlib.closing(connect(tcp, registry.secret)) as conn:
-        batches = list(_stream(conn, header, function, iter([words_batch(words)])))
+        batches = list(stream(conn, header, function, iter([words_batch(words)])))
     return [tuple(r.values()) for b in batches for r in b.to_pylist()]
 
 
@@ -115,7 +116,7 @@ def result(store: SnapshotStore, epoch: int, attempt: int) -> RangeResult:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
-            found = RangeResult(**json.loads(store.fs.cat_file(name)))
+            found = RangeResult.decode(store.fs.cat_file(name), name)
             if found.token == f"driver-t{attempt}":
                 return found
         time.sleep(0.02)
@@ -139,16 +140,16 @@ def test_a_host_refuses_a_range_routed_to_another_host_and_stale_state(
         ]
         first = result(store, 1, 2)
         lease = store.acquire_writer()
-        commit_snapshot(store, 1, [snapshot_from_dict(first.snapshot)], lease)
+        commit_snapshot(store, 1, [first.snapshot], lease)
         # epoch 2 at the committed base: warm
         assert run_task(registry, uri, 2, first.token, ["a"], owner, 3) == [("a", 3)]
-        assert result(store, 2, 3).state == "warm"
+        assert result(store, 2, 3).state is RangeStart.WARM
         # epoch 2 again (a retry): the host holds epoch 2, not the base, so it restores epoch 1
         assert run_task(registry, uri, 2, first.token, ["a"], owner, 4) == [("a", 3)]
-        assert result(store, 2, 4).state == "restored"
+        assert result(store, 2, 4).state is RangeStart.RESTORED
         # a base token the host's state did not come from: restored too, never served warm
         assert run_task(registry, uri, 2, "driver-t999", ["b"], owner, 5) == [("b", 2)]
-        assert result(store, 2, 5).state == "restored"
+        assert result(store, 2, 5).state is RangeStart.RESTORED
     finally:
         registry.shutdown_hosts(5)
         host.wait(10)
@@ -164,6 +165,35 @@ def test_a_host_refuses_connections_without_the_secret(
             with pytest.raises(AuthenticationError):
                 connect(endpoint, b"x" * 32)
         assert info.tcp() is not None and info.tcp().address == "127.0.0.1"  # type: ignore[union-attr]
+    finally:
+        registry.shutdown_hosts(5)
+        host.wait(10)
+
+
+def test_a_host_answers_a_malformed_request_with_what_is_wrong(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    host = start_host(registry, tmp_path / "h.sock")
+    try:
+        (info,) = registry.live_hosts()
+        tcp = next(e for e in info.endpoints if e.kind == "tcp")
+        with contextlib.closing(connect(tcp, registry.secret)) as conn:
+            conn.send_bytes(json.dumps({"op": "task", "pipeline": "wc"}).encode())
+            conn.send_bytes(b"not a function")
+            conn.send_bytes(b"")
+            answer = conn.recv_bytes()
+        assert answer[:1] == ERROR
+        assert answer[1:].decode() == "statetier task header: field 'parallelism' is missing"
+        for request, error in [
+            (b'{"op": "dance"}', "unknown request 'dance'"),
+            (b'["task"]', "statetier host request: expected a JSON object, got ['task']"),
+            (b'{"op": "join", "registry": ["tcp"]}', "a malformed request: not enough values"),
+        ]:
+            with contextlib.closing(connect(tcp, registry.secret)) as conn:
+                conn.send_bytes(request)
+                answer = conn.recv_bytes()
+            assert answer[:1] == ERROR and error in answer[1:].decode()
+        assert registry.live_hosts()  # it still serves
     finally:
         registry.shutdown_hosts(5)
         host.wait(10)

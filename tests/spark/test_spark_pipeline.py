@@ -325,11 +325,13 @@ def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
 
 
 @pytest.mark.parametrize(
-    ("api", "function"),
+    ("api", "function", "exchange"),
     [
-        ("foreach_batch", VectorWordCount),  # a plan per micro-batch
-        ("write_stream", VectorWordCount),  # planned once, the epoch sent with each job
-        ("write_stream", FailingWordCount),  # a task of epoch 2 fails once and is retried
+        ("foreach_batch", VectorWordCount, "auto"),  # a plan per micro-batch
+        ("write_stream", VectorWordCount, "auto"),  # planned once, the epoch sent with each job
+        ("write_stream", FailingWordCount, "auto"),  # a task of epoch 2 fails once, is retried
+        ("write_stream", VectorWordCount, "always"),  # the exchange, planned once
+        ("write_stream", FailingWordCount, "always"),
     ],
 )
 def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
@@ -338,7 +340,10 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
     tmp_path: Path,
     api: str,
     function: Any,
+    exchange: str,
 ) -> None:
+    """One file per micro-batch is one partition: with ``pipeline.exchange=auto`` its one task
+    cuts it into the ranges (no exchange); ``always`` takes Spark's exchange every time."""
     source, uri = tmp_path / "in", f"file://{tmp_path}/ckpt"
     source.mkdir()
     batches = [zipf_words(1500, 300, seed) for seed in range(5)]
@@ -347,7 +352,7 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
     def run_query(files: range) -> StatefulPipeline:
         for i in files:
             (source / f"part-{i:03d}.csv").write_text("\n".join(batches[i]) + "\n")
-        pipeline = make(pipelines, function, uri, 4)
+        pipeline = make(pipelines, function, uri, 4, **{"pipeline.exchange": exchange})
         stream = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
         words = stream.csv(str(source))
         writer = (
@@ -360,9 +365,87 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
 
     first = run_query(range(3))
     assert [r.epoch for r in first.reports] == [1, 2, 3]
-    # range 1 of epoch 2 failed after updating its state (FailingWordCount): restored on retry
-    assert first.reports[1].restored == (function is FailingWordCount)
+    routing = "direct" if exchange == "auto" else "exchange"
+    # the first micro-batch of an application takes the exchange: its tasks, on every
+    # executor, start the state hosts the ranges then stay with
+    assert [r.routing for r in first.reports[1:]] == [routing] * 2
+    # range 1 of epoch 2 failed after updating its state (FailingWordCount): restored on retry;
+    # without the exchange the failed task held every range, and every range that got its
+    # records before the task failed is restored too
+    restored = first.reports[1].restored
+    if function is not FailingWordCount:
+        assert restored == 0
+    elif exchange == "always":
+        assert restored == 1
+    else:
+        assert 1 <= restored <= 4
+    assert first.reports[2].warm == 4
     second = run_query(range(3, 5))  # a restarted query: new driver objects, same checkpoints
     assert [r.epoch for r in second.reports] == [4, 5]
     assert second.reports[0].restored == 4 and second.reports[1].warm == 4
     assert outputs == expected_counts(batches)
+
+
+@pytest.mark.parametrize(
+    ("exchange", "partitions", "routing"),
+    [
+        ("auto", 1, "direct"),  # one task reads the micro-batch: it cuts it into the ranges
+        ("auto", 3, "exchange"),  # several: Spark's exchange, one task per range
+        ("never", 3, "direct"),  # one task reads all three partitions and cuts them
+        ("always", 1, "exchange"),
+    ],
+)
+def test_the_exchange_is_taken_only_when_it_helps(
+    spark: SparkSession,
+    pipelines: list[StatefulPipeline],
+    tmp_path: Path,
+    exchange: str,
+    partitions: int,
+    routing: str,
+) -> None:
+    pipeline = make(
+        pipelines, VectorWordCount, f"file://{tmp_path}/ckpt", 4, **{"pipeline.exchange": exchange}
+    )
+    batches = [zipf_words(2000, 300, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    plans = []
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        plans.append(out._jdf.queryExecution().executedPlan().toString())
+        collecting(outputs)(out, epoch)
+
+    for batch in batches:
+        pipeline.run(words_df(spark, batch).repartition(partitions), sink)
+    assert outputs == expected_counts(batches)
+    assert [r.routing for r in pipeline.reports[1:]] == [routing] * 2  # (the first: see above)
+    # the exchange into ranges is a shuffle by partition id; without it, no such step
+    for report, plan in zip(pipeline.reports, plans, strict=True):
+        assert ("shufflepartitionidpassthrough" in plan) == (report.routing == "exchange")
+    assert [r.warm for r in pipeline.reports] == [0, 4, 4]
+
+
+def test_a_task_cuts_its_records_into_ranges_as_the_exchange_does() -> None:
+    import numpy as np
+    import pyarrow as pa
+    from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+    from statetier.backend.spark.task import split_ranges
+
+    rng = np.random.default_rng(3)
+    kg = rng.integers(0, 128, 5000)
+    kg[kg // 32 == 2] = 0  # range 2 of 4 gets nothing
+    batches = [
+        pa.record_batch(
+            {"word": [f"w{i}" for i in range(n, n + 1000)], KEY_GROUP_COLUMN: kg[n : n + 1000]}
+        )
+        for n in range(0, 5000, 1000)
+    ]
+    slices = split_ranges(batches, 4, 128)
+    assert len(slices) == 4 and sum(b.num_rows for s in slices for b in s) == 5000
+    for index, records in enumerate(slices):
+        table = pa.Table.from_batches(records, batches[0].schema)
+        groups = table.column(KEY_GROUP_COLUMN).to_numpy()
+        assert ((groups * 4) // 128 == index).all()  # repartitionById's owner of each row
+        words = table.column("word").to_pylist()
+        assert words == sorted(words, key=lambda w: int(w[1:]))  # the input's order kept
+    assert slices[2] == []
+    assert split_ranges([], 4, 128) == [[], [], [], []]

@@ -22,7 +22,15 @@ from statetier.backend.spark.channel import (
     new_secret,
 )
 from statetier.backend.spark.membership import RegistryLink
-from statetier.backend.spark.registry import HostInfo, HostRegistry, RouteError, ask_route
+from statetier.backend.spark.registry import (
+    HostInfo,
+    HostOrder,
+    HostRegistry,
+    OrderKind,
+    RouteError,
+    ask_route,
+)
+from statetier.backend.wire import MessageError
 
 
 @pytest.fixture
@@ -39,7 +47,7 @@ class FakeHost:
         self.server = Server(registry.secret, self._serve, name)
         self.server.bind_tcp("127.0.0.1")
         self.info = HostInfo(name, 0, name, "node", list(self.server.endpoints))
-        self.orders: list[dict[str, object]] = []
+        self.orders: list[HostOrder] = []
         self.link = RegistryLink(self.info, registry.secret, self.orders.append)
         self.link.join(registry.endpoint)
 
@@ -84,9 +92,11 @@ def test_new_ranges_wait_briefly_for_executors_whose_hosts_have_not_joined(
     registry.executors = 2
     registry.join_wait = 30.0  # b joins after 0.3 s: a loaded machine must not make it late
     joined: list[FakeHost] = []
-    threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b"))).start()
+    joiner = threading.Timer(0.3, lambda: joined.append(FakeHost(registry, "b")))
+    joiner.start()
     owners = [route(registry, i, "a") for i in range(4)]
     assert owners.count("a") == 2 and owners.count("b") == 2
+    joiner.join()  # b's ranges can be routed before the timer's thread keeps b here
     a.die()
     joined[0].die()
 
@@ -191,9 +201,36 @@ def test_a_finished_pipeline_releases_its_ranges_on_their_hosts(registry: HostRe
         time.sleep(0.01)
     released = {h.info.host_id: h.orders for h in (a, b)}
     for host_id, orders in released.items():
-        assert orders == [
-            {"op": "release", "ranges": [["p", 4, i] for i, o in owners.items() if o == host_id]}
-        ]
+        mine = tuple(("p", 4, i) for i, o in owners.items() if o == host_id)
+        assert orders == [HostOrder(OrderKind.RELEASE, mine)]
     assert registry.owners == {("q", 4, 0): other}  # another pipeline keeps its ranges
     a.die()
     b.die()
+
+
+def test_the_registry_answers_a_malformed_request_with_what_is_wrong(
+    registry: HostRegistry,
+) -> None:
+    for request, error in [
+        (b"{", "not JSON"),
+        (b'{"op": "steal"}', "unknown request 'steal'"),
+        (b'{"op": "route", "pipeline": "p", "parallelism": "4", "index": 0}', "'parallelism'"),
+        (
+            b'{"op": "register", "host": {"host_id": "h"}}',
+            "statetier host info: field 'endpoints' is missing",
+        ),
+    ]:
+        with contextlib.closing(connect(registry.endpoint, registry.secret)) as conn:
+            conn.send_bytes(request)
+            answer = json.loads(conn.recv_bytes())
+        assert error in answer["error"]
+    assert registry.hosts == {}
+
+
+def test_a_host_order_decodes_what_it_encodes_and_names_a_bad_field() -> None:
+    for order in (HostOrder(OrderKind.SHUTDOWN), HostOrder(OrderKind.RELEASE, (("p", 4, 1),))):
+        assert HostOrder.decode(order.encode()) == order
+    with pytest.raises(MessageError, match=r"field 'op' must be shutdown or release, got 'x'"):
+        HostOrder.decode(b'{"op": "x"}')
+    with pytest.raises(MessageError, match=r"field 'ranges\[0\]' must be \[pipeline, par"):
+        HostOrder.decode(b'{"op": "release", "ranges": [["p", "4", 1]]}')

@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
-from statetier.backend.bench.spark_functions import ArrowWordCount
-from statetier.backend.bench.spark_wordcount import checkpoint_counts
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.spark import StatefulPipeline
-from statetier.compaction.testing import BUCKET, Processes, SeaweedFS
+from statetier.tools.bench.spark_functions import ArrowWordCount
+from statetier.tools.bench.spark_wordcount import checkpoint_counts
+from statetier.tools.compaction_launch import BUCKET, Processes, SeaweedFS
 
 from tests.spark.spark_support import expected_counts, zipf_words
 

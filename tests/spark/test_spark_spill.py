@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
-from statetier.backend.bench.spark_functions import ArrowWordCount
 from statetier.backend.spark import StatefulPipeline
-from statetier.backend.workloads import batches, zipf_words
+from statetier.tools.bench.spark_functions import ArrowWordCount
+from statetier.tools.workloads import batches, zipf_words
 
 from tests.spark.spark_support import expected_counts
 

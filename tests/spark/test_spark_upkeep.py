@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
-from statetier.backend.bench.spark_functions import ArrowWordCount
 from statetier.backend.config import load_config
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore, commit_snapshot
-from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.spark.upkeep import EpochUpkeep
+from statetier.tools.bench.spark_functions import ArrowWordCount
 
 
 class GatedCompactor:
@@ -85,7 +84,7 @@ def test_commits_do_not_wait_for_a_running_compaction(tmp_path: Path) -> None:
         # epochs 4-6 were one queued job, for epoch 6, and epoch 7 one more; their chain starts
         # with the merged files, whose update is still pending, so nothing more was merged
         assert gated.calls == 1 and upkeep.compactions == 1
-        (update,) = [ChainUpdate.from_dict(u) for u in upkeep.updates()]
+        (update,) = upkeep.updates()
         assert update.base is not None
         assert [f.epoch for f in update.inputs] == [1, 2, 3]
         (chain,) = store.manifest().chains()

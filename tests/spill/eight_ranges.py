@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 from statetier.backend.config import load_config
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.spill.monitor import read_rss
-from statetier.backend.workloads import batches, zipf_words
+from statetier.tools.wordcount import WordCount
+from statetier.tools.workloads import batches, zipf_words
 
 BUDGET = 12 << 20  # about half the state below (its heap estimate is about 25 MiB)
 MAX_PARALLELISM = 128

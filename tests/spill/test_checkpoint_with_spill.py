@@ -6,8 +6,9 @@ import collections
 from pathlib import Path
 
 from statetier.backend.config import load_config
-from statetier.backend.demo import WordCount, read_counts
 from statetier.backend.local_runner import LocalRunner
+from statetier.tools.demo.local import read_counts
+from statetier.tools.wordcount import WordCount
 
 
 def test_epochs_with_spilled_key_groups_restore_exactly(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import assign_to_key_group, key_group_range_for_instance
@@ -189,3 +190,29 @@ def test_eight_ranges_in_one_process_spill_the_coldest_and_stay_within_budget(
     # within budget plus the runtime's own memory, as measured (stricter than the allowance)
     assert r["peak_rss"] <= r["runtime"] + r["budget"]
     assert r["exact"]
+
+
+def test_only_the_runtime_starts_the_metrics_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator instance (or its spill manager) is made for every range a process owns and
+    starts no server; the runtime that drives the process (here LocalRunner) starts it once."""
+    from statetier.backend.config import load_config
+    from statetier.backend.local_runner import LocalRunner
+    from statetier.backend.runtime import FunctionInstance
+    from statetier.backend.spill import metrics as spill_metrics
+    from statetier.tools.wordcount import WordCount
+
+    started: list[int] = []
+    monkeypatch.setattr(spill_metrics, "_served", [])  # as in a fresh process
+    monkeypatch.setattr(spill_metrics, "start_http_server", started.append)
+    port = 19090  # never bound: prometheus-client's server is replaced by a recorder
+    config = load_config(
+        {"metrics.port": port, "spill.enabled": True, "spill.dirs": str(tmp_path)}, env={}
+    )
+    instance = FunctionInstance(WordCount, 0, 1, 16, config=config)
+    instance.close()
+    assert started == []
+    runner = LocalRunner(WordCount, 2, config=config)
+    runner.close()
+    assert started == [port]  # the real endpoint is scraped in tests/packaging

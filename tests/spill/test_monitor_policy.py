@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from statetier.backend.config import load_config
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import MemoryMonitor, MonitorSettings, SpillManager, SpillStorage
 from statetier.backend.spill.metrics import METRIC_NAMES
-from statetier.backend.spill.monitor import GcPauseTracker, read_rss, resolve_budget
+from statetier.backend.spill.monitor import GcPauseTracker, Move, read_rss, resolve_budget
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
+from statetier.tools.wordcount import WordCount
 
 MiB = 1 << 20
 
@@ -79,19 +79,19 @@ def _monitor(rss: FakeRss, **overrides: Any) -> MemoryMonitor:
 def test_spill_above_threshold_load_below_lower_one_with_hysteresis() -> None:
     rss = FakeRss(400 * MiB)
     monitor = _monitor(rss)
-    assert monitor.assess(100 * MiB, 0).action == "none"
+    assert monitor.assess(100 * MiB, 0).action is None
     rss.value = 600 * MiB  # above 50% of the budget
     verdict = monitor.assess(300 * MiB, 0)
-    assert verdict.action == "spill"
+    assert verdict.action is Move.SPILL
     assert "memory 600.0MiB > spill threshold 500.0MiB" in verdict.reason
     assert verdict.amount >= 100 * MiB  # back under the threshold, at least spill.ratio
     # the spill freed 200 MiB of heap, but CPython keeps the memory: RSS does not move
     monitor.note_spill(200 * MiB)
     after = monitor.assess(100 * MiB, 50 * MiB)
-    assert after.used == 400 * MiB and after.action == "none"  # no thrash, no load either
+    assert after.used == 400 * MiB and after.action is None  # no thrash, no load either
     rss.value = 250 * MiB  # the process shrank for real
     load = monitor.assess(20 * MiB, 50 * MiB)
-    assert load.action == "load"
+    assert load.action is Move.LOAD
     # a load fills at most up to the middle of the two thresholds
     assert load.amount <= 400 * MiB - load.used
     monitor.close()
@@ -100,24 +100,24 @@ def test_spill_above_threshold_load_below_lower_one_with_hysteresis() -> None:
 def test_gc_pauses_trigger_a_spill_sized_to_bring_the_pause_under_the_threshold() -> None:
     rss = FakeRss(100 * MiB)
     monitor = _monitor(rss, gc_pause_threshold=0.1, gc_window=60.0)
-    assert monitor.assess(200 * MiB, 0).action == "none"
+    assert monitor.assess(200 * MiB, 0).action is None
     # a real gen-2 collection, as the tracker sees it; then pretend it took 250 ms
     gc.collect()
     at, _ = monitor.tracker.pauses[-1]
     monitor.tracker.pauses[-1] = (at, 0.25)
     verdict = monitor.assess(200 * MiB, 0)
-    assert verdict.action == "spill"
+    assert verdict.action is Move.SPILL
     assert "average gen-2 GC pause 250ms" in verdict.reason
     # pause ~ heap: 250 ms at 200 MiB -> 50 ms needs <= 40 MiB left, so >= 160 MiB goes
     assert verdict.amount >= 160 * MiB
     monitor.after_gc_spill()
     monitor.note_spill(verdict.amount)
     # after the spill the old pauses no longer count, and the prediction is under the threshold
-    assert monitor.assess(200 * MiB - verdict.amount, verdict.amount).action == "none"
+    assert monitor.assess(200 * MiB - verdict.amount, verdict.amount).action is None
     # the heap grows back: the calibrated prediction asks for a spill before the next pause
     # (at 70 MiB the predicted pause is 87 ms: past 80% of the threshold)
     predicted = monitor.assess(70 * MiB, verdict.amount)
-    assert predicted.action == "spill" and "predicted gen-2 GC pause" in predicted.reason
+    assert predicted.action is Move.SPILL and "predicted gen-2 GC pause" in predicted.reason
     monitor.close()
 
 
@@ -185,7 +185,7 @@ def test_pressure_spills_cold_key_groups_visibly_then_loads_them_back(
     rss.value = 500 * MiB + heap * 3 // 10  # 30% of the state over the spill threshold
     with caplog.at_level(logging.INFO, logger="statetier.spill"):
         decision = manager.check()
-    assert decision is not None and decision.action == "spill"
+    assert decision is not None and decision.action is Move.SPILL
     assert hot not in decision.key_groups
     assert manager.spilled_key_groups() == sorted(decision.key_groups)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("spill:"))
@@ -203,7 +203,7 @@ def test_pressure_spills_cold_key_groups_visibly_then_loads_them_back(
         assert count.value() == n
     rss.value = 100 * MiB
     loaded = manager.check()
-    assert loaded is not None and loaded.action == "load" and loaded.key_groups
+    assert loaded is not None and loaded.action is Move.LOAD and loaded.key_groups
     assert set(loaded.key_groups) <= set(decision.key_groups)
     manager.close()
     assert backend.set_current_key.__func__ is KeyedStateBackend.set_current_key  # type: ignore[attr-defined]
@@ -242,8 +242,8 @@ def test_the_runtime_allowance_is_memory_the_budget_does_not_cover() -> None:
     state, measured by the governor when it starts)."""
     rss = FakeRss(700 * MiB)
     monitor = _monitor(rss, allowance=600 * MiB)
-    assert monitor.assess(100 * MiB, 0).action == "none"  # 100 MiB of state: under 50% of 1000
+    assert monitor.assess(100 * MiB, 0).action is None  # 100 MiB of state: under 50% of 1000
     rss.value = 1200 * MiB
     verdict = monitor.assess(600 * MiB, 0)
-    assert verdict.action == "spill" and verdict.used == 600 * MiB
+    assert verdict.action is Move.SPILL and verdict.used == 600 * MiB
     assert "runtime allowance 600.0MiB" in verdict.reason

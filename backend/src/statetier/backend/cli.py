@@ -9,40 +9,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
 
 from statetier.backend import config
 
-BENCHMARKS = {
-    "state": "statetier.backend.bench.state_ops",
-    "wordcount": "statetier.backend.bench.wordcount",
-    "state-scale": "statetier.backend.bench.state_scale",
-    "checkpoint": "statetier.backend.bench.checkpoint",
-    "compaction": "statetier.compaction.bench",  # needs statetier-compaction installed
-    "spark-wordcount": "statetier.backend.bench.spark_wordcount",  # needs the spark extra
-    "timers": "statetier.backend.bench.spark_timers",  # needs the spark extra
-    # needs the spark extra and statetier-compaction installed
-    "compaction-offload": "statetier.backend.bench.compaction_offload",
-}
-BENCHMARK_HELP = {
-    "state": "state API operations against a plain dict",
-    "wordcount": "word count on the heap, spilled to disk, and on RocksDB",
-    "state-scale": "keyed state from 0.5x to 10x a memory budget: spilled, heap, RocksDB",
-    "checkpoint": "checkpoint upload and restore against raw object-store transfers",
-    "compaction": "the compaction service against compacting in the job",
-    "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
-    "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
+# Commands that the developer tools add (the statetier-tools distribution): the ``statetier``
+# command lists them, and runs the one registered under its name in this entry-point group.
+COMMANDS_GROUP = "statetier.commands"
+TOOLS = "statetier-tools"
+TOOL_COMMANDS = {
+    "demo": "streaming word count on Spark with tiered state (--local: without Spark)",
+    "bench": "run a benchmark (statetier bench --help)",
 }
 # Commands whose own parser reads the rest of the command line.
-DELEGATED = ("demo", "bench", "checkpoint")
+DELEGATED = (*TOOL_COMMANDS, "checkpoint")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
 def version() -> str:
     """The installed version of the statetier-backend distribution."""
-    from importlib import metadata
-
     try:
         return metadata.version("statetier-backend")
     except metadata.PackageNotFoundError:
@@ -55,12 +42,8 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"statetier {version()}")
     top.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser(
-        "demo",
-        add_help=False,
-        help="streaming word count on Spark with tiered state (--local: without Spark)",
-    )
-    sub.add_parser("bench", add_help=False, help="run a benchmark (statetier bench --help)")
+    for name, text in TOOL_COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=text)
     sub.add_parser(
         "checkpoint", add_help=False, help="list, inspect, verify or garbage-collect checkpoints"
     )
@@ -69,18 +52,6 @@ def parser() -> argparse.ArgumentParser:
     cfg_sub.add_parser("docs", help="print the configuration reference (Markdown)")
     cfg_sub.add_parser("show", help="print the resolved configuration of this environment")
     return top
-
-
-def bench_parser() -> argparse.ArgumentParser:
-    names = "\n".join(f"  {name:<16} {text}" for name, text in BENCHMARK_HELP.items())
-    bench = argparse.ArgumentParser(
-        prog="statetier bench",
-        description="Run one benchmark; it exits 1 when it misses its target.",
-        epilog=f"benchmarks:\n{names}\n\nstatetier bench NAME --help shows a benchmark's options.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    bench.add_argument("name", choices=sorted(BENCHMARKS), metavar="NAME")
-    return bench
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,37 +106,30 @@ def _dispatch(argv: list[str], command: str | None) -> int:
     rest = argv[argv.index(command) + 1 :]
     parser().parse_args([*head, command])  # --help / --version before the command
     config.load_config()  # a bad STATETIER_* variable is refused before anything runs
-    if command == "demo":
-        return _demo(rest)
     if command == "checkpoint":
         from statetier.backend.snapshot import admin
 
         return admin.main(rest)
-    if not rest or rest[0] not in BENCHMARKS:
-        bench_parser().parse_args(rest)  # --help, or an error naming the known benchmarks
-    return _load_main(BENCHMARKS[rest[0]])(rest[1:])
+    return run_tool(command, rest, tool_commands())
 
 
-def _demo(argv: list[str]) -> int:
-    """``statetier demo``: the Spark streaming demo (needs the spark extra), or with ``--local``
-    the word count through the local runner. Chosen here, so that neither demo imports the
-    other."""
-    if "--local" not in argv:
-        from statetier.backend.spark import demo as spark_demo
-
-        return spark_demo.main(argv)
-    from statetier.backend import demo
-
-    local = list(argv)
-    local.remove("--local")
-    return demo.main(local)
+def tool_commands() -> dict[str, metadata.EntryPoint]:
+    """The commands installed distributions register in ``COMMANDS_GROUP``, by name."""
+    return {entry.name: entry for entry in metadata.entry_points(group=COMMANDS_GROUP)}
 
 
-def _load_main(module: str) -> Callable[[Sequence[str]], int]:
-    import importlib
-
-    entry: Callable[[Sequence[str]], int] = importlib.import_module(module).main
-    return entry
+def run_tool(command: str, argv: Sequence[str], commands: Mapping[str, metadata.EntryPoint]) -> int:
+    """Run the tool command ``command`` from ``commands``; when no installed distribution
+    registers it, say which one to install (one line, exit 2)."""
+    entry = commands.get(command)
+    if entry is None:
+        print(
+            f"statetier {command} comes with the {TOOLS} package: pip install {TOOLS}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    run: Callable[[Sequence[str]], int] = entry.load()
+    return run(list(argv))
 
 
 def _config(command: str) -> int:

@@ -35,14 +35,15 @@ from statetier.backend.config import StatetierConfig, parse_endpoint
 from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import (
     CompactionError,
-    CompactionOutput,
     CompactionRequest,
     CompactionResult,
     Compactor,
     LocalCompactor,
 )
+from statetier.backend.snapshot.compaction_jobs import ErrorKind, JobState, JobStatus
 from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.store import SnapshotStore
+from statetier.backend.wire import MessageError
 
 __all__ = [
     "RemoteCompactor",
@@ -54,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FINAL = frozenset({"succeeded", "failed", "aborted"})  # job states that end the wait
+FINAL = frozenset(s.value for s in JobState if s.terminal)  # job states that end the wait
 RETRIED_4XX = frozenset({408, 409, 429})  # timeout, conflicting job id, queue full
 
 
@@ -73,6 +74,15 @@ class RemoteRefusedError(CompactionError):
 
 def _message(body: Any) -> str:
     return str(body.get("message") or body.get("error")) if isinstance(body, dict) else str(body)
+
+
+def _status(body: Any) -> JobStatus:
+    """A job answer of the gateway, decoded; one that is not a job status is an outage of that
+    gateway (the next endpoint is tried), not a refusal of the request."""
+    try:
+        return JobStatus.decode(body)
+    except MessageError as exc:
+        raise ServiceError(f"the gateway's answer is no job status: {exc}") from None
 
 
 class RemoteCompactor:
@@ -183,20 +193,22 @@ class RemoteCompactor:
             raise ServiceError(f"submit answered {status}: {_message(body)}")
         url = f"{endpoint}/v1/jobs/{request.job_id}"
         unreachable = polls = 0
+        job = _status(body)
         while True:
-            state = str(body.get("state"))
-            if state == "succeeded":
-                return self._result(request, body)
-            if state == "failed":
-                if body.get("error_kind") == "request":
-                    raise RemoteRefusedError(f"job {request.job_id} failed: {body.get('error')}")
-                raise ServiceError(f"job failed: {body.get('error')}")
-            if state == "aborted":
+            if job.state is JobState.SUCCEEDED:
+                return self._result(request, job)
+            if job.state is JobState.FAILED:
+                if job.error_kind is ErrorKind.REQUEST:
+                    raise RemoteRefusedError(f"job {request.job_id} failed: {job.error}")
+                raise ServiceError(f"job failed: {job.error}")
+            if job.state is JobState.ABORTED:
                 raise ServiceError("job was aborted on the service")
             if time.monotonic() >= deadline:
                 with contextlib.suppress(ServiceError):  # free the worker: nobody waits
                     self._call("DELETE", url)
-                raise ServiceError(f"no result within {self.timeout:g}s (last state {state})")
+                raise ServiceError(
+                    f"no result within {self.timeout:g}s (last state {job.state.value})"
+                )
             try:
                 status, answer = self._poll(url, deadline, polls)
             except ServiceError:
@@ -210,7 +222,7 @@ class RemoteCompactor:
                 raise ServiceError("the gateway no longer knows the job (restarted?)")
             if status != 200:
                 raise ServiceError(f"status answered {status}: {_message(answer)}")
-            unreachable, body = 0, answer
+            unreachable, job = 0, _status(answer)
 
     def _poll(self, url: str, deadline: float, polls: int) -> tuple[int, Any]:
         """One status call. The gateway holds it until the job finishes (at most
@@ -233,16 +245,16 @@ class RemoteCompactor:
                 time.sleep(max(0.0, pause - (time.monotonic() - asked)))
 
     @staticmethod
-    def _result(request: CompactionRequest, body: Any) -> CompactionResult:
-        raw = body.get("result") or {}
-        outputs = [CompactionOutput(**o) for o in raw.get("outputs") or []]
+    def _result(request: CompactionRequest, job: JobStatus) -> CompactionResult:
+        outputs = job.result.outputs if job.result is not None else []
         prefix = request.output_prefix.rstrip("/") + "/"
         if not outputs or any(not o.url.startswith(prefix) for o in outputs):
             raise RemoteRefusedError(
                 f"job {request.job_id} reported outputs outside {prefix}: "
                 f"{[o.url for o in outputs]}"
             )
-        return CompactionResult(request.job_id, outputs, int(raw.get("entries") or 0))
+        entries = job.result.entries if job.result is not None else 0
+        return CompactionResult(request.job_id, outputs, entries)
 
 
 def compactor_for(

@@ -24,7 +24,7 @@ import os
 import re
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 __all__ = [
     "SETTINGS",
@@ -197,6 +197,33 @@ def parse_token(raw: object) -> str:
     return text
 
 
+FailureStrategy = Literal["fallback", "fail"]
+CompactionMode = Literal["background", "executor"]
+Exchange = Literal["auto", "always", "never"]
+
+
+def _choice(raw: object, choices: tuple[str, ...]) -> str:
+    text = parse_str(raw)
+    if text not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
+    return text
+
+
+def parse_failure_strategy(raw: object) -> FailureStrategy:
+    """``fallback`` or ``fail``: a Literal type, so mypy refuses a comparison with a typo."""
+    return cast(FailureStrategy, _choice(raw, get_args(FailureStrategy)))
+
+
+def parse_compaction_mode(raw: object) -> CompactionMode:
+    """``background`` or ``executor`` (a Literal type, as above)."""
+    return cast(CompactionMode, _choice(raw, get_args(CompactionMode)))
+
+
+def parse_exchange(raw: object) -> Exchange:
+    """``auto``, ``always`` or ``never`` (a Literal type, as above)."""
+    return cast(Exchange, _choice(raw, get_args(Exchange)))
+
+
 def parse_dirs(raw: object) -> tuple[str, ...]:
     """Comma-separated absolute directories."""
     dirs = parse_list(raw)
@@ -255,13 +282,6 @@ def ip_address_or_empty(value: Any) -> str | None:
     except ValueError:
         return "must be an IP address (such as 10.0.0.5 or ::1) or empty"
     return None
-
-
-def one_of(*choices: str) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(choices)}"
-
-    return check
 
 
 # --------------------------------------------------------------------------- the schema
@@ -476,10 +496,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "compaction.failure-strategy",
         "enum",
-        parse_str,
+        parse_failure_strategy,
         "fallback",
         "What to do when remote compaction fails: fallback (compact locally) or fail.",
-        one_of("fallback", "fail"),
     ),
     Setting(
         "compaction.retries",
@@ -511,14 +530,13 @@ SETTINGS: tuple[Setting[Any], ...] = (
     Setting(
         "compaction.mode",
         "enum",
-        parse_str,
+        parse_compaction_mode,
         "background",
         "Where chains of deltas are merged into new bases. background: after each commit, off "
         "the epoch's path, on the compaction service when compaction.endpoints is set, else in "
         "the process that commits (the Spark driver, the local runner). executor (Spark only, "
         "to compare): the state host writes a full base inside its snapshot once a chain is "
         "longer than compaction.delta-trigger.",
-        one_of("background", "executor"),
     ),
     Setting(
         "compaction.delta-trigger",
@@ -595,6 +613,17 @@ SETTINGS: tuple[Setting[Any], ...] = (
         between(0, 65535),
     ),
     Setting(
+        "pipeline.exchange",
+        "enum",
+        parse_exchange,
+        "auto",
+        "Spark: how a micro-batch's records reach their key-group ranges. auto: a micro-batch "
+        "read as one partition skips Spark's exchange (its one task sends each range's records "
+        "to the range's state host), a larger one goes through the exchange, one task per "
+        "range. always: the exchange every time. never: every micro-batch is read by one task "
+        "that sends every range (no shuffle; one task reads all of the micro-batch).",
+    ),
+    Setting(
         "metrics.port",
         "int",
         parse_int,
@@ -608,41 +637,78 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 _BY_FIELD = {setting.field: setting for setting in SETTINGS}
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class StatetierConfig(Mapping[str, Any]):
-    """Resolved settings, as attributes (``cfg.spill_dirs``) or by name (``cfg["spill.dirs"]``).
+    """Resolved settings, as typed attributes (``cfg.spill_dirs``) or by name
+    (``cfg["spill.dirs"]``).
 
-    Immutable; every value has been parsed and validated.
+    Immutable; made by :func:`load_config`, which parses and validates every value. One field per
+    :data:`SETTINGS` entry, declared with the type its parser returns, so ``mypy --strict``
+    refuses a misspelled or mistyped setting (``cfg.spil_dirs``); a test keeps the fields and
+    the schema in step.
     """
 
-    def __init__(self, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-        self._values = dict(values)
-        self._sources = dict(sources)
-
-    def __getattr__(self, field: str) -> Any:
-        setting = _BY_FIELD.get(field)
-        if setting is None:
-            raise AttributeError(f"no setting has the field {field!r}")
-        return self._values[setting.name]
+    checkpoint_uri: str
+    checkpoint_retained: int
+    checkpoint_incremental: bool
+    checkpoint_upload_concurrency: int
+    state_max_parallelism: int
+    spill_dirs: tuple[str, ...]
+    memory_budget: int
+    memory_runtime_allowance: int
+    spill_threshold: float
+    spill_load_threshold: float
+    spill_ratio: float
+    spill_gc_pause_threshold: float
+    spill_check_interval: float
+    spill_enabled: bool
+    spill_gc_window: float
+    spill_size_weight: float
+    spill_chunk_size: int
+    compaction_endpoints: tuple[str, ...]
+    compaction_timeout: float
+    compaction_failure_strategy: FailureStrategy
+    compaction_retries: int
+    compaction_poll_interval: float
+    compaction_token: str
+    compaction_mode: CompactionMode
+    compaction_delta_trigger: int
+    compaction_size_ratio: float
+    host_idle_timeout: float
+    host_result_timeout: float
+    host_liveness_timeout: float
+    host_bind_address: str
+    host_port: int
+    host_registry_port: int
+    pipeline_exchange: Exchange
+    metrics_port: int
+    sources: Mapping[str, str] = dataclasses.field(
+        default_factory=dict, compare=False, kw_only=True
+    )
+    """Where each value came from, by setting name (see :meth:`source`); not a setting."""
 
     def __getitem__(self, name: str) -> Any:
-        return self._values[name]
+        setting = _BY_NAME.get(name)
+        if setting is None:
+            raise KeyError(name)
+        return getattr(self, setting.field)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+        return iter(_BY_NAME)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(_BY_NAME)
 
     def source(self, name: str) -> str:
         """Where the value came from: ``default``, ``env``, ``spark`` or ``code``."""
-        return self._sources[name]
+        return self.sources.get(name, "code")
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables, as the operator writes them."""
-        return {_BY_NAME[n].env_var: _render(v) for n, v in self._values.items()}
+        return {_BY_NAME[n].env_var: _render(v) for n, v in self.items()}
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{name}={value!r}" for name, value in self._values.items())
+        body = ", ".join(f"{name}={value!r}" for name, value in self.items())
         return f"StatetierConfig({body})"
 
 
@@ -687,7 +753,8 @@ def load_config(
             values[setting.name] = setting.default
             sources[setting.name] = "default"
     _check_consistency(values)
-    return StatetierConfig(values, sources)
+    fields = {_BY_NAME[name].field: value for name, value in values.items()}
+    return StatetierConfig(**fields, sources=sources)
 
 
 def _normalize_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -170,12 +170,6 @@ class KeyedStateBackend:
         self.context.record_hooks.append(hook)
         self._select_record_path()
 
-    def remove_record_hook(self, hook: Callable[[], None]) -> None:
-        """Stop running ``hook``; without per-record work left, the fast path comes back."""
-        if hook in self.context.record_hooks:
-            self.context.record_hooks.remove(hook)
-        self._select_record_path()
-
     def count_hits(
         self, hits: list[int] | None, on_poll: Callable[[], None] = lambda: None
     ) -> None:
@@ -340,10 +334,6 @@ class KeyedStateBackend:
 
     def _touched_by_cleanup(self, key: Any, slot: int) -> None:
         self._touched[key] = slot
-
-    def mark_touched(self, key: Any, key_group: int) -> None:
-        """Log a change made outside the per-record path (TTL cleanup, restores, tools)."""
-        self._touched[key] = key_group - self.key_groups.start
 
     # ------------------------------------------------------------------ inspection
 

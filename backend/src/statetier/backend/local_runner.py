@@ -84,6 +84,11 @@ class LocalRunner:
         # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
         restore_epoch = self.last_epoch if epochs else None
+        if config is not None and config.metrics_port:
+            # this process's endpoint; imported here, as the spill tier is only when enabled
+            from statetier.backend.spill.metrics import serve_metrics
+
+            serve_metrics(config.metrics_port)
         self.instances = [
             FunctionInstance(
                 factory,

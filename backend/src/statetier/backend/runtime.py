@@ -93,11 +93,6 @@ class FunctionInstance:
             from statetier.backend.spill import SpillManager
 
             self.spill = SpillManager.from_config(self.keyed, config, in_use=self.lock)
-        elif config is not None and config.metrics_port:
-            # No spill tier: the process still exports its checkpoint and locality metrics.
-            from statetier.backend.spill.metrics import serve_metrics
-
-            serve_metrics(config.metrics_port)
         # After the restore: restored timers are indexed from their state.
         self.timers = TimerService(self.keyed, self.clock.now_ms())
         self.function = factory()

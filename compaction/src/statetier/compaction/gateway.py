@@ -46,11 +46,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from statetier.backend.config import parse_size
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import CompactionResult
 from statetier.compaction.metrics import GatewayMetrics
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.scheduler import (
+    ErrorKind,
     Job,
+    JobEvent,
     JobState,
     LeaseLostError,
     QueueFullError,
@@ -59,6 +63,7 @@ from statetier.compaction.scheduler import (
     UnknownWorkerError,
 )
 from statetier.compaction.validation import (
+    Assignment,
     InvalidRequestError,
     Limits,
     check_id,
@@ -84,19 +89,30 @@ NO_TOKEN = (
 
 @dataclasses.dataclass(frozen=True)
 class GatewaySettings:
-    """Everything a gateway is started with; every bound has a default (docs/compaction.md)."""
+    """Everything a gateway is started with; every bound has a default (docs/compaction.md).
+
+    The fields declared with :func:`option` are flags of ``statetier-compaction gateway``,
+    their defaults and help taken from here."""
 
     allowed_prefixes: tuple[str, ...]
     token: str = ""
-    insecure: bool = False  # serve the API without a token (a sandbox)
+    insecure: bool = option(
+        False,
+        "serve the API without a token (a sandbox only: anyone reaching the port can "
+        "register as a worker and receive jobs)",
+        flag="--insecure-no-token",
+    )
     scheduler: SchedulerSettings = dataclasses.field(default_factory=SchedulerSettings)
     limits: Limits = dataclasses.field(default_factory=Limits)
-    heartbeat_interval: float = 2.0
-    max_poll_wait: float = 20.0
-    target_queue_per_worker: int = 4
-    max_body_bytes: int = 1 << 20
-    header_timeout: float = 10.0  # a new connection must send a request's headers by then
-    body_timeout: float = 10.0  # and a request its whole body
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8080, "0 picks a free port (printed)")
+    heartbeat_interval: float = option(2.0, "seconds between a worker's heartbeats")
+    max_body_bytes: int = option(1 << 20, "bytes of a request's body", parse=parse_size)
+    header_timeout: float = option(
+        10.0, "seconds a new connection may take to send a request's headers"
+    )
+    body_timeout: float = option(10.0, "seconds a request may take to send its whole body")
+    max_poll_wait: float = option(20.0, "seconds a poll may wait for a job or a result")
     keepalive_timeout: float = 30.0  # an idle kept-alive connection is closed after it
 
     def __post_init__(self) -> None:
@@ -111,6 +127,8 @@ class GatewaySettings:
                 raise ValueError(f"{name.replace('_', '-')} must be in (0, 3600] seconds")
         if not 1 << 10 <= self.max_body_bytes <= 1 << 30:
             raise ValueError("max-body-bytes must be between 1 KiB and 1 GiB")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not between 0 and 65535")
         if self.token and self.insecure:
             raise ValueError("a token and --insecure-no-token contradict each other")
 
@@ -226,21 +244,21 @@ class Gateway:
 
     # ------------------------------------------------------------------ events
 
-    def _on_event(self, event: str, job: Job) -> None:
+    def _on_event(self, event: JobEvent, job: Job) -> None:
         m = self.metrics
-        if event == "submitted":
+        if event is JobEvent.SUBMITTED:
             m.submitted.inc()
-        elif event == "lease_lost":
+        elif event is JobEvent.LEASE_LOST:
             m.leases_lost.inc()
-        elif event in ("succeeded", "failed", "aborted"):
-            m.finished.labels(event).inc()
-            m.tenant_finished.labels(job.tenant, event).inc()
+        elif event in (JobEvent.SUCCEEDED, JobEvent.FAILED, JobEvent.ABORTED):
+            m.finished.labels(event.value).inc()
+            m.tenant_finished.labels(job.tenant, event.value).inc()
             if job.finished_at is not None:
-                m.duration.labels(event).observe(job.finished_at - job.submitted_at)
-            if event == "succeeded" and job.result is not None:
+                m.duration.labels(event.value).observe(job.finished_at - job.submitted_at)
+            if event is JobEvent.SUCCEEDED and job.result is not None:
                 m.input_bytes.inc(job.bytes_total)
                 m.output_bytes.inc(sum(o.size for o in job.result.outputs))
-            log.info("job %s %s (%s)", job.job_id, event, job.error or "ok")
+            log.info("job %s %s (%s)", job.job_id, event.value, job.error or "ok")
             self._finished.set()
             self._finished = asyncio.Event()
 
@@ -272,12 +290,7 @@ class Gateway:
         return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
 
     async def stats(self, _: web.Request) -> web.Response:
-        stats = self.scheduler.stats()
-        load = stats["queued"] + stats["running"]
-        target = max(1, self.settings.target_queue_per_worker)
-        stats["target_queue_per_worker"] = target
-        stats["suggested_workers"] = -(-load // target)
-        return web.json_response(stats)
+        return web.json_response(self.scheduler.stats())
 
     # ------------------------------------------------------------------ client API
 
@@ -296,15 +309,20 @@ class Gateway:
         except ValueError as exc:
             return _error(409, "conflict", str(exc))
         self._schedule()
-        return web.json_response(job.view(), status=202 if created else 200)
+        return web.json_response(job.status().encode(), status=202 if created else 200)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
-        state = request.query.get("state")
-        if state is not None and state not in {s.value for s in JobState}:
+        wanted = request.query.get("state")
+        if wanted is not None and wanted not in {s.value for s in JobState}:
             raise InvalidRequestError(
                 "state", f"must be one of {', '.join(s.value for s in JobState)}"
             )
-        jobs = [j.view() for j in self.scheduler.jobs.values() if state is None or j.state == state]
+        state = JobState(wanted) if wanted is not None else None
+        jobs = [
+            j.status().encode()
+            for j in self.scheduler.jobs.values()
+            if state is None or j.state is state
+        ]
         return web.json_response({"jobs": jobs})
 
     def _job(self, request: web.Request) -> Job | None:
@@ -319,7 +337,7 @@ class Gateway:
         if job is None:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
         await self._until_finished(job, wait)
-        return web.json_response(job.view())
+        return web.json_response(job.status().encode())
 
     async def _until_finished(self, job: Job, wait: float) -> None:
         loop = asyncio.get_running_loop()
@@ -334,7 +352,7 @@ class Gateway:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
         self.scheduler.abort(job.job_id)
         self._schedule()
-        return web.json_response(job.view())
+        return web.json_response(job.status().encode())
 
     # ------------------------------------------------------------------ worker API
 
@@ -370,18 +388,10 @@ class Gateway:
             event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), deadline - loop.time())
-        return web.json_response(
-            {
-                "jobs": [
-                    {
-                        "job_id": j.job_id,
-                        "attempt": j.attempt,
-                        "request": json.loads(j.request.to_json()),
-                    }
-                    for j in jobs
-                ]
-            }
-        )
+        assignments = [
+            Assignment(j.job_id, j.attempt, json.loads(j.request.to_json())) for j in jobs
+        ]
+        return web.json_response({"jobs": [a.encode() for a in assignments]})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         progress = parse_heartbeat(await self._body(request), self.settings.limits)
@@ -402,7 +412,7 @@ class Gateway:
                 for output in result.outputs:
                     self.policy.check_url(output.url, "output")
             except RefusedPathError as exc:
-                result, error, error_kind = None, str(exc), "request"
+                result, error, error_kind = None, str(exc), ErrorKind.REQUEST
         try:
             job = self.scheduler.complete(
                 worker_id, job_id, answer.attempt, result, error, error_kind
@@ -410,7 +420,7 @@ class Gateway:
         except LeaseLostError as exc:
             return _error(409, "lease_lost", str(exc))
         self._schedule()
-        return web.json_response(job.view())
+        return web.json_response(job.status().encode())
 
     async def leave(self, request: web.Request) -> web.Response:
         worker_id = request.match_info["worker_id"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from statetier.backend.snapshot.compaction import CompactionRequest
 
@@ -139,7 +139,3 @@ class PathPolicy:
         for index, item in enumerate(request.inputs):
             self.check_url(item.url, f"inputs[{index}].url")
         self.check_url(request.output_prefix, "output_prefix")
-
-    def check_urls(self, urls: Sequence[str], what: str) -> None:
-        for url in urls:
-            self.check_url(url, what)

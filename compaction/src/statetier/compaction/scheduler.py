@@ -32,11 +32,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from statetier.backend.config import parse_size
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
+from statetier.backend.snapshot.compaction_jobs import ErrorKind, JobState, JobStatus
 from statetier.backend.snapshot.layout import location_of
 
 __all__ = [
+    "ErrorKind",
     "Job",
+    "JobEvent",
     "JobState",
     "LeaseLostError",
     "QueueFullError",
@@ -50,16 +55,15 @@ JOB_POLICIES = ("fifo", "fair")
 WORKER_POLICIES = ("round-robin", "least-loaded")
 
 
-class JobState(str, enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
+class JobEvent(enum.Enum):
+    """What just happened to a job (the gateway counts them in its metrics)."""
+
+    SUBMITTED = "submitted"
+    STARTED = "started"  # an attempt began on a worker
+    LEASE_LOST = "lease_lost"  # an attempt ended without a result
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     ABORTED = "aborted"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.ABORTED)
 
 
 class LeaseLostError(RuntimeError):
@@ -81,16 +85,21 @@ def tenant_of(request: CompactionRequest) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerSettings:
-    worker_policy: str = "least-loaded"
-    job_policy: str = "fair"
-    lease_ttl: float = 10.0
-    stall_timeout: float = 300.0
-    max_attempts: int = 3
+    """How the gateway's scheduler hands out jobs and when it gives up on them; the fields
+    declared with :func:`option` are flags of ``statetier-compaction gateway``."""
+
+    worker_policy: str = option("least-loaded", "which worker gets a job", choices=WORKER_POLICIES)
+    job_policy: str = option(
+        "fair", "which queued job goes next", flag="--scheduling-policy", choices=JOB_POLICIES
+    )
+    lease_ttl: float = option(10.0, "seconds without heartbeat")
+    stall_timeout: float = option(300.0, "seconds without progress")
+    max_attempts: int = option(3, "attempts of a job before it fails")
     finished_retention: float = 3600.0
     max_finished: int = 10000
-    max_queued: int = 1000
-    max_queued_per_tenant: int = 100
-    max_tenant_bytes: int = 64 << 30
+    max_queued: int = option(1000, "queued jobs in all")
+    max_queued_per_tenant: int = option(100, "queued jobs of one tenant")
+    max_tenant_bytes: int = option(64 << 30, "queued+running input bytes", parse=parse_size)
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "max_finished", "max_queued", "max_queued_per_tenant"):
@@ -119,7 +128,7 @@ class Job:
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
-    error_kind: str | None = None  # "request" (bad input: do not retry) or "service"
+    error_kind: ErrorKind | None = None
     result: CompactionResult | None = None
     history: list[str] = dataclasses.field(default_factory=list)
 
@@ -135,34 +144,24 @@ class Job:
     def remaining(self) -> int:
         return max(0, self.bytes_total - self.bytes_done)
 
-    def view(self) -> dict[str, Any]:
+    def status(self) -> JobStatus:
         """The job as the status API shows it."""
-        total = self.bytes_total
-        body: dict[str, Any] = {
-            "job_id": self.job_id,
-            "state": self.state.value,
-            "attempt": self.attempt,
-            "worker": self.worker,
-            "tenant": self.tenant,
-            "progress": {
-                "bytes_done": self.bytes_done,
-                "bytes_total": total,
-                "fraction": round(self.bytes_done / total, 4) if total else 0.0,
-            },
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "error": self.error,
-            "error_kind": self.error_kind,
-            "history": list(self.history),
-        }
-        if self.result is not None:
-            body["result"] = {
-                "job_id": self.result.job_id,
-                "entries": self.result.entries,
-                "outputs": [dataclasses.asdict(o) for o in self.result.outputs],
-            }
-        return body
+        return JobStatus(
+            job_id=self.job_id,
+            state=self.state,
+            attempt=self.attempt,
+            worker=self.worker,
+            tenant=self.tenant,
+            bytes_done=self.bytes_done,
+            bytes_total=self.bytes_total,
+            submitted_at=self.submitted_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            error=self.error,
+            error_kind=self.error_kind,
+            history=tuple(self.history),
+            result=self.result,
+        )
 
 
 @dataclasses.dataclass
@@ -176,7 +175,7 @@ class WorkerState:
     order: int = 0
 
 
-Listener = Callable[[str, Job], None]
+Listener = Callable[[JobEvent, Job], None]
 
 
 class Scheduler:
@@ -212,7 +211,7 @@ class Scheduler:
         self.jobs[job.job_id] = job
         self._enqueue(job, front=False)
         job.history.append("queued")
-        self.on_event("submitted", job)
+        self.on_event(JobEvent.SUBMITTED, job)
         return job, True
 
     def _check_room(self, job: Job) -> None:
@@ -354,7 +353,7 @@ class Scheduler:
             worker.jobs.add(job.job_id)
             worker.assigned.append(job.job_id)
             given.append((worker.worker_id, job))
-            self.on_event("started", job)
+            self.on_event(JobEvent.STARTED, job)
         return given
 
     def _pick_worker(self) -> WorkerState | None:
@@ -383,7 +382,7 @@ class Scheduler:
         attempt: int,
         result: CompactionResult | None,
         error: str | None = None,
-        error_kind: str = "service",
+        error_kind: ErrorKind = ErrorKind.SERVICE,
     ) -> Job:
         """A worker's answer for one attempt; refused with :class:`LeaseLostError` if stale."""
         job = self.jobs.get(job_id)
@@ -396,8 +395,8 @@ class Scheduler:
             job.result = result
             job.bytes_done = job.bytes_total
             self._finish(job, JobState.SUCCEEDED)
-        elif error_kind == "request":
-            self._finish(job, JobState.FAILED, error=error, kind="request")
+        elif error_kind is ErrorKind.REQUEST:
+            self._finish(job, JobState.FAILED, error=error, kind=ErrorKind.REQUEST)
         else:
             self._lose(job, f"attempt {attempt} failed: {error}", released=True)
         return job
@@ -417,7 +416,7 @@ class Scheduler:
             self._release(job, revoke=True)
         job.history.append(why)
         job.worker = None
-        self.on_event("lease_lost", job)
+        self.on_event(JobEvent.LEASE_LOST, job)
         if job.attempt >= self.settings.max_attempts:
             self._finish(job, JobState.FAILED, error=f"{why}; gave up after {job.attempt} attempts")
             return
@@ -426,7 +425,11 @@ class Scheduler:
         self._enqueue(job, front=True)
 
     def _finish(
-        self, job: Job, state: JobState, error: str | None = None, kind: str = "service"
+        self,
+        job: Job,
+        state: JobState,
+        error: str | None = None,
+        kind: ErrorKind = ErrorKind.SERVICE,
     ) -> None:
         job.state = state
         job.finished_at = self.clock()
@@ -434,7 +437,7 @@ class Scheduler:
         if error is not None:
             job.error, job.error_kind = error, kind
         job.history.append(state.value)
-        self.on_event(state.value, job)
+        self.on_event(JobEvent(state.value), job)
 
     # ------------------------------------------------------------------ housekeeping
 

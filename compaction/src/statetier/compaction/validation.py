@@ -19,22 +19,27 @@ import math
 import re
 from typing import Any
 
+from statetier.backend.config import parse_size
 from statetier.backend.descriptors import StateKind
 from statetier.backend.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import (
     CompactionInput,
     CompactionOutput,
     CompactionRequest,
     CompactionResult,
 )
+from statetier.backend.snapshot.compaction_jobs import ErrorKind
 from statetier.backend.snapshot.format import BASE, DELTA, FORMAT_VERSION
 from statetier.backend.ttl import StateVisibility, UpdateType
 
 __all__ = [
+    "Assignment",
+    "Done",
     "InvalidRequestError",
     "Limits",
-    "Done",
     "check_id",
+    "parse_assignment",
     "parse_done",
     "parse_heartbeat",
     "parse_job",
@@ -83,9 +88,9 @@ class InvalidRequestError(ValueError):
 class Limits:
     """Per-job bounds (gateway settings; see docs/compaction.md)."""
 
-    max_inputs: int = 256
-    max_job_bytes: int = 4 << 30
-    max_worker_slots: int = 64
+    max_inputs: int = option(256, "input files per job")
+    max_job_bytes: int = option(4 << 30, "input bytes per job", parse=parse_size)
+    max_worker_slots: int = option(64, "jobs one worker may take at a time")
 
     def __post_init__(self) -> None:
         if self.max_inputs < 1 or self.max_worker_slots < 1:
@@ -268,13 +273,43 @@ def parse_heartbeat(body: Any, limits: Limits) -> dict[str, int]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Assignment:
+    """A job the gateway hands a worker (``POST .../poll``): one attempt of it.
+
+    ``request`` stays the JSON the client sent: the worker parses it itself (it does not trust
+    the gateway's check), and reports a bad one as the attempt's failure, named."""
+
+    job_id: str
+    attempt: int
+    request: Any
+
+    def encode(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "attempt": self.attempt, "request": self.request}
+
+
+def parse_assignment(body: Any) -> Assignment:
+    """An assignment (fields a newer gateway adds are ignored: the worker needs these three)."""
+    raw = _object(body, "job")
+    return Assignment(
+        job_id=check_id(raw.get("job_id"), "job.job_id"),
+        attempt=_int(raw.get("attempt"), "job.attempt", 1, 1 << 20),
+        request=raw.get("request"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Done:
-    """A worker's answer for one attempt."""
+    """A worker's answer for one attempt: its result, or why it failed."""
 
     attempt: int
     result: CompactionResult | None
-    error: str | None
-    error_kind: str
+    error: str | None = None
+    error_kind: ErrorKind = ErrorKind.SERVICE
+
+    def encode(self) -> dict[str, Any]:
+        if self.result is not None:
+            return {"attempt": self.attempt, "result": json.loads(self.result.to_json())}
+        return {"attempt": self.attempt, "error": self.error, "error_kind": self.error_kind.value}
 
 
 def _result(value: Any) -> CompactionResult:
@@ -304,12 +339,12 @@ def parse_done(body: Any) -> Done:
     raw = _object(body, "body", {"attempt", "result", "error", "error_kind"})
     attempt = _int(raw.get("attempt"), "attempt", 1, 1 << 20)
     if raw.get("result") is not None:
-        return Done(attempt, _result(raw["result"]), None, "service")
+        return Done(attempt, _result(raw["result"]))
     error = raw.get("error")
-    kind = raw.get("error_kind", "service")
-    if kind not in ("request", "service"):
+    kind = raw.get("error_kind", ErrorKind.SERVICE.value)
+    if kind not in {k.value for k in ErrorKind}:
         raise InvalidRequestError("error_kind", "must be request or service")
-    return Done(attempt, None, _text(error, "error", 1 << 16)[:_MAX_TEXT], kind)
+    return Done(attempt, None, _text(error, "error", 1 << 16)[:_MAX_TEXT], ErrorKind(kind))
 
 
 def parse_wait(text: str | None, default: float, cap: float) -> float:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -38,17 +37,26 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from statetier.backend.http_json import call_json
+from statetier.backend.options import option
 from statetier.backend.snapshot.compaction import (
     CompactionError,
     LocalCompactor,
 )
+from statetier.backend.snapshot.compaction_jobs import ErrorKind
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.layout import attempt_prefix
 from statetier.backend.snapshot.store import put_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
-from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
+from statetier.compaction.validation import (
+    Assignment,
+    Done,
+    InvalidRequestError,
+    Limits,
+    parse_assignment,
+    parse_job,
+)
 
-__all__ = ["JobDroppedError", "RegistrationError", "Worker"]
+__all__ = ["JobDroppedError", "RegistrationError", "Worker", "WorkerSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +77,7 @@ class _JobFiles:
     """The filesystem a job's LocalCompactor sees: real fsspec filesystems by URL, with input
     bytes counted, the read rate capped and the job's cancellation checked at every step."""
 
-    def __init__(
-        self, output_url: str, root: str, cancelled: threading.Event, max_read_rate: float
-    ) -> None:
-        self.protocol = fsspec.core.url_to_fs(output_url)[0].protocol
+    def __init__(self, root: str, cancelled: threading.Event, max_read_rate: float) -> None:
         self.root = root  # the allowed prefix the output lies under
         self.cancelled = cancelled
         self.max_read_rate = max_read_rate
@@ -115,10 +120,6 @@ class _JobFiles:
                 self._throttle()
         return b"".join(parts)
 
-    def makedirs(self, url: str, exist_ok: bool = True) -> None:
-        fs, path = fsspec.core.url_to_fs(url)
-        fs.makedirs(path, exist_ok=exist_ok)
-
     def pipe_file(self, url: str, data: bytes) -> None:
         """Write one output whole. On a local filesystem the directories below the allowed
         prefix are created as needed, never the prefix itself or anything above it: a prefix
@@ -133,10 +134,6 @@ class _JobFiles:
                 )
         put_whole(fs, path, data)
 
-    def mv(self, source: str, target: str) -> None:
-        fs, path = fsspec.core.url_to_fs(source)
-        fs.mv(path, fsspec.core.url_to_fs(target)[1])
-
 
 @dataclasses.dataclass
 class _Running:
@@ -146,27 +143,41 @@ class _Running:
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker is started with. The fields declared with :func:`option` are flags
+    of ``statetier-compaction worker``, their defaults and help taken from here."""
+
+    gateway: str = option(dataclasses.MISSING, "URL of the gateway")
+    allowed_prefixes: tuple[str, ...] = ()
+    token: str = ""
+    slots: int = option(1, "jobs run at a time", flag="--concurrency")
+    max_read_rate: float = option(0.0, "input bytes/s, 0: no cap")
+    worker_id: str | None = option(None, "name of this worker (default: host, pid and a suffix)")
+    poll_wait: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.allowed_prefixes:
+            raise ValueError("at least one allowed prefix is required")
+        if not 1 <= self.slots <= 1024:
+            raise ValueError(f"concurrency {self.slots} is not between 1 and 1024")
+        if self.max_read_rate < 0:
+            raise ValueError(f"max-read-rate {self.max_read_rate:g} is negative")
+
+
 class Worker:
     """One worker process's loop; :meth:`run` blocks until :meth:`stop`."""
 
-    def __init__(
-        self,
-        gateway: str,
-        *,
-        allowed_prefixes: tuple[str, ...],
-        slots: int = 1,
-        token: str = "",
-        max_read_rate: float = 0.0,
-        worker_id: str | None = None,
-        poll_wait: float = 10.0,
-    ) -> None:
-        self.gateway = gateway.rstrip("/")
-        self.policy = PathPolicy(allowed_prefixes)
-        self.slots = max(1, slots)
-        self.token = token
-        self.max_read_rate = max_read_rate
-        self.worker_id = worker_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.poll_wait = poll_wait
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.gateway = settings.gateway.rstrip("/")
+        self.policy = PathPolicy(settings.allowed_prefixes)
+        self.slots = settings.slots
+        self.token = settings.token
+        self.max_read_rate = settings.max_read_rate
+        self.worker_id = (
+            settings.worker_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.poll_wait = settings.poll_wait
         self.heartbeat_interval = 2.0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -214,7 +225,14 @@ class Worker:
                     registered = False
                     continue
                 for item in (body or {}).get("jobs", []):
-                    self._start(item)
+                    try:
+                        job = parse_assignment(item)
+                    except InvalidRequestError as exc:  # a gateway of another version?
+                        log.error(
+                            "gateway %s sent a job this worker cannot read: %s", self.gateway, exc
+                        )
+                        continue
+                    self._start(job)
             except OSError as exc:
                 log.warning("gateway %s unreachable: %s", self.gateway, exc)
                 registered = False
@@ -251,25 +269,25 @@ class Worker:
 
     # ------------------------------------------------------------------ jobs
 
-    def _start(self, item: dict[str, Any]) -> None:
-        running = _Running(str(item["job_id"]), int(item["attempt"]))
+    def _start(self, job: Assignment) -> None:
+        running = _Running(job.job_id, job.attempt)
         with self._lock:
             self._running[running.job_id] = running
-        self._pool.submit(self._execute, item["request"], running)
+        self._pool.submit(self._execute, job.request, running)
 
     def _execute(self, raw: Any, running: _Running) -> None:
-        answer: dict[str, Any] = {"attempt": running.attempt}
+        answer: Done | None
         job_id = running.job_id
         try:
             request = parse_job(raw, _SHAPE_ONLY)
             self.policy.check_request(request)
             prefix = attempt_prefix(request.output_prefix, request.job_id, running.attempt)
             root = self.policy.root_of(request.output_prefix)
-            running.files = _JobFiles(prefix, root, running.cancelled, self.max_read_rate)
+            running.files = _JobFiles(root, running.cancelled, self.max_read_rate)
             compactor = LocalCompactor(filesystem=running.files, check=running.files.check)
             started = time.perf_counter()
             result = compactor.compact(dataclasses.replace(request, output_prefix=prefix))
-            answer["result"] = json.loads(result.to_json())
+            answer = Done(running.attempt, result)
             log.info(
                 "job %s attempt %d: %d bytes in, %d out, %.3f s",
                 job_id,
@@ -279,7 +297,7 @@ class Worker:
                 time.perf_counter() - started,
             )
         except JobDroppedError:
-            answer = {}
+            answer = None
         except (
             RefusedPathError,
             InvalidRequestError,
@@ -287,18 +305,19 @@ class Worker:
             CompactionError,
             FileNotFoundError,
         ) as exc:
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="request")
+            error = f"{type(exc).__name__}: {exc}"
+            answer = Done(running.attempt, None, error, ErrorKind.REQUEST)
         except Exception as exc:  # storage trouble: the gateway retries elsewhere
             log.exception("job %s failed", job_id)
-            answer.update(error=f"{type(exc).__name__}: {exc}", error_kind="service")
+            answer = Done(running.attempt, None, f"{type(exc).__name__}: {exc}", ErrorKind.SERVICE)
         finally:
             with self._free:
                 self._running.pop(job_id, None)
                 self._free.notify_all()
-        if not answer:
+        if answer is None:
             return
         try:
-            status, body = self._call("POST", f"/jobs/{job_id}/done", answer)
+            status, body = self._call("POST", f"/jobs/{job_id}/done", answer.encode())
         except OSError as exc:
             log.warning("could not report job %s: %s", job_id, exc)
             return

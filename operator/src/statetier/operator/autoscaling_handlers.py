@@ -44,6 +44,7 @@ async def autoscale(
     name: str,
     namespace: str | None,
     body: kopf.Body,
+    memo: kopf.Memo,
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -59,7 +60,7 @@ async def autoscale(
         url = settings.gateway_url or compaction_service.endpoint(name, namespace, spec)
         workers = spec["workers"]
         current = compaction_service.desired_workers(spec)
-        api = await kube.client()
+        api = kube.of(memo)
         try:
             stats = await _stats(url)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -268,8 +268,6 @@ def desired_objects(body: Obj) -> list[Obj]:
             str(port),
             "--scheduling-policy",
             spec["scheduling"]["policy"],
-            "--target-queue-per-worker",
-            str(spec["workers"]["targetQueuePerWorker"]),
             *_prefix_args(spec),
         ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],

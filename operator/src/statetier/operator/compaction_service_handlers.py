@@ -75,10 +75,28 @@ def _edited_by_others(deployment: Obj) -> bool:
     )
 
 
-_status_locks: dict[tuple[str, str], asyncio.Lock] = {}
+class StatusLocks:
+    """One lock per CompactionService for :func:`refresh_status`, shared by every handler
+    through kopf's memo (the startup handler puts one in)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def of(self, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault((namespace, name), asyncio.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._locks.pop((namespace, name), None)
 
 
-async def refresh_status(namespace: str, name: str) -> Obj | None:
+def _status_locks(memo: Any) -> StatusLocks:
+    found = memo.get("status_locks")
+    if not isinstance(found, StatusLocks):
+        raise RuntimeError("no status locks in kopf's memo: the startup handler did not run")
+    return found
+
+
+async def refresh_status(memo: Any, namespace: str, name: str) -> Obj | None:
     """Recompute the status from the owned Deployments and write it if it changed.
 
     kopf runs the handlers of different objects concurrently: the gateway's and the workers'
@@ -86,13 +104,11 @@ async def refresh_status(namespace: str, name: str) -> Obj | None:
     and writing under one lock per service, from a fresh read of the service, keeps a refresh
     that read the Deployments earlier from writing its older status last (the stale status
     would stay until the next event)."""
-    lock = _status_locks.setdefault((namespace, name), asyncio.Lock())
-    async with lock:
-        return await _refresh_status(namespace, name)
+    async with _status_locks(memo).of(namespace, name):
+        return await _refresh_status(kube.of(memo), namespace, name)
 
 
-async def _refresh_status(namespace: str, name: str) -> Obj | None:
-    api = await kube.client()
+async def _refresh_status(api: kube.Kube, namespace: str, name: str) -> Obj | None:
     cs = await api.read_compaction_service(namespace, name)
     if cs is None or cs["metadata"].get("deletionTimestamp"):
         return None
@@ -136,7 +152,12 @@ async def _refresh_status(namespace: str, name: str) -> Obj | None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def reconcile(
-    body: kopf.Body, name: str, namespace: str | None, logger: kopf.Logger, **_: Any
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     """Bring the gateway, its Service and the workers in line with the spec."""
     namespace = namespace or "default"
@@ -147,14 +168,14 @@ async def reconcile(
         if problems:
             message = "; ".join(problems)
             kopf.warn(body, reason="InvalidSpec", message=message)
-            await refresh_status(namespace, name)
+            await refresh_status(memo, namespace, name)
             logger.warning("not reconciling %s/%s: %s", namespace, name, message)
             return
-        api = await kube.client()
+        api = kube.of(memo)
         try:
             changes = await _ensure_token(api, raw)
             changes += await _apply_all(api, compaction_service.desired_objects(raw))
-            await refresh_status(namespace, name)
+            await refresh_status(memo, namespace, name)
         except kube.ApiError as exc:
             metrics.ERRORS.labels(RESOURCE, "reconcile").inc()
             kopf.warn(body, reason="ReconcileFailed", message=str(exc))
@@ -170,7 +191,9 @@ async def reconcile(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+async def forget(
+    name: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
     """Drop the per-service metric series; owner references take care of the objects."""
     namespace = namespace or "default"
     for gauge in (
@@ -181,7 +204,7 @@ async def forget(name: str, namespace: str | None, logger: kopf.Logger, **_: Any
     ):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
-    _status_locks.pop((namespace, name), None)
+    _status_locks(memo).forget(namespace, name)
     logger.info("CompactionService %s/%s deleted; its objects go with it", namespace, name)
 
 
@@ -196,6 +219,7 @@ async def deployment_changed(
     body: kopf.Body,
     labels: kopf.Labels,
     namespace: str | None,
+    memo: kopf.Memo,
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -209,7 +233,7 @@ async def deployment_changed(
     owner = labels.get(compaction_service.SERVICE_LABEL)
     if not owner or not namespace:
         return
-    api = await kube.client()
+    api = kube.of(memo)
     try:
         cs = await api.read_compaction_service(namespace, owner)
         if cs is None or cs["metadata"].get("deletionTimestamp"):
@@ -221,7 +245,7 @@ async def deployment_changed(
                 message = f"{change} (drift)"
                 kopf.info(kopf.Body(cast(kopf.RawBody, cs)), reason="Reconciled", message=message)
                 logger.info("reconciled %s/%s: %s", namespace, owner, message)
-        await refresh_status(namespace, owner)
+        await refresh_status(memo, namespace, owner)
     except kube.ApiError:
         metrics.ERRORS.labels(RESOURCE, "status").inc()
         raise

@@ -3,8 +3,10 @@
 ``statetier-operator run`` imports it (and :mod:`statetier.operator.webhooks` unless webhooks
 are off) and starts kopf; ``kopf run -m statetier.operator.handlers -m
 statetier.operator.webhooks`` works as well, with default settings. The startup handler turns
-:mod:`statetier.operator.settings` into kopf settings: the webhook server, the managed webhook
-configuration, the metrics endpoint, and finalizer and event conventions.
+the :class:`~statetier.operator.settings.OperatorSettings` in kopf's memo into kopf settings
+(the webhook server, the managed webhook configuration, finalizer and event conventions),
+starts the metrics endpoint, and puts what the handlers share into the memo: the API client
+and the per-service status locks.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
-    """Apply the operator settings to kopf and start the metrics endpoint."""
-    ours = operator_settings.current()
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Apply the operator settings to kopf, put the operator's API client and shared state in
+    kopf's memo (every resource's memo is a copy of it, made after this handler ran), and
+    start the metrics endpoint."""
+    ours = operator_settings.of(memo)
     settings.persistence.finalizer = "statetier.io/finalizer"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
@@ -49,12 +55,15 @@ def configure(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) ->
         )
         if ours.manage_webhook_configuration:
             settings.admission.managed = "statetier.io"
+    memo.kube = await kube.connect()
+    memo.status_locks = compaction_service_handlers.StatusLocks()
     if ours.metrics_port:
         metrics.serve(ours.metrics_addr, ours.metrics_port)
         logger.info("metrics on http://%s:%d/metrics", ours.metrics_addr, ours.metrics_port)
 
 
 @kopf.on.cleanup()
-async def close(**_: Any) -> None:
+async def close(memo: kopf.Memo, **_: Any) -> None:
     """Close the API client's connection pool."""
-    await kube.close()
+    if "kube" in memo:
+        await kube.of(memo).close()

@@ -23,15 +23,13 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from statetier.operator.compaction_service import GROUP, PLURAL, VERSION
 
-__all__ = ["FIELD_MANAGER", "ApiError", "Kube", "client", "close"]
+__all__ = ["FIELD_MANAGER", "ApiError", "Kube", "connect", "of"]
 
 Obj = dict[str, Any]
 
 FIELD_MANAGER = "statetier-operator"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
-
-_client: Kube | None = None
 
 
 class ApiError(RuntimeError):
@@ -62,22 +60,20 @@ async def _configuration() -> k8s.Configuration:
     return configuration
 
 
-async def client() -> Kube:
-    """The process-wide client (one connection pool), built on first use."""
-    global _client  # noqa: PLW0603 - one client per operator process, by design
-    if _client is None:
-        api = k8s.ApiClient(await _configuration())
-        api.user_agent = f"{FIELD_MANAGER}/0.1.0"
-        _client = Kube(api)
-    return _client
+async def connect() -> Kube:
+    """A client with its own connection pool; the operator's startup handler makes one and puts
+    it in kopf's memo (:func:`of`), its cleanup handler closes it."""
+    api = k8s.ApiClient(await _configuration())
+    api.user_agent = f"{FIELD_MANAGER}/0.1.0"
+    return Kube(api)
 
 
-async def close() -> None:
-    """Close the connection pool (the operator's cleanup handler)."""
-    global _client  # noqa: PLW0603 - see client()
-    if _client is not None:
-        await _client.close()
-        _client = None
+def of(memo: Any) -> Kube:
+    """The operator's client in kopf's memo (``memo.kube``, set by the startup handler)."""
+    found = memo.get("kube")
+    if not isinstance(found, Kube):
+        raise RuntimeError("no Kubernetes client in kopf's memo: the startup handler did not run")
+    return found
 
 
 class Kube:

@@ -21,21 +21,28 @@ from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 RESOURCE = "sparkapplication"
 OPTED_IN = {ann.PREFIX + "enabled": "true"}
 
-_managed: set[tuple[str, str]] = set()
+
+def _opted_in(annotations: kopf.Annotations, **_: Any) -> bool:
+    return ann.enabled(dict(annotations))
+
+
+@kopf.index(GROUP, VERSION, PLURAL, when=_opted_in)
+def managed_applications(name: str, namespace: str | None, **_: Any) -> dict[tuple[str, str], bool]:
+    """The opted-in SparkApplications that exist now. kopf keeps the index: an application
+    leaves it when it is deleted or opts out (it no longer passes the filter)."""
+    return {(namespace or "", name): True}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def observe(
-    body: kopf.Body, type: str, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
-) -> None:
-    """Count managed applications; post an event when the configuration summary changes."""
-    key = (namespace or "", name)
+def observe(body: kopf.Body, type: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Count managed applications; post an event when the configuration summary changes.
+
+    ``kwargs["managed_applications"]`` is the index above (kopf passes indices by name). kopf
+    updates its indices from an event before it calls the handlers of that event, so the count
+    includes (or no longer includes) this application."""
+    managed: kopf.Index[tuple[str, str], bool] = kwargs["managed_applications"]
     annotations = body.get("metadata", {}).get("annotations") or {}
-    if type == "DELETED" or not ann.enabled(annotations):
-        _managed.discard(key)
-    else:
-        _managed.add(key)
-    metrics.MANAGED_APPLICATIONS.set(len(_managed))
+    metrics.MANAGED_APPLICATIONS.set(len(managed))
     summary = annotations.get(ann.STATUS)
     if type != "DELETED" and summary and memo.get("posted") != summary:
         memo["posted"] = summary
@@ -52,7 +59,7 @@ def _delete_tree(uri: str) -> bool:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, annotations=OPTED_IN)
-async def apply_retention(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+async def apply_retention(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Keep or delete the checkpoints, then let the deletion go on whatever happened."""
     annotations = dict(body.get("metadata", {}).get("annotations") or {})
     retention = annotations.get(ann.PREFIX + "checkpoint-retention", "retain")
@@ -60,7 +67,7 @@ async def apply_retention(body: kopf.Body, logger: kopf.Logger, **_: Any) -> Non
     if retention != "delete" or not uri:
         kopf.info(body, reason="CheckpointsRetained", message=f"checkpoints kept at {uri}")
         return
-    timeout = settings.current().checkpoint_delete_timeout
+    timeout = settings.of(memo).checkpoint_delete_timeout
     try:
         with metrics.reconciling(RESOURCE):
             deleted = await asyncio.wait_for(asyncio.to_thread(_delete_tree, uri), timeout)

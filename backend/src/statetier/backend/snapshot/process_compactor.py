@@ -2,22 +2,29 @@
 
 A merge is CPU-bound Python: run on a thread of a process that has other Python work (the Spark
 driver's micro-batch loop, its py4j calls and commits), it holds the GIL for most of its time
-and slows that work down. In a child process it only takes a core. The child is started (with
-``spawn``: the parent may have JVM and event-loop threads that ``fork`` would copy half-way) at
-the first compaction and serves the following ones, ignores Ctrl-C (its parent stops it) and
-exits when its parent is gone; the request and result are the same JSON
-objects a compaction service takes, the filesystem travels pickled (fsspec filesystems pickle
-as their constructor arguments).
+and slows that work down. In a child process it only takes a core.
+
+The child is ``python -m statetier.backend.snapshot.process_compactor``, started at the first
+compaction, serving the following ones over its standard input and output. Not
+``multiprocessing``: its ``spawn`` runs the parent's main script again in the child (a user's
+driver script without an ``if __name__ == "__main__"`` guard would start a second Spark job
+there), and ``fork`` would copy the JVM and event-loop threads of the driver half-way. The child
+ignores Ctrl-C (its parent stops it) and exits when its parent is gone; the request and result
+are the same JSON objects a compaction service takes, the compactor (its filesystem, which
+fsspec pickles as its constructor arguments) travels pickled, parent to child only.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
+import traceback
+from multiprocessing.connection import Connection
 
 from statetier.backend.snapshot.compaction import (
     CompactionRequest,
@@ -25,61 +32,132 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 
-__all__ = ["ProcessCompactor"]
+__all__ = ["MergeProcessError", "ProcessCompactor"]
+
+_OK, _FAILED = b"k", b"f"
+
+
+class MergeProcessError(RuntimeError):
+    """The merge process died or broke the protocol: this merge failed, the next one starts a
+    new process."""
+
+
+class _Child:
+    """One running merge process and the two ends of its pipes."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.requests = Connection(os.dup(self.process.stdin.fileno()), readable=False)
+        self.replies = Connection(os.dup(self.process.stdout.fileno()), writable=False)
+        self.process.stdin.close()
+        self.process.stdout.close()
+
+    def call(self, local: LocalCompactor, request: str) -> tuple[str, float]:
+        try:
+            self.requests.send_bytes(pickle.dumps((local, request)))
+            reply = self.replies.recv_bytes()
+        except (EOFError, OSError) as e:
+            raise MergeProcessError(
+                f"the merge process (pid {self.process.pid}) is gone: {e!r}"
+            ) from e
+        kind, body = reply[:1], reply[1:]
+        if kind == _FAILED:
+            raise RuntimeError(f"the merge failed in the merge process:\n{body.decode()}")
+        result, cpu = body.decode().rsplit("\n", 1)
+        return result, float(cpu)
+
+    def stop(self) -> None:
+        self.requests.close()  # the child ends at the end of its input
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.replies.close()
 
 
 class ProcessCompactor:
-    """Runs ``local``'s merges in one child process."""
+    """Runs ``local``'s merges in one child process, one merge at a time."""
 
     def __init__(self, local: LocalCompactor) -> None:
         self.local = local
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._child: _Child | None = None
         self._lock = threading.Lock()
         self.cpu_seconds = 0.0  # the child's CPU in merges so far (for benchmarks)
 
+    @property
+    def pid(self) -> int | None:
+        """The merge process's pid, while one runs."""
+        child = self._child
+        return child.process.pid if child is not None else None
+
     def compact(self, request: CompactionRequest) -> CompactionResult:
         with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    1,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_child_setup,
-                    initargs=(os.getpid(),),
-                )
-            pool = self._pool
-        try:
-            result, cpu = pool.submit(_compact, self.local, request.to_json()).result()
-        except concurrent.futures.process.BrokenProcessPool:
-            with self._lock:  # the child died (killed, out of memory): a new one next time
-                if self._pool is pool:
-                    self._pool = None
-            raise
+            if self._child is None:
+                self._child = _Child()
+            child = self._child
+            try:
+                result, cpu = child.call(self.local, request.to_json())
+            except MergeProcessError:
+                self._child = None  # killed, out of memory: a new one next time
+                child.process.kill()
+                child.process.wait()
+                raise
         self.cpu_seconds += cpu
-        return result
+        return CompactionResult.from_json(result)
 
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            child, self._child = self._child, None
+        if child is not None:
+            child.stop()
 
 
-def _child_setup(parent: int) -> None:
-    """The child leaves Ctrl-C to its parent (a terminal sends it to the whole process group;
-    the parent stops the child) and ends when its parent is gone, whatever ended it: it must
-    not outlive the driver, nor hold the pipes the driver's own parent reads to their end."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="statetier-parent-watch", daemon=True).start()
+def _watch_parent(parent: int) -> None:
+    """End when the parent is gone, whatever ended it: the child must not outlive the driver,
+    nor hold the pipes the driver's own parent reads to their end."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
-def _compact(local: LocalCompactor, request: str) -> tuple[CompactionResult, float]:
-    """The merge, in the child; its result and the child's CPU seconds for it."""
-    started = time.process_time()
-    result = local.compact(CompactionRequest.from_json(request))
-    return result, time.process_time() - started
+def _serve(requests: Connection, replies: Connection) -> None:
+    while True:
+        try:
+            message = requests.recv_bytes()
+        except EOFError:
+            return
+        started = time.process_time()
+        try:
+            local, request = pickle.loads(message)
+            result = local.compact(CompactionRequest.from_json(request)).to_json()
+        except Exception:
+            replies.send_bytes(_FAILED + traceback.format_exc().encode())
+            continue
+        cpu = time.process_time() - started
+        replies.send_bytes(_OK + f"{result}\n{cpu}".encode())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the parent's
+    threading.Thread(
+        target=_watch_parent, args=(int(args[0]),), name="statetier-parent-watch", daemon=True
+    ).start()
+    requests = Connection(os.dup(sys.stdin.fileno()), writable=False)
+    replies = Connection(os.dup(sys.stdout.fileno()), readable=False)
+    sys.stdout = sys.stderr  # nothing else may write into the reply pipe
+    _serve(requests, replies)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,30 +15,14 @@ timestamp, else the pipeline's clock (``clock=`` in tests), read once when the e
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from statetier.backend.spark.messages import EpochTime
 
 __all__ = ["EpochTime", "micro_batch_time"]
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on a micro-batch's jobs
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochTime:
-    """What the state hosts move time to in one epoch (ms since the Unix epoch)."""
-
-    watermark: int | None  # None: the query has no watermark (event time does not move)
-    processing_time: int
-    end_of_input: bool = False  # fire every event-time timer after the records
-
-    def to_spec(self) -> dict[str, Any]:
-        return {
-            "watermark": self.watermark,
-            "processing_time": self.processing_time,
-            "end_of_input": self.end_of_input,
-        }
 
 
 def micro_batch_time(batch: DataFrame, batch_id: int) -> EpochTime:

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import FunctionInstance
-from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark.channel import Endpoint, Server
@@ -62,6 +62,7 @@ from statetier.backend.spark.functions import (
 )
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
+from statetier.backend.spark.messages import TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
@@ -70,12 +71,11 @@ from statetier.backend.spark.protocol import (
     read_batch,
     write_batch,
 )
-from statetier.backend.spark.registry import HostInfo
-from statetier.backend.spark.results import (
-    RangeResult,
-    snapshot_to_dict,
-)
+from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
+from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
+from statetier.backend.spill.metrics import serve_metrics
+from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
@@ -86,12 +86,24 @@ log = logging.getLogger("statetier.spark.host")
 class TaskRun:
     """How a task's processing went, for its result."""
 
-    state: str  # warm, restored or fresh
+    state: RangeStart
     started: float
     restore_s: float
     process_s: float
     records: int  # input records (a combiner's rows stand for several)
     rows: int  # rows received
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeSnapshot:
+    """A range's snapshot files, uploaded: the manifest's part and what it cost."""
+
+    snapshot: SubtaskSnapshot
+    upload_bytes: int
+    upload_cpu_s: float  # the upload threads' CPU
+    # it wrote a base that stands for a compaction (the chain trigger of
+    # compaction.mode=executor, or a cut of a chain the driver could not compact)
+    compaction_base: bool
 
 
 @dataclasses.dataclass
@@ -175,13 +187,13 @@ class StateHost:
                 log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
                 self.stopping.set()
 
-    def _order(self, order: dict[str, Any]) -> None:
+    def _order(self, order: HostOrder) -> None:
         """An order from the driver's registry."""
-        if order.get("op") == "shutdown":
+        if order.kind is OrderKind.SHUTDOWN:
             self.stopping.set()
-        elif order.get("op") == "release":
-            for pipeline, parallelism, index in order.get("ranges", []):
-                self._release((pipeline, parallelism, index))
+        elif order.kind is OrderKind.RELEASE:
+            for key in order.ranges:
+                self._release(key)
 
     def _release(self, key: tuple[str, int, int]) -> None:
         with self.lock:
@@ -194,26 +206,36 @@ class StateHost:
         with self.lock:
             self.active += 1
         try:
-            header = json.loads(conn.recv_bytes())
-            op = header.get("op")
-            if op == "task":
-                self._task(conn, header)
-            elif op == "join":
-                self.link.join(Endpoint.from_json(header["registry"]))
-                conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
-            elif op == "ping":
-                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
-            elif op == "stats":
-                conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
-            elif op == "shutdown":
-                conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
-                self.stopping.set()
+            self._request(conn)
         except (EOFError, OSError):
             pass
         finally:
             with self.lock:
                 self.active -= 1
                 self.last_activity = time.monotonic()
+
+    def _request(self, conn: Connection) -> None:
+        """One connection's request: its first frame says which (``op``)."""
+        try:
+            request = Fields("statetier host request", json.loads(conn.recv_bytes()))
+            op = request.text("op")
+            registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
+        except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint
+            conn.send_bytes(ERROR + f"a malformed request: {e}".encode())
+            return
+        if op == "task":
+            self._task(conn, request.data)
+        elif registry is not None:
+            self.link.join(registry)
+            conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
+        elif op in ("ping", "shutdown"):
+            conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
+            if op == "shutdown":
+                self.stopping.set()
+        elif op == "stats":
+            conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
+        else:
+            conn.send_bytes(ERROR + f"unknown request {op!r}".encode())
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -233,7 +255,7 @@ class StateHost:
 
     # ------------------------------------------------------------------ one task
 
-    def _task(self, conn: Connection, header: dict[str, Any]) -> None:
+    def _task(self, conn: Connection, raw: dict[str, Any]) -> None:
         function_bytes = conn.recv_bytes()
         batches: list[pa.RecordBatch] = []
         while True:
@@ -241,6 +263,11 @@ class StateHost:
             if not data:
                 break
             batches.append(read_batch(data))
+        try:
+            header = TaskHeader.decode(raw)
+        except MessageError as e:  # a task of another version, or not a task at all
+            conn.send_bytes(ERROR + str(e).encode())
+            return
         try:
             outputs, finish = self.start_task(header, function_bytes, batches)
         except Exception:
@@ -281,7 +308,7 @@ class StateHost:
         return store
 
     def start_task(
-        self, header: dict[str, Any], function_bytes: bytes, batches: list[pa.RecordBatch]
+        self, header: TaskHeader, function_bytes: bytes, batches: list[pa.RecordBatch]
     ) -> tuple[list[pa.RecordBatch], Callable[[], None]]:
         """Process a task's records: its outputs, and ``finish`` that snapshots the range.
 
@@ -290,29 +317,27 @@ class StateHost:
         the driver waits for, or an error file the driver reports.
         """
         started = time.perf_counter()
-        index: int = header["index"]
-        if header["owner_host"] != self.host_id:
+        index = header.index
+        if header.owner_host != self.host_id:
             raise NotOwnerError(
-                f"range {index} of pipeline {header['pipeline']} is routed to state host "
-                f"{header['owner_host']}; this is host {self.host_id}, which does not own it"
+                f"range {index} of pipeline {header.pipeline} is routed to state host "
+                f"{header.owner_host}; this is host {self.host_id}, which does not own it"
             )
         factory = self._factory(function_bytes)
-        store = self._store(header["checkpoint_uri"], header["storage_options"])
-        config = load_config(header["config"])
+        store = self._store(header.checkpoint_uri, header.storage_options)
+        config = load_config(header.config)
         hosted, state, restore_s = self._acquire(header, factory, store, config)
         try:
             hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
             set_current_task(
-                SparkTask(
-                    header["epoch"], index, header["attempt_number"], header["task_attempt_id"]
-                )
+                SparkTask(header.epoch, index, header.attempt_number, header.task_attempt_id)
             )
             try:
-                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header["schema"])))
+                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header.schema)))
                 instance = hosted.instance
-                outputs = as_batches(timers_before(instance, header), out_schema)
+                outputs = as_batches(timers_before(instance, header.time), out_schema)
                 outputs += self._process(instance, header, batches, out_schema)
-                outputs += as_batches(timers_after(instance, header), out_schema)
+                outputs += as_batches(timers_after(instance, header.time), out_schema)
                 if instance.spill is not None:
                     # a vectorized function touches each key once per batch: a range's records
                     # may never reach the 64 per key group that poll the governor otherwise
@@ -340,12 +365,12 @@ class StateHost:
         return outputs, finish
 
     def _acquire(
-        self, header: dict[str, Any], factory: Callable[[], Any], store: SnapshotStore, config: Any
-    ) -> tuple[HostedRange, str, float]:
+        self, header: TaskHeader, factory: Callable[[], Any], store: SnapshotStore, config: Any
+    ) -> tuple[HostedRange, RangeStart, float]:
         """The range's instance, locked: warm when at the task's base, else restored or fresh."""
-        base: int = header["base_epoch"]
-        parallelism: int = header["parallelism"]
-        key = (header["pipeline"], parallelism, header["index"])
+        base = header.base_epoch
+        parallelism = header.parallelism
+        key = (header.pipeline, parallelism, header.index)
         with self.lock:
             hosted = self.ranges.get(key)
             if hosted is None:
@@ -356,11 +381,11 @@ class StateHost:
         if hosted is not None:
             hosted.lock.acquire()
             try:
-                if hosted.epoch == base and hosted.token == header["base_token"] and base > 0:
+                if hosted.epoch == base and hosted.token == header.base_token and base > 0:
                     hosted.notified = notify_committed(hosted.instance, base, hosted.notified)
-                    return hosted, "warm", 0.0
-                if hosted.epoch == base == 0 and header["base_token"] is None:
-                    return hosted, "fresh", 0.0
+                    return hosted, RangeStart.WARM, 0.0
+                if hosted.epoch == base == 0 and header.base_token is None:
+                    return hosted, RangeStart.FRESH, 0.0
                 notify_aborted(hosted.instance, hosted.epoch, base, hosted.notified)
             except BaseException:
                 hosted.lock.release()
@@ -368,15 +393,16 @@ class StateHost:
             hosted.lock.release()
             with contextlib.suppress(Exception):
                 hosted.instance.close()
+        serve_metrics(config.metrics_port)  # the host process's endpoint, from its first range
         t0 = time.perf_counter()
         instance = FunctionInstance(
             cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
-            header["index"],
+            header.index,
             parallelism,
-            header["max_parallelism"],
+            header.max_parallelism,
             store=store,
             restore_epoch=base if base > 0 else None,
-            clock=EpochClock(header),
+            clock=EpochClock(header.time.processing_time),
             config=config,
         )
         restore_s = time.perf_counter() - t0
@@ -384,28 +410,26 @@ class StateHost:
         hosted.lock.acquire()
         with self.lock:
             self.ranges[key] = hosted
-        return hosted, "restored" if base > 0 else "fresh", restore_s
+        return hosted, RangeStart.RESTORED if base > 0 else RangeStart.FRESH, restore_s
 
     def _finish(
         self,
         hosted: HostedRange,
-        header: dict[str, Any],
+        header: TaskHeader,
         store: SnapshotStore,
         config: Any,
         run: TaskRun,
     ) -> None:
         """Snapshot the range and write its result (or an error file the driver reports)."""
-        epoch, index, token = header["epoch"], header["index"], header["token"]
-        parallelism = header["parallelism"]
-        name = result_name(epoch, header["owner"], index, parallelism)
+        epoch, index, token = header.epoch, header.index, header.token
+        parallelism = header.parallelism
+        name = result_name(epoch, header.owner, index, parallelism)
         instance = hosted.instance
         try:
             t1, cpu1 = time.perf_counter(), time.thread_time()
-            updates = [ChainUpdate.from_dict(u) for u in header.get("chain_updates", ())]
-            snapshot = self._snapshot(instance, store, epoch, token, config, updates)
+            done = self._snapshot(instance, store, epoch, token, config, header.chain_updates)
             snapshot_s = time.perf_counter() - t1
-            snapshot_cpu_s = time.thread_time() - cpu1 + snapshot.pop("upload_cpu_s")
-            compaction_base = snapshot.pop("compaction_base")
+            snapshot_cpu_s = time.thread_time() - cpu1 + done.upload_cpu_s
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
             result = RangeResult(
                 index=index,
@@ -419,19 +443,18 @@ class StateHost:
                 restore_s=run.restore_s,
                 snapshot_s=snapshot_s,
                 total_s=time.perf_counter() - run.started,
-                upload_bytes=snapshot.pop("upload_bytes"),
-                snapshot=snapshot,
+                upload_bytes=done.upload_bytes,
+                snapshot=done.snapshot,
                 host_pid=os.getpid(),
                 host_socket=self.socket_path,
                 process_s=run.process_s,
                 rows=run.rows,
                 host_id=self.host_id,
-                restored_bytes=instance.restored_bytes if run.state == "restored" else 0,
+                restored_bytes=(instance.restored_bytes if run.state is RangeStart.RESTORED else 0),
                 snapshot_cpu_s=snapshot_cpu_s,
-                compaction_base=compaction_base,
+                compaction_base=done.compaction_base,
             )
-            payload = json.dumps(dataclasses.asdict(result)).encode()
-            store.put(name, payload)
+            store.put(name, result.encode())
         except Exception:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
             with contextlib.suppress(Exception):
@@ -440,24 +463,24 @@ class StateHost:
         hosted.epoch, hosted.token = epoch, token
         with self.lock:
             self.tasks += 1
-            self.warm += run.state == "warm"
-            self.restored += run.state == "restored"
+            self.warm += run.state is RangeStart.WARM
+            self.restored += run.state is RangeStart.RESTORED
             self.last_activity = time.monotonic()
 
     def _process(
         self,
         instance: FunctionInstance,
-        header: dict[str, Any],
+        header: TaskHeader,
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
     ) -> list[pa.RecordBatch]:
-        key_columns: list[str] = header["key_columns"]
+        key_columns = header.key_columns
         key_range = instance.keyed.key_groups
         for batch in batches:
             kg = batch.column(KEY_GROUP_COLUMN).to_numpy()
             if len(kg) and (kg.min() < key_range.start or kg.max() > key_range.end):
                 raise RuntimeError(
-                    f"records of key groups outside {key_range} reached range {header['index']}: "
+                    f"records of key groups outside {key_range} reached range {header.index}: "
                     "the partition-to-range mapping is broken (adaptive coalescing?)"
                 )
         function = instance.function
@@ -523,12 +546,10 @@ class StateHost:
         epoch: int,
         owner: str,
         config: Any,
-        updates: list[ChainUpdate],
-    ) -> dict[str, Any]:
-        """The range's snapshot files, uploaded; its manifest part, with ``upload_bytes``,
-        ``upload_cpu_s`` (the upload threads' CPU) and ``compaction_base``: whether it wrote a
-        base that stands for a compaction (the chain trigger of ``compaction.mode=executor``, or
-        a cut of a chain the driver could not compact), the executor's compaction CPU."""
+        updates: tuple[ChainUpdate, ...],
+    ) -> RangeSnapshot:
+        """The range's snapshot files, uploaded (a :class:`RangeSnapshot`: whether it wrote a
+        compaction's base says where the executor's compaction CPU went)."""
         instance.before_snapshot(epoch)
         writer = instance.writer
         mine = [u for u in updates if u.key_groups == str(instance.keyed.key_groups)]
@@ -545,11 +566,9 @@ class StateHost:
         except BaseException:
             instance.writer.reset()
             raise
-        snapshot = snapshot_to_dict(prepared.snapshot)
-        snapshot["upload_bytes"] = prepared.upload_bytes
-        snapshot["upload_cpu_s"] = upload_cpu_s
-        snapshot["compaction_base"] = full or cut
-        return snapshot
+        return RangeSnapshot(
+            prepared.snapshot, prepared.upload_bytes, upload_cpu_s, compaction_base=full or cut
+        )
 
     def _upload(self, store: SnapshotStore, uploads: list[Any], config: Any) -> float:
         """Upload the snapshot's files; the CPU the upload threads spent on them (other than

@@ -17,11 +17,11 @@ import logging
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, connect
-from statetier.backend.spark.registry import HostInfo
+from statetier.backend.spark.registry import HostInfo, HostOrder
 from statetier.backend.spill.monitor import read_rss
+from statetier.backend.wire import MessageError
 
 __all__ = ["HEARTBEAT_S", "RegistryLink"]
 
@@ -34,7 +34,7 @@ class RegistryLink:
     """The host's side of its registration; ``on_order`` gets each order the driver sends."""
 
     def __init__(
-        self, host: HostInfo, secret: bytes, on_order: Callable[[dict[str, Any]], None]
+        self, host: HostInfo, secret: bytes, on_order: Callable[[HostOrder], None]
     ) -> None:
         self.host = host
         self.secret = secret
@@ -72,7 +72,12 @@ class RegistryLink:
     def _orders(self, conn: Connection) -> None:
         try:
             while True:
-                order = json.loads(conn.recv_bytes(1 << 20))
+                raw = conn.recv_bytes(1 << 20)
+                try:
+                    order = HostOrder.decode(raw)
+                except MessageError as e:  # a driver of another version: nothing to do
+                    log.warning("ignored an order of the driver's host registry: %s", e)
+                    continue
                 self.on_order(order)
         except (EOFError, OSError):
             if not self._stopped.is_set():

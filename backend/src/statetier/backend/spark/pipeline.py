@@ -62,19 +62,18 @@ from statetier.backend.snapshot import (
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.checks import check_key_columns
-from statetier.backend.spark.epoch_time import EpochTime, micro_batch_time
+from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
+from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
-from statetier.backend.spark.results import (
-    RangeResult,
-    snapshot_from_dict,
-)
-from statetier.backend.spark.task import combine_function, partition_function
+from statetier.backend.spark.results import RangeResult, RangeStart
+from statetier.backend.spark.task import combine_function, direct_function, partition_function
 from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
+from statetier.backend.wire import MessageError
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
 
@@ -106,6 +105,9 @@ class EpochReport:
     process_seconds: float = 0.0  # of host_seconds: running the function
     restored_bytes: int = 0  # downloaded from tier 2 to restore ranges that were not warm
     reruns: int = 0  # times the epoch's job ran again because a state host was lost
+    # how the records reached their ranges: "exchange" (Spark's, one task per range) or
+    # "direct" (one task cut the micro-batch into every range; pipeline.exchange)
+    routing: str = "exchange"
     spilled_by_range: list[int] = dataclasses.field(default_factory=list)  # key groups on disk
     # CPU the state hosts spent on the ranges' snapshots (their threads, not the I/O loop's)
     snapshot_cpu_seconds: float = 0.0
@@ -162,6 +164,7 @@ class StatefulPipeline:
         self._latest: int | None = None  # latest committed epoch (None: list to find out)
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
+        self._routing: dict[int, str] = {}  # planned epoch -> "exchange" or "direct"
         self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
@@ -248,52 +251,60 @@ class StatefulPipeline:
         Configure and start it like any ``DataStreamWriter`` (checkpoint location, trigger).
         Unlike ``df.writeStream.foreachBatch(foreach_batch(sink))``, the query is planned once:
         each micro-batch's epoch reaches the tasks as a job property instead of a new plan,
-        which saves Spark's planning of three DataFrame steps per micro-batch.
+        which saves Spark's planning of three DataFrame steps per micro-batch. With
+        ``pipeline.exchange`` ``auto`` or ``never`` (and no combiner) only the key groups are
+        planned once; the last step, with or without the exchange, is chosen per micro-batch.
         """
         static = self._static_spec(df.sparkSession)
-        out = self._plan(df, static)
+        keyed = self._keyed(df, static)
+        planned = None if self._chooses_per_batch() else self._route(keyed, static, None, False)
         key = epoch_property(self.name)
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
             started = time.perf_counter()
             epoch = batch_id + 1
             spec = self._begin_epoch(batch.sparkSession, epoch, self._batch_time(batch, batch_id))
-            if spec["max_parallelism"] != static["max_parallelism"]:
+            if self._max_parallelism != static.max_parallelism:
                 raise ValueError(
                     f"the checkpoint at {self.store.uri} now has max parallelism "
-                    f"{spec['max_parallelism']}, the query was planned for "
-                    f"{static['max_parallelism']}: restart the query"
+                    f"{self._max_parallelism}, the query was planned for "
+                    f"{static.max_parallelism}: restart the query"
                 )
+            if planned is None:  # the records of this micro-batch, routed as it needs
+                out = self._route(batch, static, None, self._skips_exchange(batch, epoch))
+            else:
+                out = batch
             context = batch.sparkSession.sparkContext
-            context.setLocalProperty(key, json.dumps(spec))
+            context.setLocalProperty(key, json.dumps(spec.encode()))
             try:
-                self._run_and_commit(batch, epoch, sink, started)
+                self._run_and_commit(out, epoch, sink, started)
             finally:
                 context.setLocalProperty(key, None)  # type: ignore[arg-type]
 
-        return out.writeStream.foreachBatch(on_batch)
+        return (keyed if planned is None else planned).writeStream.foreachBatch(on_batch)
 
     def transform(self, df: DataFrame, epoch: int, time: EpochTime | None = None) -> DataFrame:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
         timers fire at ``time`` (default: no watermark, the clock's processing time)."""
         epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
-        spec = {**self._static_spec(df.sparkSession), **epoch_spec}
-        out = self._plan(df, spec)
+        spec = self._static_spec(df.sparkSession)
+        keyed = self._keyed(df, spec)
+        out = self._route(keyed, spec, epoch_spec, self._skips_exchange(keyed, epoch))
         if _runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
             # see through, gives every range its (empty) task.
-            out = self._plan(_opaque_empty(df, self.parallelism), spec)
+            self._routing[epoch] = "exchange"
+            keyed = self._keyed(_opaque_empty(df, self.parallelism), spec)
+            out = self._route(keyed, spec, epoch_spec, False)
         return out
 
-    def _begin_epoch(
-        self, spark: SparkSession, epoch: int, time: EpochTime | None
-    ) -> dict[str, Any]:
+    def _begin_epoch(self, spark: SparkSession, epoch: int, time: EpochTime | None) -> EpochSpec:
         """Check that ``epoch`` can run here; what its tasks need to know of it (read once:
         every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
         lease = self._take_lease(store)
-        latest, max_parallelism = self._location(store, epoch)
+        latest = self._location(store, epoch)[0]
         if epoch > latest + 1:
             raise ValueError(
                 f"epoch {epoch} cannot run: the latest committed epoch at {store.uri} is {latest}"
@@ -301,15 +312,14 @@ class StatefulPipeline:
         self._committed_before[epoch] = epoch <= latest
         self._count_executors(spark)
         base = epoch - 1
-        return {
-            "epoch": epoch,
-            "base_epoch": base,
-            "base_tokens": dict(self._tokens) if self._tokens_epoch == base else {},
-            "owner": lease.owner,
-            "max_parallelism": max_parallelism,
-            "chain_updates": self.upkeep.updates(),
-            **(time or EpochTime(None, self._now_ms())).to_spec(),
-        }
+        return EpochSpec(
+            epoch=epoch,
+            base_epoch=base,
+            base_tokens=dict(self._tokens) if self._tokens_epoch == base else {},
+            owner=lease.owner,
+            time=time or EpochTime(None, self._now_ms()),
+            chain_updates=self.upkeep.updates(),
+        )
 
     def _count_executors(self, spark: SparkSession) -> None:
         """Tell the registry how many executors there are, so that new ranges spread over all
@@ -328,7 +338,7 @@ class StatefulPipeline:
             self._lease = store.acquire_writer()
         return self._lease
 
-    def _static_spec(self, spark: SparkSession) -> dict[str, Any]:
+    def _static_spec(self, spark: SparkSession) -> PipelineSpec:
         """What every task of this pipeline needs, whatever the epoch."""
         store = self._setup(spark)
         assert self.config is not None
@@ -336,22 +346,22 @@ class StatefulPipeline:
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)
-        return {
-            "app_id": spark.sparkContext.applicationId,
-            "idle_timeout": float(self.config.host_idle_timeout),
-            "registry": registry.endpoint.to_json(),
-            "secret": registry.secret.hex(),
-            "host_bind": self._host_bind(spark),
-            "host_port": self.config.host_port,
-            "pipeline": self.name,
-            "parallelism": self.parallelism,
-            "max_parallelism": max_parallelism,
-            "checkpoint_uri": store.uri,
-            "storage_options": self.storage_options,
-            "config": self._host_config(),
-            "key_columns": self.key_columns,
-            "schema": self._output_schemas()[1],
-        }
+        return PipelineSpec(
+            app_id=spark.sparkContext.applicationId,
+            idle_timeout=float(self.config.host_idle_timeout),
+            registry=registry.endpoint,
+            secret=registry.secret,
+            host_bind=self._host_bind(spark),
+            host_port=self.config.host_port,
+            pipeline=self.name,
+            parallelism=self.parallelism,
+            max_parallelism=max_parallelism,
+            checkpoint_uri=store.uri,
+            storage_options=self.storage_options,
+            config=self._host_config(),
+            key_columns=tuple(self.key_columns),
+            schema=self._output_schemas()[1],
+        )
 
     def registry(self, spark: SparkSession) -> HostRegistry:
         """The application's host registry (started on first use, shared by its pipelines)."""
@@ -379,22 +389,63 @@ class StatefulPipeline:
             return "127.0.0.1"
         return configured
 
-    def _plan(self, df: DataFrame, spec: dict[str, Any]) -> DataFrame:
-        """Key groups, the exchange into ranges, and the tasks that stream them to the hosts."""
-        p, mp = self.parallelism, spec["max_parallelism"]
+    def _keyed(self, df: DataFrame, spec: PipelineSpec) -> DataFrame:
+        """``df`` with its key-group column (and pre-aggregated by a map-side combiner)."""
         fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
         check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
-        keyed = df.withColumn(KG_COLUMN, sf.expr(spark_key_group_expr(self.key_columns, mp)))
-        owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
+        expr = spark_key_group_expr(self.key_columns, spec.max_parallelism)
+        keyed = df.withColumn(KG_COLUMN, sf.expr(expr))
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
             keyed = self._combine(keyed, combiner)
+        return keyed
+
+    def _route(
+        self, keyed: DataFrame, spec: PipelineSpec, epoch: EpochSpec | None, direct: bool
+    ) -> DataFrame:
+        """The tasks that stream ``keyed``'s ranges to their hosts (of ``epoch``; None: of
+        whichever epoch the job says, see :meth:`write_stream`): after Spark's exchange into
+        ranges, or (``direct``) from one task that cuts its partition into every range."""
+        schema = self._output_schemas()[0]
+        if direct:
+            assert self.config is not None
+            one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
+            return one.mapInArrow(direct_function(spec, epoch, self.function_bytes), schema)
+        p, mp = self.parallelism, spec.max_parallelism
+        owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
+        combiner = self.combiner
         if combiner is not None and not combiner.map_side:
             ranged = self._aggregate_ranges(keyed, owner_col, combiner)
         else:
             ranged = keyed.repartitionById(p, owner_col)
-        schema = self._output_schemas()[0]
-        return ranged.mapInArrow(partition_function(spec, self.function_bytes), schema)
+        return ranged.mapInArrow(partition_function(spec, epoch, self.function_bytes), schema)
+
+    def _every_executor_hosts(self) -> bool:
+        registry = self._registry
+        if registry is None:
+            return False
+        return len(registry.live_hosts()) >= max(1, registry.executors)
+
+    def _chooses_per_batch(self) -> bool:
+        """Whether the exchange is chosen per micro-batch (else the pipeline always takes it:
+        ``pipeline.exchange=always``, or a combiner, which aggregates in the exchange)."""
+        assert self.config is not None
+        return self.combiner is None and self.config.pipeline_exchange != "always"
+
+    def _skips_exchange(self, keyed: DataFrame, epoch: int) -> bool:
+        """Whether ``epoch`` runs without Spark's exchange (``pipeline.exchange``): ``never``
+        does; ``auto`` when the micro-batch is one partition (one task reads it all anyway: a
+        shuffle would only cost) and every executor has its state host (the exchange's tasks,
+        which run on every executor, start them; a range goes to a host that exists).
+        Remembered for the epoch's report."""
+        assert self.config is not None
+        mode = self.config.pipeline_exchange
+        direct = self._chooses_per_batch() and (
+            mode == "never"
+            or (self._every_executor_hosts() and int(keyed._jdf.rdd().getNumPartitions()) == 1)
+        )
+        self._routing[epoch] = "direct" if direct else "exchange"
+        return direct
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
@@ -504,11 +555,12 @@ class StatefulPipeline:
         for r in results:
             self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
+        routing = self._routing.pop(epoch, "exchange")
         adopted = epoch in store.epochs() if committed_before is None else committed_before
         if adopted:
             self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
         else:
-            snapshots = [snapshot_from_dict(r.snapshot) for r in results]
+            snapshots = [r.snapshot for r in results]
             try:
                 manifest = commit_snapshot(store, epoch, snapshots, self._lease)
             except Exception:
@@ -524,9 +576,9 @@ class StatefulPipeline:
             records=sum(r.records for r in results),
             seconds=time.perf_counter() - started if started is not None else 0.0,
             ranges=len(results),
-            warm=sum(r.state == "warm" for r in results),
-            restored=sum(r.state == "restored" for r in results),
-            fresh=sum(r.state == "fresh" for r in results),
+            warm=sum(r.state is RangeStart.WARM for r in results),
+            restored=sum(r.state is RangeStart.RESTORED for r in results),
+            fresh=sum(r.state is RangeStart.FRESH for r in results),
             spilled_key_groups=sum(r.spilled_key_groups for r in results),
             upload_bytes=sum(r.upload_bytes for r in results),
             host_seconds=sum(r.total_s for r in results),
@@ -538,6 +590,7 @@ class StatefulPipeline:
             snapshot_cpu_seconds=sum(r.snapshot_cpu_s for r in results),
             compaction_cpu_seconds=sum(r.snapshot_cpu_s for r in results if r.compaction_base),
             compaction_bases=sum(r.compaction_base for r in results),
+            routing=routing,
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -575,9 +628,17 @@ class StatefulPipeline:
         timeout = self.config.host_result_timeout
         deadline = time.monotonic() + timeout
         pause = 0.002
+
+        def read() -> RangeResult:
+            raw = fs.cat_file(path)
+            try:
+                return RangeResult.decode(raw)
+            except MessageError as e:  # never partial (written whole): not one of ours
+                raise CorruptFileError(name, f"range {index} of epoch {epoch}: {e}") from None
+
         while True:
             try:
-                return RangeResult(**json.loads(fs.cat_file(path)))
+                return read()
             except FileNotFoundError:
                 pass
             try:
@@ -586,7 +647,7 @@ class StatefulPipeline:
                 error = None
             if error is None and not self._owner_alive(index):
                 with contextlib.suppress(FileNotFoundError):  # written just before it died?
-                    return RangeResult(**json.loads(fs.cat_file(path)))
+                    return read()
                 raise RangesLostError(
                     f"the state host of range {index} is gone before it wrote the range's "
                     f"snapshot of epoch {epoch}"

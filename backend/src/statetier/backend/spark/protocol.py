@@ -1,10 +1,11 @@
 """The wire protocol between a Spark task and its executor's state host.
 
 One connection per task attempt over a Unix socket (``multiprocessing.connection`` frames).
-The task sends a JSON header, the pickled function, then its records as Arrow IPC messages and an
-empty frame; the host answers with output batches (``B`` + Arrow IPC), then ``R`` + the result as
-JSON, or ``X`` + the error text. Control requests (``ping``, ``shutdown``, ``stats``) are a JSON
-header answered by one ``R`` frame.
+The task sends a JSON header (:class:`~statetier.backend.spark.messages.TaskHeader`), the
+pickled function, then its records as Arrow IPC messages and an empty frame; the host answers
+with output batches (``B`` + Arrow IPC), then ``R`` + the result as JSON, or ``X`` + the error
+text. Control requests (``ping``, ``shutdown``, ``stats``) are a JSON header answered by one
+``R`` frame.
 """
 
 from __future__ import annotations

@@ -23,18 +23,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
+from statetier.backend.wire import Fields, MessageError
 
-__all__ = ["HostInfo", "HostRegistry", "RangeKey", "RouteError", "registry_for"]
+__all__ = [
+    "HostInfo",
+    "HostOrder",
+    "HostRegistry",
+    "OrderKind",
+    "RangeKey",
+    "RouteError",
+    "RouteRequest",
+    "ask_route",
+    "registry_for",
+]
 
 log = logging.getLogger("statetier.spark.registry")
 
@@ -74,14 +85,98 @@ class HostInfo:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HostInfo:
+    def from_json(cls, data: Any) -> HostInfo:
+        fields = Fields("statetier host info", data)
+        endpoints = []
+        for i, item in enumerate(fields.items("endpoints")):
+            try:
+                endpoints.append(Endpoint.from_json(item))
+            except (ValueError, TypeError) as e:
+                fields.fail(f"endpoints[{i}]", "[kind, address, port]", f"{item!r} ({e})")
         return cls(
-            host_id=data["host_id"],
-            pid=int(data["pid"]),
-            executor=str(data["executor"]),
-            node=str(data["node"]),
-            endpoints=[Endpoint.from_json(e) for e in data["endpoints"]],
+            host_id=fields.text("host_id"),
+            pid=fields.integer("pid"),
+            executor=fields.text("executor"),
+            node=fields.text("node"),
+            endpoints=endpoints,
         )
+
+
+class OrderKind(enum.Enum):
+    SHUTDOWN = "shutdown"  # the application is done with its state hosts
+    RELEASE = "release"  # drop these ranges: their pipeline ended
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOrder:
+    """An order the registry sends a host on its registration's connection."""
+
+    kind: OrderKind
+    ranges: tuple[RangeKey, ...] = ()  # of a release
+
+    def encode(self) -> bytes:
+        data: dict[str, Any] = {"op": self.kind.value}
+        if self.kind is OrderKind.RELEASE:
+            data["ranges"] = [list(key) for key in self.ranges]
+        return json.dumps(data).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> HostOrder:
+        fields = Fields("statetier host order", _json(raw))
+        op = fields.text("op")
+        try:
+            kind = OrderKind(op)
+        except ValueError:
+            fields.fail("op", "shutdown or release", op)
+        ranges = []
+        for i, item in enumerate(fields.items("ranges", [])):
+            if not _range_key(item):
+                fields.fail(f"ranges[{i}]", "[pipeline, parallelism, index]", item)
+            ranges.append((item[0], item[1], item[2]))
+        return cls(kind, tuple(ranges))
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteRequest:
+    """A task's question to the registry: which host owns range ``key``."""
+
+    key: RangeKey
+    local_host: str | None  # the asking task's own host (preferred for a new assignment)
+    unreachable: str | None = None  # the owner the task could not reach
+
+    def encode(self) -> bytes:
+        pipeline, parallelism, index = self.key
+        return json.dumps(
+            {
+                "op": "route",
+                "pipeline": pipeline,
+                "parallelism": parallelism,
+                "index": index,
+                "local_host": self.local_host,
+                "unreachable": self.unreachable,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, fields: Fields) -> RouteRequest:
+        key = (fields.text("pipeline"), fields.integer("parallelism"), fields.integer("index"))
+        return cls(key, fields.maybe_text("local_host"), fields.maybe_text("unreachable"))
+
+
+def _range_key(item: Any) -> bool:
+    return (
+        isinstance(item, list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and all(type(v) is int for v in item[1:])
+    )
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise MessageError(f"not JSON: {e}") from None
 
 
 class HostRegistry:
@@ -107,23 +202,24 @@ class HostRegistry:
     # ------------------------------------------------------------------ connections
 
     def _connection(self, conn: Connection) -> None:
-        request = json.loads(conn.recv_bytes(1 << 20))
-        op = request.get("op")
-        if op == "register":
-            self._host_link(conn, HostInfo.from_json(request["host"]))
-        elif op == "route":
-            try:
-                host = self.route(
-                    (request["pipeline"], int(request["parallelism"]), int(request["index"])),
-                    request.get("local_host"),
-                    request.get("unreachable"),
-                )
-                answer: dict[str, Any] = {"host": host.to_json()}
-            except RouteError as e:
-                answer = {"error": str(e)}
-            conn.send_bytes(json.dumps(answer).encode())
-        else:
-            conn.send_bytes(json.dumps({"error": f"unknown request {op!r}"}).encode())
+        try:
+            request = Fields("statetier registry request", _json(conn.recv_bytes(1 << 20)))
+            op = request.text("op")
+            if op == "register":
+                self._host_link(conn, HostInfo.from_json(request.mapping("host")))
+                return
+            if op != "route":
+                raise MessageError(f"unknown request {op!r}")
+            route = RouteRequest.decode(request)
+        except MessageError as e:
+            conn.send_bytes(json.dumps({"error": str(e)}).encode())
+            return
+        try:
+            host = self.route(route.key, route.local_host, route.unreachable)
+            answer: dict[str, Any] = {"host": host.to_json()}
+        except RouteError as e:
+            answer = {"error": str(e)}
+        conn.send_bytes(json.dumps(answer).encode())
 
     def _host_link(self, conn: Connection, host: HostInfo) -> None:
         """A host's registration: kept open, a heartbeat a second; its end is the host's end."""
@@ -250,17 +346,6 @@ class HostRegistry:
         with self._lock:
             return [h for h in self.hosts.values() if h.alive]
 
-    def wait_for_hosts(self, count: int, timeout: float) -> int:
-        """Wait until ``count`` hosts are alive (or ``timeout``); how many are."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while sum(h.alive for h in self.hosts.values()) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            return sum(h.alive for h in self.hosts.values())
-
     # ------------------------------------------------------------------ stopping
 
     def release_pipeline(self, pipeline: str) -> int:
@@ -273,9 +358,9 @@ class HostRegistry:
             links = {h: self.hosts[h].link for h in by_host if self.hosts[h].alive}
         for host_id, link in links.items():
             if link is not None:
-                order = {"op": "release", "ranges": [list(k) for k in by_host[host_id]]}
+                order = HostOrder(OrderKind.RELEASE, tuple(by_host[host_id]))
                 with contextlib.suppress(OSError):
-                    link.send_bytes(json.dumps(order).encode())
+                    link.send_bytes(order.encode())
         return len(keys)
 
     def shutdown_hosts(self, timeout: float = 10.0) -> list[HostInfo]:
@@ -285,7 +370,7 @@ class HostRegistry:
         for host in hosts:
             if host.link is not None:
                 with contextlib.suppress(OSError):
-                    host.link.send_bytes(b'{"op": "shutdown"}')
+                    host.link.send_bytes(HostOrder(OrderKind.SHUTDOWN).encode())
         deadline = time.monotonic() + timeout
         with self._lock:
             while any(h.alive for h in hosts) and time.monotonic() < deadline:
@@ -322,11 +407,6 @@ def registry_for(app_id: str, bind: str, port: int, liveness_timeout: float) -> 
         return registry
 
 
-def registries() -> Iterator[HostRegistry]:
-    with _GUARD:
-        yield from list(_REGISTRIES.values())
-
-
 def ask_route(
     registry: Endpoint,
     secret: bytes,
@@ -336,16 +416,8 @@ def ask_route(
 ) -> HostInfo:
     """A task's question to the driver: which host owns its range (RouteError: none it can use)."""
     with contextlib.closing(connect(registry, secret)) as conn:
-        request = {
-            "op": "route",
-            "pipeline": key[0],
-            "parallelism": key[1],
-            "index": key[2],
-            "local_host": local_host,
-            "unreachable": unreachable,
-        }
-        conn.send_bytes(json.dumps(request).encode())
-        answer = json.loads(conn.recv_bytes())
-    if "error" in answer:
-        raise RouteError(f"the driver's host registry at {registry}: {answer['error']}")
-    return HostInfo.from_json(answer["host"])
+        conn.send_bytes(RouteRequest(key, local_host, unreachable).encode())
+        answer = Fields("the registry's route", _json(conn.recv_bytes()))
+    if "error" in answer.data:
+        raise RouteError(f"the driver's host registry at {registry}: {answer.text('error')}")
+    return HostInfo.from_json(answer.mapping("host"))

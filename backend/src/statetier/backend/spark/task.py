@@ -1,9 +1,11 @@
 """The Spark side of a task: find the state host that owns its range and stream to it.
 
-This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition, that is
-one key-group range. A function with a :class:`~statetier.backend.spark.functions.Combiner` also
-gets a map-side ``mapInArrow`` before the exchange (:func:`combine_function`), which
-pre-aggregates each input partition per key.
+This runs inside PySpark's Python worker as the ``mapInArrow`` function of one partition: after
+Spark's exchange, one key-group range (:func:`partition_function`); without it, a micro-batch
+of one partition, which the task cuts into every range itself (:func:`direct_function`). A
+function with a :class:`~statetier.backend.spark.functions.Combiner` also gets a map-side
+``mapInArrow`` before the exchange (:func:`combine_function`), which pre-aggregates each input
+partition per key.
 
 Each task first makes sure its own executor has a state host (the first task of the application
 on the executor starts it, detached, under a file lock so concurrent tasks start one) and that the
@@ -17,19 +19,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-from statetier.backend.keygroups import key_group_range_for_instance
 from statetier.backend.spark.channel import Endpoint, connect
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
@@ -41,7 +46,18 @@ from statetier.backend.spark.protocol import (
 )
 from statetier.backend.spark.registry import HostInfo, ask_route
 
-__all__ = ["bind_address", "combine_function", "local_host", "partition_function"]
+__all__ = [
+    "bind_address",
+    "combine_function",
+    "direct_function",
+    "epoch_of_job",
+    "local_host",
+    "partition_function",
+    "receive_outputs",
+    "send_task",
+    "split_ranges",
+    "stream",
+]
 
 START_TIMEOUT_S = 60.0
 COMBINE_ROWS = 1 << 20  # input rows pre-aggregated at a time (bounds a map task's memory)
@@ -92,10 +108,10 @@ def bind_address(configured: str, registry: Endpoint) -> str:
     return address
 
 
-def local_host(spec: dict[str, Any], secret: bytes) -> HostInfo:
+def local_host(spec: PipelineSpec) -> HostInfo:
     """This executor's state host, registered with the driver; started if none runs."""
-    registry = Endpoint.from_json(spec["registry"])
-    path = socket_path(spec["app_id"])
+    registry, secret = spec.registry, spec.secret
+    path = socket_path(spec.app_id)
     host = _join(path, secret, registry)
     if host is not None:
         return host
@@ -104,7 +120,7 @@ def local_host(spec: dict[str, Any], secret: bytes) -> HostInfo:
         host = _join(path, secret, registry)
         if host is not None:
             return host
-        process = _start_host(spec, path, secret, registry)
+        process = _start_host(spec, path)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             host = _join(path, secret, registry)
@@ -125,9 +141,7 @@ def local_host(spec: dict[str, Any], secret: bytes) -> HostInfo:
         )
 
 
-def _start_host(
-    spec: dict[str, Any], path: str, secret: bytes, registry: Endpoint
-) -> subprocess.Popen[bytes]:
+def _start_host(spec: PipelineSpec, path: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     command = [
@@ -137,11 +151,11 @@ def _start_host(
         "--socket",
         path,
         "--bind",
-        bind_address(spec["host_bind"], registry),
+        bind_address(spec.host_bind, spec.registry),
         "--port",
-        str(spec["host_port"]),
+        str(spec.host_port),
         "--idle-timeout",
-        str(spec["idle_timeout"]),
+        str(spec.idle_timeout),
         "--watch-pid",
         str(_executor_pid()),
     ]
@@ -157,7 +171,7 @@ def _start_host(
         )
     assert process.stdin is not None
     with contextlib.suppress(BrokenPipeError):
-        process.stdin.write(secret.hex().encode() + b"\n")
+        process.stdin.write(spec.secret.hex().encode() + b"\n")
         process.stdin.close()
     return process
 
@@ -169,14 +183,12 @@ def _open(owner: HostInfo, local: HostInfo, secret: bytes) -> Connection:
     return connect(endpoint, secret)
 
 
-def _owner_connection(
-    spec: dict[str, Any], index: int, secret: bytes
-) -> tuple[HostInfo, Connection]:
+def _owner_connection(spec: PipelineSpec, index: int) -> tuple[HostInfo, Connection]:
     """The owner of range ``index`` as the driver assigns it, connected. An owner this task
     cannot reach is reported: the driver probes it and assigns a new owner if it is gone."""
-    registry = Endpoint.from_json(spec["registry"])
-    local = local_host(spec, secret)
-    key = (spec["pipeline"], spec["parallelism"], index)
+    registry, secret = spec.registry, spec.secret
+    local = local_host(spec)
+    key = (spec.pipeline, spec.parallelism, index)
     owner = ask_route(registry, secret, key, local.host_id)
     try:
         return owner, _open(owner, local, secret)
@@ -186,10 +198,11 @@ def _owner_connection(
 
 
 def partition_function(
-    spec: dict[str, Any], function_bytes: bytes
+    spec: PipelineSpec, epoch: EpochSpec | None, function_bytes: bytes
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of one epoch: each partition is the range of its index,
-    streamed to the state host that owns the range and its outputs read back."""
+    streamed to the state host that owns the range and its outputs read back. ``epoch`` None:
+    a query planned once, whose epoch comes with each job (see :func:`epoch_of_job`)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -197,50 +210,50 @@ def partition_function(
         task = TaskContext.get()
         assert task is not None
         index = task.partitionId()
-        header = dict(spec)
-        if "epoch" not in header:  # planned once: the epoch comes with the job
-            header.update(_epoch_of_job(task, spec["pipeline"]))
-        secret = bytes.fromhex(header.pop("secret"))
-        owner, conn = _owner_connection(spec, index, secret)
-        header.update(
-            op="task",
+        this_epoch = epoch or epoch_of_job(task, spec.pipeline)
+        owner, conn = _owner_connection(spec, index)
+        header = TaskHeader.for_task(
+            spec,
+            this_epoch,
             index=index,
             attempt_number=task.attemptNumber(),
             task_attempt_id=task.taskAttemptId(),
-            token=f"{header['owner']}-t{task.taskAttemptId()}",
-            base_token=header["base_tokens"].get(str(index)),
             owner_host=owner.host_id,
         )
-        header.pop("base_tokens")
-        mine = str(
-            key_group_range_for_instance(header["max_parallelism"], spec["parallelism"], index)
-        )
-        header["chain_updates"] = [
-            u for u in header.get("chain_updates", ()) if u["key_groups"] == mine
-        ]
-        with contextlib.closing(conn):
-            try:
-                yield from _stream(conn, header, function_bytes, batches)
-            except (EOFError, OSError) as e:
-                raise RuntimeError(
-                    f"lost the state host {owner.host_id} (executor {owner.executor}) of range "
-                    f"{index}: {e!r}; the task fails and Spark retries it"
-                ) from e
+        with contextlib.closing(conn), _host_lost(owner, index):
+            yield from stream(conn, header, function_bytes, batches)
 
     return run
 
 
-def _stream(
+def stream(
     conn: Connection,
-    header: dict[str, Any],
+    header: TaskHeader,
     function_bytes: bytes,
-    batches: Iterator[pa.RecordBatch],
+    batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    conn.send_bytes(json.dumps(header).encode())
+    """Send a task to a state host: its header, function and records; yield its outputs."""
+    send_task(conn, header, function_bytes, batches)
+    yield from receive_outputs(conn)
+
+
+def send_task(
+    conn: Connection,
+    header: TaskHeader,
+    function_bytes: bytes,
+    batches: Iterable[pa.RecordBatch],
+) -> None:
+    """A task's header, function and records, then the empty frame that ends them: the host
+    starts on the range once it has them all."""
+    conn.send_bytes(json.dumps(header.encode()).encode())
     conn.send_bytes(function_bytes)
     for batch in batches:
         conn.send_bytes(write_batch(batch))
     conn.send_bytes(b"")
+
+
+def receive_outputs(conn: Connection) -> Iterator[pa.RecordBatch]:
+    """The outputs of the task sent on ``conn``, until the host says it is done."""
     while True:
         message = conn.recv_bytes()
         kind, body = message[:1], memoryview(message)[1:]
@@ -254,7 +267,79 @@ def _stream(
             raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
 
-def _epoch_of_job(task: Any, pipeline: str) -> dict[str, Any]:
+def direct_function(
+    spec: PipelineSpec, epoch: EpochSpec | None, function_bytes: bytes
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an epoch without Spark's exchange: its one partition is the
+    whole micro-batch, which the task cuts into the key-group ranges (by the key-group column
+    the plan added) and sends to each range's state host, every range first, so that the hosts
+    work on them side by side; then it reads back their outputs, range by range.
+
+    A retry of this task is a retry of every range (each host finds its range dirty or at
+    another epoch and restores it), as a retry of one range's task is with the exchange."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        assert task is not None
+        this_epoch = epoch or epoch_of_job(task, spec.pipeline)
+        slices = split_ranges(list(batches), spec.parallelism, spec.max_parallelism)
+        with contextlib.ExitStack() as open_connections:
+            sent: list[tuple[HostInfo, int, Connection]] = []
+            for index, records in enumerate(slices):
+                owner, conn = _owner_connection(spec, index)
+                open_connections.callback(conn.close)
+                header = TaskHeader.for_task(
+                    spec,
+                    this_epoch,
+                    index=index,
+                    attempt_number=task.attemptNumber(),
+                    task_attempt_id=task.taskAttemptId(),
+                    owner_host=owner.host_id,
+                )
+                with _host_lost(owner, index):
+                    send_task(conn, header, function_bytes, records)
+                sent.append((owner, index, conn))
+            for owner, index, conn in sent:
+                with _host_lost(owner, index):
+                    yield from receive_outputs(conn)
+
+    return run
+
+
+def split_ranges(
+    batches: list[pa.RecordBatch], parallelism: int, max_parallelism: int
+) -> list[list[pa.RecordBatch]]:
+    """The records of each of ``parallelism`` ranges, by the key-group column: range ``i``
+    holds key groups ``kg`` with ``kg * parallelism // max_parallelism == i``, as the exchange
+    (``repartitionById``) assigns them."""
+    batches = [b for b in batches if b.num_rows]
+    if not batches:
+        return [[] for _ in range(parallelism)]
+    table = pa.Table.from_batches(batches)
+    owners = table.column(KEY_GROUP_COLUMN).to_numpy() * parallelism // max_parallelism
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(owners[order], np.arange(parallelism + 1)).tolist()
+    table = table.take(pa.array(order))
+    return [
+        table.slice(start, end - start).to_batches() for start, end in itertools.pairwise(bounds)
+    ]
+
+
+@contextlib.contextmanager
+def _host_lost(owner: HostInfo, index: int) -> Iterator[None]:
+    """A connection that breaks is a lost state host: the task fails and Spark retries it."""
+    try:
+        yield
+    except (EOFError, OSError) as e:
+        raise RuntimeError(
+            f"lost the state host {owner.host_id} (executor {owner.executor}) of range "
+            f"{index}: {e!r}; the task fails and Spark retries it"
+        ) from e
+
+
+def epoch_of_job(task: Any, pipeline: str) -> EpochSpec:
     """The epoch a ``write_stream`` query's driver set on this micro-batch's job."""
     raw = task.getLocalProperty(epoch_property(pipeline))
     if raw is None:
@@ -262,8 +347,7 @@ def _epoch_of_job(task: Any, pipeline: str) -> dict[str, Any]:
             f"statetier pipeline {pipeline}: this job carries no epoch; write the output of a "
             "stream planned by StatefulPipeline.write_stream through that query only"
         )
-    epoch: dict[str, Any] = json.loads(raw)
-    return epoch
+    return EpochSpec.decode(json.loads(raw))
 
 
 def combine_function(

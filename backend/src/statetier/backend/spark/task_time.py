@@ -1,10 +1,11 @@
 """Time in a Spark task: the timers a micro-batch fires around its records.
 
-The driver puts the epoch's time in the task header (see ``epoch_time``); the state host moves
-the range's instance to it before the records (the timers the watermark made due fire first, as
-in Flink) and again after them (timers the records set for a time already reached), then, in a
-batch run that asks for it, fires every event-time timer. The header is the same for every
-attempt of the task, so a retried task fires the same timers from the same restored state.
+The driver puts the epoch's time in the task header (an ``EpochTime``, see ``epoch_time``); the
+state host moves the range's instance to it before the records (the timers the watermark made
+due fire first, as in Flink) and again after them (timers the records set for a time already
+reached), then, in a batch run that asks for it, fires every event-time timer. The header is the
+same for every attempt of the task, so a retried task fires the same timers from the same
+restored state.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from statetier.backend.runtime import FunctionInstance
+from statetier.backend.spark.messages import EpochTime
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import SystemClock
 
@@ -25,9 +27,8 @@ class EpochClock:
     it replaces (never the host's wall clock, which differs per attempt and per executor).
     """
 
-    def __init__(self, header: dict[str, Any]) -> None:
-        start = header.get("processing_time")
-        self._now: int = SystemClock().now_ms() if start is None else int(start)
+    def __init__(self, start: int | None) -> None:
+        self._now: int = SystemClock().now_ms() if start is None else start
 
     def now_ms(self) -> int:
         return self._now
@@ -37,17 +38,17 @@ class EpochClock:
             self._now = now_ms
 
 
-def timers_before(instance: FunctionInstance, header: dict[str, Any]) -> list[Any]:
+def timers_before(instance: FunctionInstance, time: EpochTime) -> list[Any]:
     """Move to the epoch's time and fire what is due: the outputs of ``on_timer``."""
     if isinstance(instance.clock, EpochClock):
-        instance.clock.move_to(header.get("processing_time"))
-    return instance.advance_time(header.get("watermark"), header.get("processing_time"))
+        instance.clock.move_to(time.processing_time)
+    return instance.advance_time(time.watermark, time.processing_time)
 
 
-def timers_after(instance: FunctionInstance, header: dict[str, Any]) -> list[Any]:
+def timers_after(instance: FunctionInstance, time: EpochTime) -> list[Any]:
     """After the records: fire the timers they set at or before the epoch's time, then (at the
     end of a batch run's input) every event-time timer."""
-    out = instance.advance_time(header.get("watermark"), header.get("processing_time"))
-    if header.get("end_of_input"):  # the batch's last watermark (processing time unchanged)
-        out += instance.advance_time(MAX_WATERMARK, header.get("processing_time"))
+    out = instance.advance_time(time.watermark, time.processing_time)
+    if time.end_of_input:  # the batch's last watermark (processing time unchanged)
+        out += instance.advance_time(MAX_WATERMARK, time.processing_time)
     return out

@@ -72,10 +72,10 @@ class EpochUpkeep:
         compaction = self._upkeep.compaction
         return compaction.compactor if compaction is not None else None
 
-    def updates(self) -> list[dict[str, Any]]:
-        """The chain updates the next epoch's hosts apply (JSON-ready)."""
+    def updates(self) -> tuple[ChainUpdate, ...]:
+        """The chain updates the next epoch's hosts apply."""
         with self._lock:
-            return [u.to_dict() for u in self._pending]
+            return tuple(self._pending)
 
     def committed(self, manifest: Manifest, owner: str, now_ms: int | None = None) -> None:
         """``manifest`` was just committed: forget the updates it took (or that no longer

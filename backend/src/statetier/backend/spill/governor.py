@@ -27,10 +27,11 @@ from typing import ClassVar, Protocol
 
 from statetier.backend.config import StatetierConfig
 from statetier.backend.spill.accounting import KeyGroupAccounting
-from statetier.backend.spill.decision import Choice, Decision
+from statetier.backend.spill.decision import Choice, Decision, Order
 from statetier.backend.spill.monitor import (
     MemoryMonitor,
     MonitorSettings,
+    Move,
     Trigger,
     resolve_budget,
 )
@@ -54,11 +55,9 @@ class Member(Protocol):
 
     def candidates(self, spill: bool, owner: int) -> list[Candidate]: ...
 
-    def move(
-        self, action: str, trigger: Trigger, reason: str, chosen: Choice
-    ) -> Decision | None: ...
+    def move(self, order: Order) -> Decision | None: ...
 
-    def post(self, action: str, trigger: Trigger, reason: str, choice: Choice) -> None: ...
+    def post(self, order: Order) -> None: ...
 
 
 class MemoryGovernor:
@@ -186,9 +185,9 @@ class MemoryGovernor:
         heap = sum(m.accounting.total_heap() - m.pending_heap() for m in managers)
         spilled = sum(m.accounting.total_spilled() for m in managers)
         verdict = self.monitor.assess(max(0, heap), spilled)
-        if verdict.action == "none":
+        if verdict.action is None:
             return []
-        spill = verdict.action == "spill"
+        spill = verdict.action is Move.SPILL
         candidates = [(i, c) for i, m in enumerate(managers) for c in m.candidates(spill, owner=i)]
         plain = [c for _, c in candidates]
         chosen = (
@@ -201,12 +200,13 @@ class MemoryGovernor:
             by_owner.setdefault(candidate.owner, []).append((candidate, score))
         decisions = []
         for i, choice in by_owner.items():
+            order = Order(verdict.action, verdict.trigger, verdict.reason, choice)
             if i in held:
-                decision = managers[i].move(verdict.action, verdict.trigger, verdict.reason, choice)
+                decision = managers[i].move(order)
                 if decision is not None:
                     decisions.append(decision)
             else:
-                managers[i].post(verdict.action, verdict.trigger, verdict.reason, choice)
+                managers[i].post(order)
         if spill and verdict.trigger is Trigger.GC:
             self.monitor.after_gc_spill()
         self.storage.compact()

@@ -37,9 +37,9 @@ from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.serializers import MsgpackSerializer, SerializationError
 from statetier.backend.spill import metrics
 from statetier.backend.spill.accounting import KeyGroupAccounting
-from statetier.backend.spill.decision import Choice, Decision
+from statetier.backend.spill.decision import Decision, Order
 from statetier.backend.spill.governor import MemoryGovernor
-from statetier.backend.spill.monitor import MemoryMonitor, Trigger
+from statetier.backend.spill.monitor import MemoryMonitor, Move, Trigger
 from statetier.backend.spill.policy import Candidate
 from statetier.backend.spill.spilled_map import SpilledMap
 from statetier.backend.spill.storage import (
@@ -118,7 +118,7 @@ class SpillManager:
         self._reported = {"heap": 0, "spilled": 0, "disk": 0, "kg_heap": 0, "kg_disk": 0}
         self._failure_logged: set[str] = set()
         # moves the governor chose while another thread held this backend (done at next poll)
-        self._posted: list[tuple[str, Trigger, str, Choice]] = []
+        self._posted: list[Order] = []
         self._posted_slots: set[int] = set()
         # records counted so far, and those whose key group was on disk when they came
         self.records_counted = 0
@@ -143,9 +143,9 @@ class SpillManager:
         config: StatetierConfig,
         in_use: threading.RLock | None = None,
     ) -> SpillManager:
-        """A manager under the process's governor for these settings."""
+        """A manager under the process's governor for these settings. It starts no metrics
+        endpoint: the process's entry point does (``serve_metrics``)."""
         governor = MemoryGovernor.for_config(config)
-        metrics.serve_metrics(config.metrics_port)
         backend_metrics.watch_spill_dirs(list(config.spill_dirs) or default_spill_dirs())
         return cls(backend, governor=governor, in_use=in_use)
 
@@ -200,7 +200,7 @@ class SpillManager:
                     self.records_on_disk += new
                 tallied[slot] = hits[slot]
 
-    def spill_key_group(self, key_group: int, reason: str = "forced") -> bool:
+    def spill_key_group(self, key_group: int, trigger: Trigger = Trigger.FORCED) -> bool:
         """Move ``key_group`` (all its states) to disk; False if no space (it stays on heap)."""
         if self.closed:
             raise RuntimeError("the spill manager is closed")
@@ -240,11 +240,11 @@ class SpillManager:
             backend.tables[name].maps[slot] = spilled
         self.spilled[slot] = maps
         self.accounting.record_spill(slot, heap_bytes, sum(m.live_bytes for m in maps.values()))
-        metrics.SPILLS.labels(reason).inc()
+        metrics.SPILLS.labels(trigger.value).inc()
         metrics.SPILL_SECONDS.observe(time.perf_counter() - started)
         return True
 
-    def load_key_group(self, key_group: int, reason: str = "forced") -> bool:
+    def load_key_group(self, key_group: int, trigger: Trigger = Trigger.FORCED) -> bool:
         """Move ``key_group`` back to heap; False if it was not spilled."""
         slot = self._slot(key_group)
         if slot not in self.spilled:
@@ -256,7 +256,7 @@ class SpillManager:
             self.backend.tables[name].maps[slot] = dict(spilled.iter_items())
             spilled.release()
         self.accounting.record_load(slot, self.backend.estimate_size(key_group))
-        metrics.LOADS.labels(reason).inc()
+        metrics.LOADS.labels(trigger.value).inc()
         metrics.LOAD_SECONDS.observe(time.perf_counter() - started)
         return True
 
@@ -266,7 +266,9 @@ class SpillManager:
         key_group = self._first + slot
         if isinstance(exc, OSError):
             self._spill_failed(key_group, exc)
-        self.load_key_group(key_group, reason="disk-full" if isinstance(exc, OSError) else "error")
+        self.load_key_group(
+            key_group, Trigger.DISK_FULL if isinstance(exc, OSError) else Trigger.ERROR
+        )
         log.warning("spill: key group %d moved back to heap: %s", key_group, exc)
         return self.backend.tables[name].maps[slot]
 
@@ -307,7 +309,7 @@ class SpillManager:
                 except (SpaceUnavailableError, SerializationError) as exc:
                     if isinstance(exc, OSError):
                         self._spill_failed(key_group, exc)
-                    self.load_key_group(key_group, reason="error")
+                    self.load_key_group(key_group, Trigger.ERROR)
                     break
                 table.maps[slot] = spilled
                 maps[name] = spilled
@@ -375,69 +377,66 @@ class SpillManager:
             if slot not in posted
         ]
 
-    def post(self, action: str, trigger: Trigger, reason: str, choice: Choice) -> None:
+    def post(self, order: Order) -> None:
         """A move chosen while another thread uses this backend: done at its next poll. The
         monitor counts it now, so the next check does not choose the same bytes again."""
-        self._posted.append((action, trigger, reason, choice))
-        self._posted_slots.update(c.key_group - self._first for c, _ in choice)
-        self._note(action, sum(c.size for c, _ in choice))
+        self._posted.append(order)
+        self._posted_slots.update(c.key_group - self._first for c, _ in order.choice)
+        self._note(order.action, sum(c.size for c, _ in order.choice))
 
     def pending_heap(self) -> int:
         """Heap bytes that posted moves will free (spills) less those they will take (loads)."""
-        return sum(
-            sum(c.size for c, _ in choice) * (1 if action == "spill" else -1)
-            for action, _, _, choice in self._posted
-        )
+        return sum(order.heap_bytes for order in self._posted)
 
     def _apply_posted(self) -> None:
         posted, self._posted = self._posted, []
         self._posted_slots = set()
-        for action, trigger, reason, choice in posted:
-            self.move(action, trigger, reason, choice, noted=True)
+        for order in posted:
+            self.move(order, noted=True)
 
-    def _note(self, action: str, heap_bytes: int) -> None:
+    def _note(self, action: Move, heap_bytes: int) -> None:
         monitor = self.governor.monitor
         if monitor is not None:
-            if action == "spill":
+            if action is Move.SPILL:
                 monitor.note_spill(heap_bytes)
             else:
                 monitor.note_load(heap_bytes)
 
-    def move(
-        self, action: str, trigger: Trigger, reason: str, chosen: Choice, *, noted: bool = False
-    ) -> Decision | None:
-        """Carry out the governor's choice for this backend (the caller holds it)."""
-        if not chosen or self.closed:
+    def move(self, order: Order, *, noted: bool = False) -> Decision | None:
+        """Carry out the governor's order for this backend (the caller holds it)."""
+        if not order.choice or self.closed:
             return None
+        spill = order.action is Move.SPILL
         started = time.perf_counter()
         moved, failed, scores, heap_bytes = [], [], [], 0
-        for candidate, score in chosen:
+        for candidate, score in order.choice:
             ok = (
-                self.spill_key_group(candidate.key_group, trigger.value)
-                if action == "spill"
-                else self.load_key_group(candidate.key_group, trigger.value)
+                self.spill_key_group(candidate.key_group, order.trigger)
+                if spill
+                else self.load_key_group(candidate.key_group, order.trigger)
             )
             if ok:
                 moved.append(candidate.key_group)
                 scores.append(round(score, 3))
                 heap_bytes += candidate.size
-            elif action == "spill":
+            elif spill:
                 failed.append(candidate.key_group)
                 break  # no space now: the next ones would fail the same way
         seconds = time.perf_counter() - started
         if not noted:
-            self._note(action, heap_bytes)
+            self._note(order.action, heap_bytes)
         decision = Decision(
-            action, reason, moved, scores, heap_bytes, seconds, failed, trigger=trigger,
-            manager=self,
+            order.action, order.reason, moved, scores, heap_bytes, seconds, failed,
+            trigger=order.trigger, manager=self,
         )  # fmt: skip
         self.decisions.append(decision)
         self._update_metrics()
-        self._log(decision, {c.key_group: c for c, _ in chosen})
+        self._log(decision, {c.key_group: c for c, _ in order.choice})
         return decision
 
     def _log(self, decision: Decision, candidates: dict[int, Candidate]) -> None:
-        arrow = "heap -> disk" if decision.action == "spill" else "disk -> heap"
+        spill = decision.action is Move.SPILL
+        arrow = "heap -> disk" if spill else "disk -> heap"
         shown = ", ".join(
             f"{kg}(score={score:.2f} size={_mib(candidates[kg].size)} "
             f"rate={candidates[kg].rate:.1f}/s)"
@@ -450,12 +449,12 @@ class SpillManager:
         log.info(
             "spill: %s %d key groups %s [%s] because %s; %s ~%s heap in %.1f ms; "
             "key groups now heap=%d disk=%d%s",
-            decision.action,
+            decision.action.value,
             len(decision.key_groups),
             arrow,
             shown,
             decision.reason,
-            "freed" if decision.action == "spill" else "took",
+            "freed" if spill else "took",
             _mib(decision.heap_bytes),
             decision.seconds * 1000,
             self.accounting.slots - spilled,
@@ -490,7 +489,7 @@ class SpillManager:
         with self.in_use:
             if load_back:
                 for slot in list(self.spilled):
-                    self.load_key_group(self._first + slot, reason=Trigger.CLOSE.value)
+                    self.load_key_group(self._first + slot, Trigger.CLOSE)
             for maps in self.spilled.values():
                 for spilled in maps.values():
                     spilled.release()

@@ -47,6 +47,7 @@ __all__ = [
     "GcPauseTracker",
     "MemoryMonitor",
     "MonitorSettings",
+    "Move",
     "Trigger",
     "Verdict",
     "resolve_budget",
@@ -161,6 +162,13 @@ class MonitorSettings:
     usage: str = "rss"
 
 
+class Move(enum.Enum):
+    """Which way key groups go."""
+
+    SPILL = "spill"  # heap -> disk
+    LOAD = "load"  # disk -> heap
+
+
 class Trigger(enum.Enum):
     """Why key groups moved (a metric label and a log field; never parsed from text)."""
 
@@ -175,10 +183,11 @@ class Trigger(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What the monitor found: ``action`` is spill, load or none; ``amount`` is heap bytes to
-    shed (spill) or that may come back (load); ``reason`` goes into the spill log line."""
+    """What the monitor found: ``action`` is a :class:`Move`, or None when nothing should move;
+    ``amount`` is heap bytes to shed (spill) or that may come back (load); ``trigger`` is why,
+    and ``reason`` the same in words for the spill log line (never parsed)."""
 
-    action: str
+    action: Move | None
     reason: str
     amount: int = 0
     used: int = 0
@@ -274,7 +283,7 @@ class MemoryMonitor:
         if used > spill_at and heap_state > 0:
             amount = max(int(s.spill_ratio * heap_state), int(used - spill_at))
             return Verdict(
-                "spill",
+                Move.SPILL,
                 f"{self._measure} {_mib(used)} > spill threshold {_mib(spill_at)} "
                 f"({s.spill_threshold:.0%} of {_mib(s.budget)} budget from {s.budget_source}"
                 f"{self._allowance_note()})",
@@ -291,7 +300,7 @@ class MemoryMonitor:
                 room = min(room, int(gc_room))
             if room > 0:
                 return Verdict(
-                    "load",
+                    Move.LOAD,
                     f"{self._measure} {_mib(used)} < load threshold {_mib(load_below)} "
                     f"({s.load_threshold:.0%} of {_mib(s.budget)} budget)",
                     room,
@@ -299,7 +308,7 @@ class MemoryMonitor:
                     rss,
                     Trigger.LOAD_BACK,
                 )
-        return Verdict("none", "", 0, used, rss)
+        return Verdict(None, "", 0, used, rss)
 
     @property
     def _measure(self) -> str:
@@ -334,4 +343,4 @@ class MemoryMonitor:
                 f"predicted gen-2 GC pause {predicted * 1000:.0f}ms at {_mib(heap_state)} heap"
                 f" > {GC_EARLY:.0%} of threshold {threshold * 1000:.0f}ms"
             )
-        return Verdict("spill", why, min(amount, heap_state), used, rss, Trigger.GC)
+        return Verdict(Move.SPILL, why, min(amount, heap_state), used, rss, Trigger.GC)

@@ -245,11 +245,6 @@ class SpilledMap(MutableMapping[Any, Any]):
     def released(self) -> bool:
         return self._index is None
 
-    @property
-    def region_bytes(self) -> int:
-        """Bytes of spill space this map holds (index and log)."""
-        return sum(r.size for r in (self._index, self._data) if r is not None)
-
     # ------------------------------------------------------------------ point access
 
     def _find(self, kb: bytes, h: int) -> tuple[int, int]:

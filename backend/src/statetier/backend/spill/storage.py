@@ -106,9 +106,6 @@ class Chunk:
             i -= 1
         self.free.insert(i, (offset, size))
 
-    def largest_free(self) -> int:
-        return max((extent for _, extent in self.free), default=0)
-
     def close(self) -> None:
         self.mm.close()
         os.close(self.fd)

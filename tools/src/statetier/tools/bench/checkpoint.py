@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from statetier.backend.bench import print_table
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.helptext import plain
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
@@ -44,7 +43,6 @@ from statetier.backend.keygroups import (
     assign_to_key_group,
     key_group_range_for_instance,
 )
-from statetier.backend.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.snapshot import (
     Checkpointer,
@@ -56,6 +54,8 @@ from statetier.backend.snapshot import (
 from statetier.backend.snapshot.lazy import LazyEntries
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.state.codec import StateCodec
+from statetier.tools.bench import print_table
+from statetier.tools.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 
 TARGET_RATIO = 0.7
 TARGET_INCREMENTAL = 0.05

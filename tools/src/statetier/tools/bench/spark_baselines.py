@@ -75,7 +75,7 @@ class TwsSessions(_tws_base()):  # type: ignore[misc]
         rows: Iterator[pd.DataFrame],
         timerValues: Any,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
-        from statetier.backend.bench.spark_functions import SESSION_GAP_MS
+        from statetier.tools.bench.spark_functions import SESSION_GAP_MS
 
         gap = SESSION_GAP_MS
         clicks = sorted(t for frame in rows for t in frame["ts"].tolist())

@@ -35,9 +35,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from statetier.backend.bench import print_table, run_child
 from statetier.backend.config import load_config
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.helptext import plain
@@ -46,7 +44,9 @@ from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import SpillManager
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.state import ListState
-from statetier.backend.workloads import zipf_words
+from statetier.tools.bench import print_table, run_child
+from statetier.tools.wordcount import WordCount
+from statetier.tools.workloads import zipf_words
 
 MAX_PARALLELISM = 128
 SPILL_TARGET = 0.57  # share of key groups spilled in FLIP-50's experiment
@@ -306,7 +306,7 @@ def _run_child(mode: str, args: argparse.Namespace, extra: Sequence[str] = ()) -
     command = [
         sys.executable,
         "-m",
-        "statetier.backend.bench.wordcount",
+        "statetier.tools.bench.wordcount",
         "--mode",
         mode,
         "--records",

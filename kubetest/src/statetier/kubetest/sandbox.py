@@ -8,13 +8,15 @@ stopped at the end, also on Ctrl-C or failure.
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
-from statetier.operator.testing.processes import Sandbox
+from statetier.kubetest.processes import Sandbox
 
 __all__ = ["main"]
 
@@ -149,6 +151,14 @@ def run(repo: Path) -> None:
     print("done: everything the sandbox started has stopped")
 
 
-def main(repo: str = ".") -> int:
-    run(Path(repo).resolve())
+def main(argv: Sequence[str] | None = None) -> int:
+    """``statetier-operator sandbox`` (``make sandbox``)."""
+    parser = argparse.ArgumentParser(
+        prog="statetier-operator sandbox",
+        description="The operator at work without a cluster: the API emulator, the operator and "
+        "its webhooks on 127.0.0.1, kubectl apply of crds/ and examples/, narrated; everything "
+        "it started stops at the end.",
+    )
+    parser.add_argument("--repo", default=".", help="repository root (crds/, examples/)")
+    run(Path(parser.parse_args(argv).repo).resolve())
     return 0

@@ -49,14 +49,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statetier.backend.bench import print_table, run_child
-from statetier.backend.bench.wordcount import state_bytes
 from statetier.backend.config import load_config, parse_size
-from statetier.backend.demo import WordCount
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.helptext import plain
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill.monitor import read_rss
+from statetier.tools.bench import print_table, run_child
+from statetier.tools.bench.wordcount import state_bytes
+from statetier.tools.wordcount import WordCount
 
 PEERS = ("spilled", "heap", "rocksdict")
 MULTIPLES = "0.5,1,2,5,10"
@@ -257,7 +257,7 @@ def _run_child(peer: str, keys: int, args: argparse.Namespace) -> dict[str, Any]
     command = [
         sys.executable,
         "-m",
-        "statetier.backend.bench.state_scale",
+        "statetier.tools.bench.state_scale",
         "--peer",
         peer,
         "--keys",

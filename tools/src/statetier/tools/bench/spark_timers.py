@@ -35,9 +35,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from statetier.backend.bench import print_table
-from statetier.backend.bench.spark_functions import SESSION_GAP_MS, Sessions
-from statetier.backend.bench.spark_wordcount import run_query, spark_session
+from statetier.tools.bench import print_table
+from statetier.tools.bench.spark_functions import SESSION_GAP_MS, Sessions
+from statetier.tools.bench.spark_wordcount import run_query, spark_session
 
 Click = tuple[str, int]
 Session = tuple[str, int, int, int]
@@ -122,8 +122,8 @@ def bench_statetier(
     pipelines: list[Any],
     function: Any = None,
 ) -> tuple[float, list[Session]]:
-    from statetier.backend.bench.spark_functions import ArrowSessions
     from statetier.backend.spark import StatefulPipeline
+    from statetier.tools.bench.spark_functions import ArrowSessions
 
     pipeline = StatefulPipeline(
         function or ArrowSessions,
@@ -141,7 +141,7 @@ def bench_statetier(
 
 
 def bench_tws(spark: Any, source: Path, work: Path) -> tuple[float, list[Session]]:
-    from statetier.backend.bench.spark_baselines import TwsSessions
+    from statetier.tools.bench.spark_baselines import TwsSessions
 
     out: list[Session] = []
     sessions = (

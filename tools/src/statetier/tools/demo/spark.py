@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from statetier.backend.demo import print_summary
-from statetier.backend.demo_dir import prepare
-from statetier.backend.workloads import batches, zipf_words
+from statetier.tools.demo.local import print_summary
+from statetier.tools.demo.workdir import prepare
+from statetier.tools.workloads import batches, zipf_words
 
 PREFIX = "demo-wordcount"
 T = TypeVar("T")
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     """The object store of an earlier run, up until Ctrl-C, with the commands that read it."""
-    from statetier.backend.seaweed import SeaweedFS
+    from statetier.tools.seaweed import SeaweedFS
 
     directory = prepare(Path(args.dir), "spark", restart=True)
     with CtrlC() as ctrl_c, SeaweedFS.start(directory / "seaweedfs") as weed:
@@ -124,7 +124,7 @@ def write_input(args: argparse.Namespace, directory: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from statetier.backend.seaweed import SeaweedFS
+    from statetier.tools.seaweed import SeaweedFS
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     directory = prepare(Path(args.dir), "spark", restart=args.restart)
@@ -156,9 +156,9 @@ def stream(
     args: argparse.Namespace, directory: Path, weed: Any, done: list[str], ctrl_c: CtrlC
 ) -> bool:
     """The streaming query over the input, then the summary; whether the counts are exact."""
-    from statetier.backend.bench.spark_functions import ArrowWordCount
-    from statetier.backend.bench.spark_wordcount import read_counts, spark_session
     from statetier.backend.spark import StatefulPipeline
+    from statetier.tools.bench.spark_functions import ArrowWordCount
+    from statetier.tools.bench.spark_wordcount import read_counts, spark_session
 
     spark = pipeline = None
     try:

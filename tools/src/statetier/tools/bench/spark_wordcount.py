@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from statetier.backend.bench import print_table
 from statetier.backend.helptext import plain
-from statetier.backend.workloads import batches, zipf_words
+from statetier.tools.bench import print_table
+from statetier.tools.workloads import batches, zipf_words
 
 PIPELINES = (
     "spark_rocksdb_count",
@@ -170,8 +170,8 @@ def bench_statetier(
 ) -> tuple[float, dict[str, Any]]:
     """Runs statetier; the caller stops the state hosts of ``pipelines`` when the benchmark
     ends (they are the executor's, shared by every run, as Spark's Python workers are)."""
-    from statetier.backend.bench.spark_functions import ArrowWordCount
     from statetier.backend.spark import StatefulPipeline
+    from statetier.tools.bench.spark_functions import ArrowWordCount
 
     pipeline = StatefulPipeline(
         ArrowWordCount,
@@ -228,9 +228,9 @@ def read_counts(pipeline: Any) -> dict[str, int]:
 def checkpoint_counts(store: Any, parallelism: int | None = None) -> dict[str, int]:
     """The word counts of ``store``'s latest checkpoint, restored at ``parallelism`` (default:
     the checkpoint's own)."""
-    from statetier.backend.bench.spark_functions import ArrowWordCount
     from statetier.backend.descriptors import ValueStateDescriptor
     from statetier.backend.runtime import FunctionInstance
+    from statetier.tools.bench.spark_functions import ArrowWordCount
 
     manifest = store.manifest()
     parallelism = parallelism or manifest.parallelism
@@ -264,7 +264,7 @@ def bench_rocksdb(spark: Any, source: Path, work: Path) -> float:
 
 def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
     from pyspark.sql.streaming.state import GroupStateTimeout
-    from statetier.backend.bench.spark_baselines import apply_count
+    from statetier.tools.bench.spark_baselines import apply_count
 
     counts = (
         stream(spark, source)
@@ -282,7 +282,7 @@ def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
 
 
 def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
-    from statetier.backend.bench.spark_baselines import TwsCount
+    from statetier.tools.bench.spark_baselines import TwsCount
 
     counts = (
         stream(spark, source)
@@ -301,8 +301,8 @@ def bench_transform_with_state(spark: Any, source: Path, work: Path) -> float:
 def bench_ceiling_keyed(spark: Any, source: Path, work: Path, partitions: int) -> float:
     """The ceiling with the exchange any keyed state needs: key group, repartitionById, count."""
     from pyspark.sql import functions as sf
-    from statetier.backend.bench.spark_baselines import count_rows
     from statetier.backend.keygroups import spark_key_group_expr
+    from statetier.tools.bench.spark_baselines import count_rows
 
     kg = sf.expr(spark_key_group_expr(["word"], 128))
     owner = sf.expr(f"CAST((kg * {partitions}) div 128 AS INT)")
@@ -315,7 +315,7 @@ def bench_ceiling(spark: Any, source: Path, work: Path, partitions: int | None) 
     """``mapInPandas`` that only counts, over the same partitions as the other pipelines (hashed
     by word, the cheapest exchange: a round-robin ``repartition`` sorts first), or over the
     source's own (``partitions`` None: one file, one partition per micro-batch)."""
-    from statetier.backend.bench.spark_baselines import count_rows
+    from statetier.tools.bench.spark_baselines import count_rows
 
     df = stream(spark, source)
     if partitions is not None:
@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
             )
         }
         if args.s3:
-            from statetier.backend.seaweed import SeaweedFS
+            from statetier.tools.seaweed import SeaweedFS
 
             weed = SeaweedFS.start(work / "weed")
             store = weed

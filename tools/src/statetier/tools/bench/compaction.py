@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-from statetier.backend.bench import cpu_seconds
 from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.helptext import plain
 from statetier.backend.snapshot.compaction import (
@@ -43,7 +42,8 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 from statetier.backend.snapshot.format import BASE, DELTA, encode_data_file
-from statetier.compaction.launch import BUCKET, Processes, SeaweedFS
+from statetier.tools.bench import cpu_seconds
+from statetier.tools.compaction_launch import BUCKET, Processes, SeaweedFS
 
 TARGET_RATIO = 0.5
 KEY_GROUPS = range(0, 16)

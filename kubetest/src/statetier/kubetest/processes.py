@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from statetier.operator.testing.certs import self_signed
+from statetier.kubetest.certs import self_signed
 
 __all__ = ["Sandbox", "compaction_service_manifest", "free_port", "kubectl_path"]
 
@@ -132,7 +132,7 @@ class Sandbox:
             [
                 sys.executable,
                 "-m",
-                "statetier.operator.testing.emulator",
+                "statetier.kubetest.emulator",
                 "--port",
                 "0",
                 "--kubeconfig",

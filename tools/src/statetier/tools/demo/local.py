@@ -11,30 +11,16 @@ from __future__ import annotations
 import argparse
 import collections
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from statetier.backend.demo_dir import prepare
 from statetier.backend.descriptors import ValueStateDescriptor
-from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import SnapshotStore
-from statetier.backend.state import ValueState
-from statetier.backend.workloads import batches, zipf_words
-
-
-class WordCount(KeyedProcessFunction[str, int, tuple[str, int]]):
-    """Counts words; emits nothing per record (the counts live in state)."""
-
-    count: ValueState[int]
-
-    def open(self, context: RuntimeContext) -> None:
-        self.count = context.get_state(ValueStateDescriptor("count"))
-
-    def process(self, key: str, value: int, context: RuntimeContext) -> Iterable[tuple[str, int]]:
-        self.count.update((self.count.value() or 0) + value)
-        return ()
+from statetier.tools.demo.workdir import prepare
+from statetier.tools.wordcount import WordCount
+from statetier.tools.workloads import batches, zipf_words
 
 
 def read_counts(uri: str, parallelism: int) -> dict[str, int]:

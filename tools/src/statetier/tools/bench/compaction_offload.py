@@ -43,16 +43,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from statetier.backend.bench import cpu_seconds, print_table
-from statetier.backend.bench.spark_wordcount import (
+from statetier.backend.helptext import plain
+from statetier.tools.bench import cpu_seconds, print_table
+from statetier.tools.bench.spark_wordcount import (
     read_counts,
     run_streaming,
     spark_session,
     stream,
     write_input,
 )
-from statetier.backend.helptext import plain
-from statetier.backend.workloads import zipf_sampler
+from statetier.tools.workloads import zipf_sampler
 
 MODES = ("executor", "local", "remote")
 TARGETS = {"cpu_share_off_executor": 0.9, "p99_over_p50": 1.5, "throughput_ratio": 1.0}
@@ -98,7 +98,7 @@ class Service:
     from the environment during the remote runs, as a driver pod would)."""
 
     def __init__(self, workdir: Path, seaweed: Any, prefix: str) -> None:
-        from statetier.compaction.launch import Processes
+        from statetier.tools.compaction_launch import Processes
 
         self.token = secrets.token_hex(16)
         self.procs = Processes(workdir, env={**seaweed.env, TOKEN_ENV: self.token})
@@ -169,8 +169,8 @@ class Bench:
         self.pipelines: list[Any] = []
 
     def pipeline(self, mode: str, prefix: str) -> Any:
-        from statetier.backend.bench.spark_functions import ArrowWordCount
         from statetier.backend.spark import StatefulPipeline
+        from statetier.tools.bench.spark_functions import ArrowWordCount
 
         config: dict[str, Any] = {
             "checkpoint.uri": f"s3://{self.seaweed_bucket}/{prefix}",
@@ -193,7 +193,7 @@ class Bench:
 
     @property
     def seaweed_bucket(self) -> str:
-        from statetier.compaction.launch import BUCKET
+        from statetier.tools.compaction_launch import BUCKET
 
         return BUCKET
 
@@ -329,7 +329,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    from statetier.compaction.launch import SeaweedFS
+    from statetier.tools.compaction_launch import SeaweedFS
 
     work = Path(tempfile.mkdtemp(prefix="statetier-bench-offload-"))
     spark = spark_session(args.partitions)

@@ -1,0 +1,231 @@
+"""What the driver tells a range's task, and the task its state host, for one epoch.
+
+Three messages, each typed, each with one encoding:
+
+- :class:`PipelineSpec`: what every task of a pipeline needs whatever the epoch (where the
+  registry and the checkpoints are, the settings, the schema). It travels pickled inside the
+  task closure, Spark's own channel, since it carries the application's secret.
+- :class:`EpochSpec`: what the tasks of one epoch need (its base, the writer, its time, the
+  chain updates of the driver's compactions). In the closure for a DataFrame planned per
+  epoch; as JSON in a Spark job property for a query planned once (``write_stream``).
+- :class:`TaskHeader`: what the task sends its range's state host, as JSON, first on the
+  connection: the two specs cut down to what the host uses, plus the task attempt.
+
+The host is started by a task from the same installation, so the header needs no compatibility
+across versions; its fields keep their names all the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from statetier.backend.keygroups import key_group_range_for_instance
+from statetier.backend.snapshot.chain_compaction import ChainUpdate
+from statetier.backend.spark.channel import Endpoint
+from statetier.backend.wire import Fields, MessageError
+
+__all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "TaskHeader"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochTime:
+    """What the state hosts move time to in one epoch (ms since the Unix epoch)."""
+
+    watermark: int | None  # None: the query has no watermark (event time does not move)
+    processing_time: int
+    end_of_input: bool = False  # fire every event-time timer after the records
+
+    def encode(self) -> dict[str, Any]:
+        """Its fields, flat in the message that carries it."""
+        return {
+            "watermark": self.watermark,
+            "processing_time": self.processing_time,
+            "end_of_input": self.end_of_input,
+        }
+
+    @classmethod
+    def decode(cls, fields: Fields) -> EpochTime:
+        return cls(
+            watermark=fields.maybe_integer("watermark"),
+            processing_time=fields.integer("processing_time"),
+            end_of_input=fields.flag("end_of_input", False),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+    """What every task of a pipeline needs, whatever the epoch (pickled with the task)."""
+
+    app_id: str
+    idle_timeout: float  # of a state host the task starts
+    registry: Endpoint  # the driver's host registry
+    secret: bytes = dataclasses.field(repr=False)  # the application's secret
+    host_bind: str  # where a host the task starts listens for other executors' tasks
+    host_port: int
+    pipeline: str
+    parallelism: int
+    max_parallelism: int  # the plan's key groups (fixed by the first committed epoch)
+    checkpoint_uri: str
+    storage_options: dict[str, Any]
+    config: dict[str, str]  # the settings given in code or Spark conf
+    key_columns: tuple[str, ...]
+    schema: str  # the output schema, Arrow IPC, hex
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochSpec:
+    """What the tasks of one epoch need to know of it; the same for every attempt."""
+
+    epoch: int
+    base_epoch: int
+    base_tokens: dict[str, str]  # range index -> token of its committed files at the base
+    owner: str  # the writer's lease owner: names the epoch's files and results
+    time: EpochTime
+    chain_updates: tuple[ChainUpdate, ...] = ()  # the driver's compactions, for every range
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "base_epoch": self.base_epoch,
+            "base_tokens": dict(self.base_tokens),
+            "owner": self.owner,
+            "chain_updates": [u.to_dict() for u in self.chain_updates],
+            **self.time.encode(),
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> EpochSpec:
+        fields = Fields("statetier epoch spec", data)
+        return cls(
+            epoch=fields.integer("epoch"),
+            base_epoch=fields.integer("base_epoch"),
+            base_tokens=fields.text_map("base_tokens"),
+            owner=fields.text("owner"),
+            time=EpochTime.decode(fields),
+            chain_updates=decode_updates(fields),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskHeader:
+    """What a task tells its range's state host before its records."""
+
+    pipeline: str
+    parallelism: int
+    index: int  # the range
+    max_parallelism: int
+    checkpoint_uri: str
+    storage_options: dict[str, Any]
+    config: dict[str, str]
+    key_columns: tuple[str, ...]
+    schema: str
+    epoch: int
+    base_epoch: int
+    base_token: str | None  # the token of the range's files at the base (None: none known)
+    owner: str
+    token: str  # this attempt's: names its snapshot files
+    attempt_number: int
+    task_attempt_id: int
+    owner_host: str  # the host the driver routed the range to (another one refuses it)
+    time: EpochTime
+    chain_updates: tuple[ChainUpdate, ...] = ()  # of this range only
+
+    @classmethod
+    def for_task(
+        cls,
+        pipeline: PipelineSpec,
+        epoch: EpochSpec,
+        *,
+        index: int,
+        attempt_number: int,
+        task_attempt_id: int,
+        owner_host: str,
+    ) -> TaskHeader:
+        """The header of task attempt ``task_attempt_id`` of range ``index``."""
+        ranges = key_group_range_for_instance(pipeline.max_parallelism, pipeline.parallelism, index)
+        mine = str(ranges)
+        return cls(
+            pipeline=pipeline.pipeline,
+            parallelism=pipeline.parallelism,
+            index=index,
+            max_parallelism=pipeline.max_parallelism,
+            checkpoint_uri=pipeline.checkpoint_uri,
+            storage_options=pipeline.storage_options,
+            config=pipeline.config,
+            key_columns=pipeline.key_columns,
+            schema=pipeline.schema,
+            epoch=epoch.epoch,
+            base_epoch=epoch.base_epoch,
+            base_token=epoch.base_tokens.get(str(index)),
+            owner=epoch.owner,
+            token=f"{epoch.owner}-t{task_attempt_id}",
+            attempt_number=attempt_number,
+            task_attempt_id=task_attempt_id,
+            owner_host=owner_host,
+            time=epoch.time,
+            chain_updates=tuple(u for u in epoch.chain_updates if u.key_groups == mine),
+        )
+
+    def encode(self) -> dict[str, Any]:
+        """The header's JSON object, with the request's ``op``."""
+        return {
+            "op": "task",
+            "pipeline": self.pipeline,
+            "parallelism": self.parallelism,
+            "index": self.index,
+            "max_parallelism": self.max_parallelism,
+            "checkpoint_uri": self.checkpoint_uri,
+            "storage_options": self.storage_options,
+            "config": self.config,
+            "key_columns": list(self.key_columns),
+            "schema": self.schema,
+            "epoch": self.epoch,
+            "base_epoch": self.base_epoch,
+            "base_token": self.base_token,
+            "owner": self.owner,
+            "token": self.token,
+            "attempt_number": self.attempt_number,
+            "task_attempt_id": self.task_attempt_id,
+            "owner_host": self.owner_host,
+            "chain_updates": [u.to_dict() for u in self.chain_updates],
+            **self.time.encode(),
+        }
+
+    @classmethod
+    def decode(cls, data: Any) -> TaskHeader:
+        fields = Fields("statetier task header", data)
+        return cls(
+            pipeline=fields.text("pipeline"),
+            parallelism=fields.integer("parallelism"),
+            index=fields.integer("index"),
+            max_parallelism=fields.integer("max_parallelism"),
+            checkpoint_uri=fields.text("checkpoint_uri"),
+            storage_options=fields.mapping("storage_options", {}),
+            config=fields.text_map("config", {}),
+            key_columns=fields.texts("key_columns"),
+            schema=fields.text("schema"),
+            epoch=fields.integer("epoch"),
+            base_epoch=fields.integer("base_epoch"),
+            base_token=fields.maybe_text("base_token"),
+            owner=fields.text("owner"),
+            token=fields.text("token"),
+            attempt_number=fields.integer("attempt_number"),
+            task_attempt_id=fields.integer("task_attempt_id"),
+            owner_host=fields.text("owner_host"),
+            time=EpochTime.decode(fields),
+            chain_updates=decode_updates(fields),
+        )
+
+
+def decode_updates(fields: Fields) -> tuple[ChainUpdate, ...]:
+    """The ``chain_updates`` of a message (none when absent)."""
+    updates = []
+    for i, item in enumerate(fields.items("chain_updates", [])):
+        try:
+            updates.append(ChainUpdate.from_dict(item))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MessageError(
+                f"{fields.message}: field 'chain_updates[{i}]' is not a chain update: {e!r}"
+            ) from None
+    return tuple(updates)

@@ -1,0 +1,73 @@
+"""``statetier demo`` and ``statetier bench``: the commands this distribution adds to ``statetier``.
+
+The ``statetier`` command finds them through the ``statetier.commands`` entry points and calls
+them with the rest of the command line, after it has checked the configuration; its own error
+handling (a line or two, ``--debug`` for the traceback) covers them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Sequence
+
+__all__ = ["BENCHMARKS", "BENCHMARK_HELP", "bench", "demo"]
+
+BENCHMARKS = {
+    "state": "statetier.tools.bench.state_ops",
+    "wordcount": "statetier.tools.bench.wordcount",
+    "state-scale": "statetier.tools.bench.state_scale",
+    "checkpoint": "statetier.tools.bench.checkpoint",
+    "compaction": "statetier.tools.bench.compaction",  # needs statetier-compaction installed
+    "spark-wordcount": "statetier.tools.bench.spark_wordcount",  # needs the spark extra
+    "timers": "statetier.tools.bench.spark_timers",  # needs the spark extra
+    # needs the spark extra and statetier-compaction installed
+    "compaction-offload": "statetier.tools.bench.compaction_offload",
+}
+BENCHMARK_HELP = {
+    "state": "state API operations against a plain dict",
+    "wordcount": "word count on the heap, spilled to disk, and on RocksDB",
+    "state-scale": "keyed state from 0.5x to 10x a memory budget: spilled, heap, RocksDB",
+    "checkpoint": "checkpoint upload and restore against raw object-store transfers",
+    "compaction": "the compaction service against compacting in the job",
+    "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
+    "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
+}
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    names = "\n".join(f"  {name:<16} {text}" for name, text in BENCHMARK_HELP.items())
+    parser = argparse.ArgumentParser(
+        prog="statetier bench",
+        description="Run one benchmark; it exits 1 when it misses its target.",
+        epilog=f"benchmarks:\n{names}\n\nstatetier bench NAME --help shows a benchmark's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", choices=sorted(BENCHMARKS), metavar="NAME")
+    return parser
+
+
+def bench(argv: Sequence[str]) -> int:
+    """``statetier bench NAME [options]``: the benchmark's own ``main`` reads the options."""
+    if not argv or argv[0] not in BENCHMARKS:
+        bench_parser().parse_args(argv)  # --help, or an error naming the known benchmarks
+    return _load_main(BENCHMARKS[argv[0]])(argv[1:])
+
+
+def demo(argv: Sequence[str]) -> int:
+    """``statetier demo``: the Spark streaming demo (needs the spark extra), or with ``--local``
+    the word count through the local runner, which imports nothing of Spark's."""
+    if "--local" not in argv:
+        from statetier.tools.demo import spark
+
+        return spark.main(argv)
+    from statetier.tools.demo import local
+
+    rest = list(argv)
+    rest.remove("--local")
+    return local.main(rest)
+
+
+def _load_main(module: str) -> Callable[[Sequence[str]], int]:
+    entry: Callable[[Sequence[str]], int] = importlib.import_module(module).main
+    return entry
