@@ -212,18 +212,25 @@ def partition_function(
         index = task.partitionId()
         this_epoch = epoch or epoch_of_job(task, spec.pipeline)
         owner, conn = _owner_connection(spec, index)
-        header = TaskHeader.for_task(
-            spec,
-            this_epoch,
-            index=index,
-            attempt_number=task.attemptNumber(),
-            task_attempt_id=task.taskAttemptId(),
-            owner_host=owner.host_id,
-        )
+        header = _header(spec, this_epoch, task, index, owner)
         with contextlib.closing(conn), _host_lost(owner, index):
             yield from stream(conn, header, function_bytes, batches)
 
     return run
+
+
+def _header(
+    spec: PipelineSpec, epoch: EpochSpec, task: Any, index: int, owner: HostInfo
+) -> TaskHeader:
+    """The header of range ``index`` sent by this Spark task attempt to its ``owner``."""
+    return TaskHeader.for_task(
+        spec,
+        epoch,
+        index=index,
+        attempt_number=task.attemptNumber(),
+        task_attempt_id=task.taskAttemptId(),
+        owner_host=owner.host_id,
+    )
 
 
 def stream(
@@ -290,14 +297,7 @@ def direct_function(
             for index, records in enumerate(slices):
                 owner, conn = _owner_connection(spec, index)
                 open_connections.callback(conn.close)
-                header = TaskHeader.for_task(
-                    spec,
-                    this_epoch,
-                    index=index,
-                    attempt_number=task.attemptNumber(),
-                    task_attempt_id=task.taskAttemptId(),
-                    owner_host=owner.host_id,
-                )
+                header = _header(spec, this_epoch, task, index, owner)
                 with _host_lost(owner, index):
                     send_task(conn, header, function_bytes, records)
                 sent.append((owner, index, conn))

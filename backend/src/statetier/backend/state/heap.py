@@ -25,6 +25,30 @@ from statetier.backend.state.context import KeyContext
 KeyGroupMaps = list[MutableMapping[Any, Any]]
 
 
+def checked_elements(values: Iterable[Any]) -> list[Any]:
+    """``values`` as a list, none of them None (a list state holds no None elements)."""
+    new = list(values)
+    for value in new:
+        check_not_none(value, "a list element")
+    return new
+
+
+def append_elements(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any]) -> None:
+    """Append ``new`` to the current key's list (a new list object: a spilled map must see the
+    write)."""
+    if new:
+        kg_map = maps[ctx.index]
+        kg_map[ctx.key] = kg_map.get(ctx.key, []) + new
+
+
+def replace_elements(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any]) -> None:
+    """Make ``new`` the current key's list; an empty one clears the key."""
+    if new:
+        maps[ctx.index][ctx.key] = new
+    else:
+        maps[ctx.index].pop(ctx.key, None)
+
+
 class HeapValueState(ValueState[Any]):
     __slots__ = ("_ctx", "_maps")
 
@@ -71,24 +95,10 @@ class HeapListState(ListState[Any]):
             kg_map[ctx.key] = elements  # a spilled map must see the write
 
     def add_all(self, values: Iterable[Any]) -> None:
-        new = list(values)
-        for value in new:
-            check_not_none(value, "a list element")
-        if not new:
-            return
-        ctx = self._ctx
-        kg_map = self._maps[ctx.index]
-        kg_map[ctx.key] = kg_map.get(ctx.key, []) + new
+        append_elements(self._maps, self._ctx, checked_elements(values))
 
     def update(self, values: Iterable[Any]) -> None:
-        new = list(values)
-        for value in new:
-            check_not_none(value, "a list element")
-        ctx = self._ctx
-        if new:
-            self._maps[ctx.index][ctx.key] = new
-        else:
-            self._maps[ctx.index].pop(ctx.key, None)
+        replace_elements(self._maps, self._ctx, checked_elements(values))
 
     def clear(self) -> None:
         ctx = self._ctx

@@ -27,7 +27,12 @@ from statetier.backend.state import (
     check_not_none,
 )
 from statetier.backend.state.context import KeyContext
-from statetier.backend.state.heap import KeyGroupMaps
+from statetier.backend.state.heap import (
+    KeyGroupMaps,
+    append_elements,
+    checked_elements,
+    replace_elements,
+)
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.ttl import Clock, StateTtlConfig, StateVisibility, UpdateType
 
@@ -183,25 +188,11 @@ class TtlListState(_TtlHandle, ListState[Any]):
 
     def add_all(self, values: Iterable[Any]) -> None:
         now = self._access()
-        new = [(v, now) for v in values]
-        for v, _ in new:
-            check_not_none(v, "a list element")
-        if not new:
-            return
-        ctx = self._ctx
-        kg_map = self._maps[ctx.index]
-        kg_map[ctx.key] = kg_map.get(ctx.key, []) + new
+        append_elements(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
 
     def update(self, values: Iterable[Any]) -> None:
         now = self._access()
-        new = [(v, now) for v in values]
-        for v, _ in new:
-            check_not_none(v, "a list element")
-        ctx = self._ctx
-        if new:
-            self._maps[ctx.index][ctx.key] = new
-        else:
-            self._maps[ctx.index].pop(ctx.key, None)
+        replace_elements(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
 
 
 class TtlMapState(_TtlHandle, MapState[Any, Any]):
