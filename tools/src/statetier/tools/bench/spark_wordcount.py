@@ -198,6 +198,7 @@ def bench_statetier(
             warm_later / (warm_later + restored_later) if warm_later + restored_later else 0.0
         ),
         "restored_bytes_per_epoch": [r.restored_bytes for r in reports],
+        "routing_per_epoch": [r.routing for r in reports],  # pipeline.exchange (docs/spark.md)
         "state_checkpoint_bytes": state_checkpoint_bytes(pipeline),
         "state_hosts": len(hosts),
         "state_hosts_rss_bytes": sum(h.rss for h in hosts),
