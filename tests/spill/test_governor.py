@@ -133,6 +133,39 @@ def test_a_busy_range_carries_out_its_moves_on_its_own_thread(tmp_path: Path) ->
         manager.close(load_back=False)
 
 
+def test_settle_checks_even_when_no_check_is_due_and_waits_for_a_running_one(
+    tmp_path: Path,
+) -> None:
+    """A Spark host settles each range after its snapshot: the whole process is checked then,
+    whether a check is due or not (the checks at polls may all have come before the epoch's
+    last records), and after a check another thread is running, not instead of it."""
+    rss = FakeRss(100 * MiB)
+    monitor = MemoryMonitor(
+        MonitorSettings(budget=1000 * MiB, budget_source="test", check_interval=3600.0), rss=rss
+    )
+    governor = MemoryGovernor(SpillStorage([str(tmp_path)], 1 << 20), monitor)
+    (first, first_manager), (second, second_manager) = ranges(governor, 2)
+    fill(first, 3000, "w")
+    first_manager.poll()  # the first check: the next is due in an hour
+    fill(second, 3000, "w")
+    for manager in (first_manager, second_manager):
+        manager.refresh_accounting()
+    total = first_manager.accounting.total_heap() + second_manager.accounting.total_heap()
+    rss.value = 500 * MiB + total * 9 // 10
+    second_manager.poll()
+    assert not governor.due() and not second_manager.spilled_key_groups()
+    governor._check.acquire()  # another thread's check is running
+    settled = threading.Thread(target=second_manager.settle)
+    settled.start()
+    settled.join(0.3)
+    assert settled.is_alive()  # waits for it ...
+    governor._check.release()
+    settled.join(10)
+    assert second_manager.spilled_key_groups()  # ... then checks, though none was due
+    for manager in (first_manager, second_manager):
+        manager.close(load_back=False)
+
+
 def test_a_range_that_leaves_frees_its_spill_space_and_its_share(tmp_path: Path) -> None:
     governor = governor_with(tmp_path, FakeRss(100 * MiB))
     (first, first_manager), (second, second_manager) = ranges(governor, 2)

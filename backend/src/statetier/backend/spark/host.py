@@ -430,6 +430,12 @@ class StateHost:
             done = self._snapshot(instance, store, epoch, token, config, header.chain_updates)
             snapshot_s = time.perf_counter() - t1
             snapshot_cpu_s = time.thread_time() - cpu1 + done.upload_cpu_s
+            if instance.spill is not None:
+                # the poll after processing came while the epoch's other ranges were busy
+                # too (all at once when one task sent them all, pipeline.exchange), and the
+                # governor measures and moves only idle ranges: the last range to get here
+                # finds the others done
+                instance.spill.settle()
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
             result = RangeResult(
                 index=index,

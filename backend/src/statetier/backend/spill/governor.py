@@ -148,10 +148,11 @@ class MemoryGovernor:
 
     # ------------------------------------------------------------------ the check
 
-    def check(self, caller: Member) -> list[Decision]:
+    def check(self, caller: Member, *, wait: bool = False) -> list[Decision]:
         """One check of the whole process, from ``caller``'s thread (which holds its backend).
-        Skipped when another thread's check is running."""
-        if self.monitor is None or not self._check.acquire(blocking=False):
+        Skipped when another thread's check is running, unless ``wait``: then it runs after it
+        (a check that must see the caller's latest state, see SpillManager.settle)."""
+        if self.monitor is None or not self._check.acquire(blocking=wait):
             return []
         try:
             with self._members:

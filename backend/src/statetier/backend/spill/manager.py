@@ -169,6 +169,16 @@ class SpillManager:
         if self.governor.due():
             self.governor.check(self)
 
+    def settle(self) -> None:
+        """:meth:`poll` and a check, whether due or not, when the backend's user is done with it
+        for a while (the Spark host, once per range and epoch, after the range's snapshot).
+        Checks otherwise run when due at a poll during processing, and may all fall before the
+        epoch's last records (the ranges of an epoch processed at once, in a short epoch); this
+        one sees the range's whole epoch."""
+        if self._posted:
+            self._apply_posted()
+        self.governor.check(self, wait=True)
+
     # ------------------------------------------------------------------ tiers
 
     def is_spilled(self, key_group: int) -> bool:
