@@ -183,11 +183,13 @@ def _open(owner: HostInfo, local: HostInfo, secret: bytes) -> Connection:
     return connect(endpoint, secret)
 
 
-def _owner_connection(spec: PipelineSpec, index: int) -> tuple[HostInfo, Connection]:
+def _owner_connection(
+    spec: PipelineSpec, index: int, local: HostInfo | None = None
+) -> tuple[HostInfo, Connection]:
     """The owner of range ``index`` as the driver assigns it, connected. An owner this task
     cannot reach is reported: the driver probes it and assigns a new owner if it is gone."""
     registry, secret = spec.registry, spec.secret
-    local = local_host(spec)
+    local = local or local_host(spec)
     key = (spec.pipeline, spec.parallelism, index)
     owner = ask_route(registry, secret, key, local.host_id)
     try:
@@ -294,8 +296,9 @@ def direct_function(
         slices = split_ranges(list(batches), spec.parallelism, spec.max_parallelism)
         with contextlib.ExitStack() as open_connections:
             sent: list[tuple[HostInfo, int, Connection]] = []
+            local = local_host(spec)  # once for the task, not once per range
             for index, records in enumerate(slices):
-                owner, conn = _owner_connection(spec, index)
+                owner, conn = _owner_connection(spec, index, local)
                 open_connections.callback(conn.close)
                 header = _header(spec, this_epoch, task, index, owner)
                 with _host_lost(owner, index):
