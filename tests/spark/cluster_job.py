@@ -3,7 +3,8 @@
 Run as ``python -m tests.spark.cluster_job CONFIG.json``; prints one JSON report line. CONFIG has
 ``master``, ``uri`` (checkpoints), ``work`` (a scratch directory), ``batches``, ``words``,
 ``vocabulary``, ``parallelism`` and optionally ``kill_at``: the micro-batch whose job loses an
-executor (its JVM is killed with SIGKILL while the job runs, taking its state host with it).
+executor (its JVM is killed with SIGKILL while the job runs, taking its state host with it)
+and ``kill_delay``: how long after the micro-batch's sink starts (0.3 s by default).
 
 A separate process because one Python process holds one SparkContext, and the other Spark tests
 share a ``local[2]`` one.
@@ -84,7 +85,7 @@ def main() -> None:
 
     def sink(out: DataFrame, epoch: int) -> None:
         if epoch == config.get("kill_at"):
-            threading.Timer(0.3, kill_an_owner).start()
+            threading.Timer(config.get("kill_delay", 0.3), kill_an_owner).start()
         latest(outputs, ((r.word, r["count"]) for r in out.collect()))
 
     def kill_an_owner() -> None:

@@ -42,9 +42,14 @@ def registry() -> Iterator[HostRegistry]:
     made.close()
 
 
-def start_host(registry: HostRegistry, socket_path: Path) -> subprocess.Popen[bytes]:
+def start_host(
+    registry: HostRegistry, socket_path: Path, watch_pid: int | None = None
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "statetier.backend.spark.host", "--socket", str(socket_path)]
+    if watch_pid is not None:
+        command += ["--watch-pid", str(watch_pid)]
     host = subprocess.Popen(
-        [sys.executable, "-m", "statetier.backend.spark.host", "--socket", str(socket_path)],
+        command,
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -196,4 +201,36 @@ def test_a_host_answers_a_malformed_request_with_what_is_wrong(
         assert registry.live_hosts()  # it still serves
     finally:
         registry.shutdown_hosts(5)
+        host.wait(10)
+
+
+def test_a_host_whose_executor_died_serves_nothing_more_and_leaves_at_once(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    """SIGKILL of the executor's JVM: the next task must not be served by its host (a retry
+    served by a host about to notice would lose its ranges a second time), and the registry
+    must see the host gone without waiting for a heartbeat to time out."""
+    executor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    host = start_host(registry, tmp_path / "h.sock", watch_pid=executor.pid)
+    try:
+        uri = f"file://{tmp_path}/ckpt"
+        owner = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None).host_id
+        assert run_task(registry, uri, 1, None, ["a"], owner, 1) == [("a", 1)]
+        (info,) = registry.live_hosts()
+        tcp = next(e for e in info.endpoints if e.kind == "tcp")
+        executor.kill()  # not reaped yet: a zombie, as a JVM is until its worker reaps it
+        try:
+            with contextlib.closing(connect(tcp, registry.secret)) as conn:
+                conn.send_bytes(b'{"op": "ping"}')
+                answer = conn.recv_bytes()
+            assert answer == ERROR + f"state host {owner} is stopping".encode()
+        except (OSError, EOFError):
+            pass  # or already closed: either way, not served
+        assert host.wait(10) == 0
+        assert registry.owner(("wc", 1, 0)) is None
+    finally:
+        executor.kill()
+        executor.wait()
+        registry.shutdown_hosts(5)
+        host.kill()
         host.wait(10)

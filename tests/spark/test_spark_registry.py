@@ -48,12 +48,13 @@ class FakeHost:
         self.server.bind_tcp("127.0.0.1")
         self.info = HostInfo(name, 0, name, "node", list(self.server.endpoints))
         self.orders: list[HostOrder] = []
+        self.answer = b"R{}"
         self.link = RegistryLink(self.info, registry.secret, self.orders.append)
         self.link.join(registry.endpoint)
 
     def _serve(self, conn: Connection) -> None:
         conn.recv_bytes()
-        conn.send_bytes(b"R{}")
+        conn.send_bytes(self.answer)
 
     def die(self) -> None:
         self.link.close()
@@ -137,6 +138,18 @@ def test_an_owner_a_task_cannot_reach_is_probed_by_the_registry(registry: HostRe
     assert registry.owner(("p", 4, 0)) is not None
     a.server.close()  # a's endpoint is gone, its registration not yet
     assert route(registry, 0, "b", unreachable="a") == "b"
+    a.die()
+    b.die()
+
+
+def test_a_host_that_refuses_the_probe_is_gone(registry: HostRegistry) -> None:
+    """A host whose executor died answers with an error while it stops: not reachable."""
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    assert route(registry, 0, "a") == "a"
+    a.answer = b"Xstate host a is stopping"
+    assert route(registry, 0, "b", unreachable="a") == "b"
+    assert not next(h for h in registry.hosts.values() if h.host_id == "a").alive
     a.die()
     b.die()
 

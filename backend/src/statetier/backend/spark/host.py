@@ -67,7 +67,7 @@ from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
     RESULT,
-    process_alive,
+    ProcessWatch,
     read_batch,
     write_batch,
 )
@@ -140,6 +140,7 @@ class StateHost:
         self.socket_path = socket_path
         self.idle_timeout = idle_timeout
         self.watch_pid = watch_pid
+        self.executor = ProcessWatch(watch_pid) if watch_pid is not None else None
         self.host_id = uuid.uuid4().hex[:16]
         self.ranges: dict[tuple[str, int, int], HostedRange] = {}
         self.functions: dict[str, Callable[[], Any]] = {}
@@ -177,15 +178,28 @@ class StateHost:
             self.link.close()
             self.server.close()
             self.close()
+            if self.executor is not None:
+                self.executor.close()
 
     def _watchdog(self) -> None:
-        while not self.stopping.wait(0.5):
+        """Wait for a reason to stop: the executor's process gone (noticed at once, see
+        :class:`ProcessWatch`), the socket file removed, idle too long, or a shutdown order."""
+        while not self.stopping.is_set():
+            orphaned = self.executor is not None and self.executor.wait(0.5)
             idle = time.monotonic() - self.last_activity
-            orphaned = self.watch_pid is not None and not process_alive(self.watch_pid)
             gone = not os.path.exists(self.socket_path)
             if orphaned or gone or (self.active == 0 and idle > self.idle_timeout):
                 log.info("state host stops (orphaned=%s, idle %.0fs)", orphaned, idle)
                 self.stopping.set()
+            elif self.executor is None:
+                self.stopping.wait(0.5)
+
+    def _orphaned(self) -> bool:
+        """Whether this host must serve no more: stopping, or its executor is gone (checked on
+        every request too, so that no request slips in before the watchdog wakes)."""
+        if self.executor is not None and self.executor.gone():
+            self.stopping.set()
+        return self.stopping.is_set()
 
     def _order(self, order: HostOrder) -> None:
         """An order from the driver's registry."""
@@ -222,6 +236,10 @@ class StateHost:
             registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
         except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint
             conn.send_bytes(ERROR + f"a malformed request: {e}".encode())
+            return
+        if self._orphaned() and op != "stats":
+            # a task or the registry's probe must find this host gone, not half-alive
+            conn.send_bytes(ERROR + f"state host {self.host_id} is stopping".encode())
             return
         if op == "task":
             self._task(conn, request.data)

@@ -10,9 +10,12 @@ text. Control requests (``ping``, ``shutdown``, ``stats``) are a JSON header ans
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import select
 import tempfile
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +24,7 @@ __all__ = [
     "BATCH",
     "ERROR",
     "RESULT",
+    "ProcessWatch",
     "epoch_property",
     "process_alive",
     "read_batch",
@@ -82,3 +86,39 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+class ProcessWatch:
+    """Tells at once when a process exits: a pidfd (Linux 5.3+) is readable from the moment the
+    process is gone, zombie or not; elsewhere :func:`process_alive` is polled.
+
+    The state host watches its executor's JVM with it. A host that went on serving for even half
+    a second after a SIGKILL took its JVM would still look alive to the driver, take the retried
+    task's ranges, and lose them again when it noticed: a second restore of each.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd here: poll
+            self._fd = os.pidfd_open(pid)
+
+    def gone(self) -> bool:
+        """Whether the process has exited (does not wait)."""
+        return self.wait(0.0)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the process exited within ``timeout`` seconds (returns as soon as it does
+        when a pidfd watches it; after the timeout otherwise)."""
+        if self._fd is None:
+            if not process_alive(self.pid):
+                return True
+            time.sleep(timeout)
+            return not process_alive(self.pid)
+        ready, _, _ = select.select([self._fd], [], [], timeout)
+        return bool(ready)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
+from statetier.backend.spark.protocol import RESULT
 from statetier.backend.wire import Fields, MessageError
 
 __all__ = [
@@ -301,7 +302,9 @@ class HostRegistry:
         try:
             with contextlib.closing(connect(tcp, self.secret, PROBE_TIMEOUT_S)) as conn:
                 conn.send_bytes(b'{"op": "ping"}')
-                conn.recv_bytes()
+                answer = conn.recv_bytes()
+            if not answer.startswith(RESULT):  # a host that stops refuses the probe
+                raise OSError(bytes(answer[1:]).decode(errors="replace"))
         except (OSError, EOFError) as e:
             self._lost(host, f"unreachable from a task and from the driver ({e})")
             return
