@@ -41,20 +41,32 @@ def append_elements(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any]) -> None
         kg_map[ctx.key] = kg_map.get(ctx.key, []) + new
 
 
-def replace_elements(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any]) -> None:
-    """Make ``new`` the current key's list; an empty one clears the key."""
+def store_or_drop(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any] | dict[Any, Any]) -> None:
+    """Make ``new`` (a list or a map) the current key's value; an empty one drops the key, as
+    a list or map state holds no empty value."""
     if new:
         maps[ctx.index][ctx.key] = new
     else:
         maps[ctx.index].pop(ctx.key, None)
 
 
-class HeapValueState(ValueState[Any]):
+class KeyGroupHandle:
+    """What every handle shares: the key context and the key groups' maps, in which it reads and
+    writes the current key's entry, and ``clear``, which drops that entry."""
+
     __slots__ = ("_ctx", "_maps")
 
     def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
         self._ctx = ctx
         self._maps = maps
+
+    def clear(self) -> None:
+        ctx = self._ctx
+        self._maps[ctx.index].pop(ctx.key, None)
+
+
+class HeapValueState(KeyGroupHandle, ValueState[Any]):
+    __slots__ = ()
 
     def value(self) -> Any:
         ctx = self._ctx
@@ -67,17 +79,9 @@ class HeapValueState(ValueState[Any]):
         else:
             self._maps[ctx.index][ctx.key] = value
 
-    def clear(self) -> None:
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)
 
-
-class HeapListState(ListState[Any]):
-    __slots__ = ("_ctx", "_maps")
-
-    def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
-        self._ctx = ctx
-        self._maps = maps
+class HeapListState(KeyGroupHandle, ListState[Any]):
+    __slots__ = ()
 
     def get(self) -> list[Any]:
         ctx = self._ctx
@@ -98,21 +102,16 @@ class HeapListState(ListState[Any]):
         append_elements(self._maps, self._ctx, checked_elements(values))
 
     def update(self, values: Iterable[Any]) -> None:
-        replace_elements(self._maps, self._ctx, checked_elements(values))
-
-    def clear(self) -> None:
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)
+        store_or_drop(self._maps, self._ctx, checked_elements(values))
 
 
-class HeapReducingState(ReducingState[Any]):
-    __slots__ = ("_ctx", "_maps", "_reduce")
+class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
+    __slots__ = ("_reduce",)
 
     def __init__(
         self, ctx: KeyContext, maps: KeyGroupMaps, descriptor: ReducingStateDescriptor[Any]
     ) -> None:
-        self._ctx = ctx
-        self._maps = maps
+        super().__init__(ctx, maps)
         self._reduce = descriptor.reduce_function
 
     def get(self) -> Any:
@@ -126,13 +125,9 @@ class HeapReducingState(ReducingState[Any]):
         current = kg_map.get(ctx.key)
         kg_map[ctx.key] = value if current is None else self._reduce(current, value)
 
-    def clear(self) -> None:
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)
 
-
-class HeapAggregatingState(AggregatingState[Any, Any]):
-    __slots__ = ("_ctx", "_fn", "_maps")
+class HeapAggregatingState(KeyGroupHandle, AggregatingState[Any, Any]):
+    __slots__ = ("_fn",)
 
     def __init__(
         self,
@@ -140,8 +135,7 @@ class HeapAggregatingState(AggregatingState[Any, Any]):
         maps: KeyGroupMaps,
         descriptor: AggregatingStateDescriptor[Any, Any, Any],
     ) -> None:
-        self._ctx = ctx
-        self._maps = maps
+        super().__init__(ctx, maps)
         self._fn = descriptor.aggregate_function
 
     def get(self) -> Any:
@@ -157,19 +151,11 @@ class HeapAggregatingState(AggregatingState[Any, Any]):
             accumulator = self._fn.create_accumulator()
         kg_map[ctx.key] = self._fn.add(value, accumulator)
 
-    def clear(self) -> None:
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)
 
-
-class HeapMapState(MapState[Any, Any]):
+class HeapMapState(KeyGroupHandle, MapState[Any, Any]):
     """Stores a dict per key; a key whose map becomes empty is removed."""
 
-    __slots__ = ("_ctx", "_maps")
-
-    def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
-        self._ctx = ctx
-        self._maps = maps
+    __slots__ = ()
 
     def _entries(self) -> dict[Any, Any]:
         ctx = self._ctx
@@ -200,15 +186,11 @@ class HeapMapState(MapState[Any, Any]):
 
     def remove(self, user_key: Any) -> None:
         ctx = self._ctx
-        kg_map = self._maps[ctx.index]
-        entries = kg_map.get(ctx.key)
+        entries = self._maps[ctx.index].get(ctx.key)
         if entries is None or user_key not in entries:
             return
         del entries[user_key]
-        if entries:
-            kg_map[ctx.key] = entries
-        else:
-            del kg_map[ctx.key]
+        store_or_drop(self._maps, ctx, entries)
 
     def contains(self, user_key: Any) -> bool:
         return user_key in self._entries()
@@ -218,7 +200,3 @@ class HeapMapState(MapState[Any, Any]):
 
     def is_empty(self) -> bool:
         return not self._entries()
-
-    def clear(self) -> None:
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)

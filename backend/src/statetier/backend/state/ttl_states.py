@@ -28,10 +28,11 @@ from statetier.backend.state import (
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.heap import (
+    KeyGroupHandle,
     KeyGroupMaps,
     append_elements,
     checked_elements,
-    replace_elements,
+    store_or_drop,
 )
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.ttl import Clock, StateTtlConfig, StateVisibility, UpdateType
@@ -39,18 +40,10 @@ from statetier.backend.ttl import Clock, StateTtlConfig, StateVisibility, Update
 Stamped = tuple[Any, int]
 
 
-class _TtlHandle:
+class _TtlHandle(KeyGroupHandle):
     """What all TTL handles share: the clock, the config and the cleanup run on each access."""
 
-    __slots__ = (
-        "_cleanup",
-        "_clock",
-        "_ctx",
-        "_maps",
-        "_return_expired",
-        "_ttl",
-        "_update_on_read",
-    )
+    __slots__ = ("_cleanup", "_clock", "_return_expired", "_ttl", "_update_on_read")
 
     def __init__(
         self,
@@ -60,8 +53,7 @@ class _TtlHandle:
         clock: Clock,
         cleanup: IncrementalCleanup,
     ) -> None:
-        self._ctx = ctx
-        self._maps = maps
+        super().__init__(ctx, maps)
         self._ttl = ttl
         self._clock = clock
         self._cleanup = cleanup
@@ -104,8 +96,7 @@ class _TtlHandle:
 
     def clear(self) -> None:
         self._cleanup.on_access()
-        ctx = self._ctx
-        self._maps[ctx.index].pop(ctx.key, None)
+        super().clear()
 
 
 class TtlValueState(_TtlHandle, ValueState[Any]):
@@ -192,7 +183,7 @@ class TtlListState(_TtlHandle, ListState[Any]):
 
     def update(self, values: Iterable[Any]) -> None:
         now = self._access()
-        replace_elements(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
+        store_or_drop(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
 
 
 class TtlMapState(_TtlHandle, MapState[Any, Any]):
@@ -206,26 +197,30 @@ class TtlMapState(_TtlHandle, MapState[Any, Any]):
         return entries
 
     def _store(self, entries: dict[Any, Stamped]) -> None:
-        ctx = self._ctx
-        if entries:
-            self._maps[ctx.index][ctx.key] = entries
-        else:
-            self._maps[ctx.index].pop(ctx.key, None)
+        store_or_drop(self._maps, self._ctx, entries)
 
-    def get(self, user_key: Any) -> Any:
+    def _read(self, user_key: Any) -> tuple[bool, Any]:
+        """Whether ``user_key`` has a visible entry, and its value: an expired entry is removed
+        and seen once only with ``RETURN_EXPIRED_IF_NOT_CLEANED_UP``; a live one is renewed
+        on read if asked. ``get`` and ``contains`` are the same read, as in Flink (``contains``
+        is ``get != null``)."""
         now = self._access()
         entries = self._entries()
         if not entries or user_key not in entries:
-            return None
+            return False, None
         value, stamp = entries[user_key]
         if self._ttl.expired(stamp, now):
             del entries[user_key]
             self._store(entries)
-            return value if self._return_expired else None
+            return self._return_expired, value
         if self._update_on_read:
             entries[user_key] = (value, now)
             self._store(entries)
-        return value
+        return True, value
+
+    def get(self, user_key: Any) -> Any:
+        visible, value = self._read(user_key)
+        return value if visible else None
 
     def put(self, user_key: Any, value: Any) -> None:
         self.put_all({user_key: value})
@@ -247,19 +242,7 @@ class TtlMapState(_TtlHandle, MapState[Any, Any]):
             self._store(entries)
 
     def contains(self, user_key: Any) -> bool:
-        now = self._access()
-        entries = self._entries()
-        if not entries or user_key not in entries:
-            return False
-        value, stamp = entries[user_key]
-        if self._ttl.expired(stamp, now):
-            del entries[user_key]
-            self._store(entries)
-            return self._return_expired
-        if self._update_on_read:  # a read like get(), as in Flink (contains is get != null)
-            entries[user_key] = (value, now)
-            self._store(entries)
-        return True
+        return self._read(user_key)[0]
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         now = self._access()
