@@ -77,21 +77,15 @@ def apply_update(writer: Any, update: ChainUpdate) -> bool:
     return result
 
 
+@dataclasses.dataclass(eq=False)
 class ChainCompaction:
     """Plans and runs the compactions a committed manifest's chains call for."""
 
-    def __init__(
-        self,
-        store: SnapshotStore,
-        compactor: Compactor,
-        *,
-        delta_trigger: int,
-        size_ratio: float,
-    ) -> None:
-        self.store = store
-        self.compactor = compactor
-        self.delta_trigger = delta_trigger
-        self.size_ratio = size_ratio
+    store: SnapshotStore
+    compactor: Compactor
+    _: dataclasses.KW_ONLY
+    delta_trigger: int
+    size_ratio: float
 
     def due(self, manifest: Manifest, skip: Callable[[Chain], bool] | None = None) -> list[Chain]:
         """The chains of ``manifest`` that hit a trigger (less those ``skip`` says are being
