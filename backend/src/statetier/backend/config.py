@@ -67,26 +67,27 @@ def _finite(value: float | int | str) -> float:
     return number
 
 
-def parse_int(raw: object) -> int:
+def _number_text(raw: object, pattern: re.Pattern[str], what: str) -> str:
+    """``raw`` as the text of a number that ``pattern`` matches. A boolean is refused (Python
+    counts it as an int, a setting does not), and so is a digit that is not ASCII."""
     if isinstance(raw, bool):
-        raise ValueError("expected an integer, got a boolean")
-    if isinstance(raw, int):
-        return raw
+        raise ValueError(f"expected {what}, got a boolean")
     text = str(raw).strip()
-    if not _INT.fullmatch(text):
-        raise ValueError("expected an integer in ASCII digits")
-    return int(text)
+    if not pattern.fullmatch(text):
+        raise ValueError(f"expected {what} in ASCII digits")
+    return text
+
+
+def parse_int(raw: object) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    return int(_number_text(raw, _INT, "an integer"))
 
 
 def parse_float(raw: object) -> float:
-    if isinstance(raw, bool):
-        raise ValueError("expected a number, got a boolean")
-    if isinstance(raw, (int, float)):
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         return _finite(raw)
-    text = str(raw).strip()
-    if not _FLOAT.fullmatch(text):
-        raise ValueError("expected a number in ASCII digits")
-    return _finite(text)
+    return _finite(_number_text(raw, _FLOAT, "a number"))
 
 
 def parse_bool(raw: object) -> bool:
