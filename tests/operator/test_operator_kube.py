@@ -12,6 +12,8 @@ import datetime
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.config import incluster_config, kube_config
 from statetier.operator import kube
 
@@ -55,3 +57,43 @@ def test_outside_a_cluster_the_kubeconfig_is_used(
     configuration = asyncio.run(kube._configuration())
     assert configuration.host == "http://127.0.0.1:1"
     assert configuration.api_key["BearerToken"] == "Bearer t0k"
+
+
+def test_reads_answer_none_for_an_absent_object_and_name_what_failed() -> None:
+    """A read of something absent (404) is None; any other error is an ApiError that says
+    what was read. The answers come from a small HTTP server, as an apiserver would send them."""
+
+    async def answer(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == "absent":
+            return web.json_response({"kind": "Status", "message": "not found"}, status=404)
+        if name == "broken":
+            return web.json_response({"kind": "Status", "message": "etcd is down"}, status=500)
+        body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}
+        return web.json_response(body)
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/{path:.*}/{name}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
+        api = kube.Kube(k8s.ApiClient(configuration))
+        try:
+            assert await api.read_service("ns", "absent") is None
+            assert await api.read_deployment("ns", "absent") is None
+            assert await api.read_compaction_service("ns", "absent") is None
+            found = await api.read_compaction_service("ns", "there")
+            assert found is not None and found["metadata"]["name"] == "there"
+            with pytest.raises(kube.ApiError, match="HTTP 500: GET service ns/broken: etcd"):
+                await api.read_service("ns", "broken")
+            with pytest.raises(kube.ApiError, match="GET compactionservice ns/broken: etcd"):
+                await api.read_compaction_service("ns", "broken")
+        finally:
+            await api.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())

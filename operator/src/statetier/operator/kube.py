@@ -89,32 +89,26 @@ class Kube:
         result: Obj = self._api.sanitize_for_serialization(obj)
         return result
 
-    async def read_deployment(self, namespace: str, name: str) -> Obj | None:
+    async def _get(self, read: Awaitable[Any], what: str) -> Obj | None:
+        """The object a read call returns, as a plain dict, or None if there is none (404)."""
         try:
-            return self._plain(await self._apps.read_namespaced_deployment(name, namespace))
+            return self._plain(await read)
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise _error(exc, f"GET deployment {namespace}/{name}") from None
+            raise _error(exc, f"GET {what}") from None
+
+    async def read_deployment(self, namespace: str, name: str) -> Obj | None:
+        read = self._apps.read_namespaced_deployment(name, namespace)
+        return await self._get(read, f"deployment {namespace}/{name}")
 
     async def read_service(self, namespace: str, name: str) -> Obj | None:
-        try:
-            return self._plain(await self._core.read_namespaced_service(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _error(exc, f"GET service {namespace}/{name}") from None
+        read = self._core.read_namespaced_service(name, namespace)
+        return await self._get(read, f"service {namespace}/{name}")
 
     async def read_compaction_service(self, namespace: str, name: str) -> Obj | None:
-        try:
-            found: Obj = await self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _error(exc, f"GET compactionservice {namespace}/{name}") from None
-        return found
+        read = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return await self._get(read, f"compactionservice {namespace}/{name}")
 
     async def read(self, obj: Obj) -> Obj | None:
         """The stored version of a Deployment or Service like ``obj``, or None."""
