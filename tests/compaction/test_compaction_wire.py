@@ -126,24 +126,40 @@ def test_a_malformed_assignment_names_its_field(body: Any, field: str) -> None:
     assert raised.value.field == field
 
 
-class _Garbled(http.server.BaseHTTPRequestHandler):
-    """A gateway that takes every job and answers with something that is no job status."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"] or 0))
-        body = b'{"job_id": "j", "state": "pondering"}'
-        self.send_response(202)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+QUEUED = b'{"job_id": "j", "state": "queued"}'
 
 
-def test_a_gateway_whose_answer_is_no_job_status_is_an_outage_not_a_refusal() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Garbled)
+def _gateway(submitted: tuple[int, bytes], polled: tuple[int, bytes]) -> type[Any]:
+    """A gateway that answers every submit with ``submitted`` and every status call with
+    ``polled`` (HTTP status, JSON body)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"] or 0))
+            self._answer(*submitted)
+
+        def do_GET(self) -> None:
+            self._answer(*polled)
+
+        def do_DELETE(self) -> None:
+            self._answer(200, QUEUED)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    return Handler
+
+
+def _failure(handler: type[Any]) -> CompactionError:
+    """What compacting through a gateway served by ``handler`` (two attempts) raises."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -155,6 +171,27 @@ def test_a_gateway_whose_answer_is_no_job_status_is_an_outage_not_a_refusal() ->
         server.shutdown()
         server.server_close()
         thread.join()
-    assert not isinstance(raised.value, RemoteRefusedError)  # tried again, then given up
-    message = str(raised.value)
+    return raised.value
+
+
+def test_a_gateway_whose_answer_is_no_job_status_is_an_outage_not_a_refusal() -> None:
+    garbled = b'{"job_id": "j", "state": "pondering"}'
+    failure = _failure(_gateway((202, garbled), (200, garbled)))
+    assert not isinstance(failure, RemoteRefusedError)  # tried again, then given up
+    message = str(failure)
     assert message.count("field 'state' must be one of queued, running") == 2
+
+
+@pytest.mark.parametrize(
+    ("submitted", "polled", "said"),
+    [
+        ((503, b'{"message": "draining"}'), (200, QUEUED), "submit answered 503: draining"),
+        ((202, QUEUED), (500, b'{"error": "disk on fire"}'), "status answered 500: disk on fire"),
+    ],
+)
+def test_a_gateway_that_answers_an_error_is_an_outage_named_by_its_answer(
+    submitted: tuple[int, bytes], polled: tuple[int, bytes], said: str
+) -> None:
+    failure = _failure(_gateway(submitted, polled))
+    assert not isinstance(failure, RemoteRefusedError)
+    assert str(failure).count(said) == 2  # each attempt's answer

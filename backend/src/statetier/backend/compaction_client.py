@@ -28,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from statetier.backend.config import StatetierConfig, parse_endpoint
@@ -76,9 +76,12 @@ def _message(body: Any) -> str:
     return str(body.get("message") or body.get("error")) if isinstance(body, dict) else str(body)
 
 
-def _status(body: Any) -> JobStatus:
-    """A job answer of the gateway, decoded; one that is not a job status is an outage of that
-    gateway (the next endpoint is tried), not a refusal of the request."""
+def _job(what: str, status: int, body: Any, ok: Container[int] = (200,)) -> JobStatus:
+    """The gateway's answer to ``what`` (submit, status) as a job status. A status other than
+    ``ok``, or a body that is no job status, is an outage of that gateway (the next endpoint is
+    tried), not a refusal of the request."""
+    if status not in ok:
+        raise ServiceError(f"{what} answered {status}: {_message(body)}")
     try:
         return JobStatus.decode(body)
     except MessageError as exc:
@@ -189,11 +192,9 @@ class RemoteCompactor:
         status, body = self._call("POST", f"{endpoint}/v1/jobs", json.loads(request.to_json()))
         if refused(status):
             raise RemoteRefusedError(f"{endpoint} refused job {request.job_id}: {_message(body)}")
-        if status not in (200, 202):
-            raise ServiceError(f"submit answered {status}: {_message(body)}")
+        job = _job("submit", status, body, ok=(200, 202))
         url = f"{endpoint}/v1/jobs/{request.job_id}"
         unreachable = polls = 0
-        job = _status(body)
         while True:
             if job.state is JobState.SUCCEEDED:
                 return self._result(request, job)
@@ -220,9 +221,7 @@ class RemoteCompactor:
                 polls += 1
             if status == 404:
                 raise ServiceError("the gateway no longer knows the job (restarted?)")
-            if status != 200:
-                raise ServiceError(f"status answered {status}: {_message(answer)}")
-            unreachable, job = 0, _status(answer)
+            unreachable, job = 0, _job("status", status, answer)
 
     def _poll(self, url: str, deadline: float, polls: int) -> tuple[int, Any]:
         """One status call. The gateway holds it until the job finishes (at most
