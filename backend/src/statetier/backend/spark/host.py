@@ -231,7 +231,7 @@ class StateHost:
     def _request(self, conn: Connection) -> None:
         """One connection's request: its first frame says which (``op``)."""
         try:
-            request = Fields("statetier host request", json.loads(conn.recv_bytes()))
+            request = Fields.parse("statetier host request", conn.recv_bytes())
             op = request.text("op")
             registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
         except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint

@@ -23,7 +23,7 @@ from typing import Any
 from statetier.backend.keygroups import key_group_range_for_instance
 from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
-from statetier.backend.wire import Fields, MessageError
+from statetier.backend.wire import FLAT, Fields, MessageError, decode_fields, encode_fields
 
 __all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "TaskHeader"]
 
@@ -35,22 +35,6 @@ class EpochTime:
     watermark: int | None  # None: the query has no watermark (event time does not move)
     processing_time: int
     end_of_input: bool = False  # fire every event-time timer after the records
-
-    def encode(self) -> dict[str, Any]:
-        """Its fields, flat in the message that carries it."""
-        return {
-            "watermark": self.watermark,
-            "processing_time": self.processing_time,
-            "end_of_input": self.end_of_input,
-        }
-
-    @classmethod
-    def decode(cls, fields: Fields) -> EpochTime:
-        return cls(
-            watermark=fields.maybe_integer("watermark"),
-            processing_time=fields.integer("processing_time"),
-            end_of_input=fields.flag("end_of_input", False),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,30 +65,16 @@ class EpochSpec:
     base_epoch: int
     base_tokens: dict[str, str]  # range index -> token of its committed files at the base
     owner: str  # the writer's lease owner: names the epoch's files and results
-    time: EpochTime
+    time: EpochTime = dataclasses.field(metadata=FLAT)
     chain_updates: tuple[ChainUpdate, ...] = ()  # the driver's compactions, for every range
 
     def encode(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "base_epoch": self.base_epoch,
-            "base_tokens": dict(self.base_tokens),
-            "owner": self.owner,
-            "chain_updates": [u.to_dict() for u in self.chain_updates],
-            **self.time.encode(),
-        }
+        return encode_fields(self, chain_updates=encode_updates)
 
     @classmethod
     def decode(cls, data: Any) -> EpochSpec:
         fields = Fields("statetier epoch spec", data)
-        return cls(
-            epoch=fields.integer("epoch"),
-            base_epoch=fields.integer("base_epoch"),
-            base_tokens=fields.text_map("base_tokens"),
-            owner=fields.text("owner"),
-            time=EpochTime.decode(fields),
-            chain_updates=decode_updates(fields),
-        )
+        return decode_fields(cls, fields, chain_updates=decode_updates)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +86,8 @@ class TaskHeader:
     index: int  # the range
     max_parallelism: int
     checkpoint_uri: str
-    storage_options: dict[str, Any]
-    config: dict[str, str]
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+    config: dict[str, str] = dataclasses.field(default_factory=dict, kw_only=True)
     key_columns: tuple[str, ...]
     schema: str
     epoch: int
@@ -128,7 +98,7 @@ class TaskHeader:
     attempt_number: int
     task_attempt_id: int
     owner_host: str  # the host the driver routed the range to (another one refuses it)
-    time: EpochTime
+    time: EpochTime = dataclasses.field(metadata=FLAT)
     chain_updates: tuple[ChainUpdate, ...] = ()  # of this range only
 
     @classmethod
@@ -169,53 +139,17 @@ class TaskHeader:
 
     def encode(self) -> dict[str, Any]:
         """The header's JSON object, with the request's ``op``."""
-        return {
-            "op": "task",
-            "pipeline": self.pipeline,
-            "parallelism": self.parallelism,
-            "index": self.index,
-            "max_parallelism": self.max_parallelism,
-            "checkpoint_uri": self.checkpoint_uri,
-            "storage_options": self.storage_options,
-            "config": self.config,
-            "key_columns": list(self.key_columns),
-            "schema": self.schema,
-            "epoch": self.epoch,
-            "base_epoch": self.base_epoch,
-            "base_token": self.base_token,
-            "owner": self.owner,
-            "token": self.token,
-            "attempt_number": self.attempt_number,
-            "task_attempt_id": self.task_attempt_id,
-            "owner_host": self.owner_host,
-            "chain_updates": [u.to_dict() for u in self.chain_updates],
-            **self.time.encode(),
-        }
+        return {"op": "task", **encode_fields(self, chain_updates=encode_updates)}
 
     @classmethod
     def decode(cls, data: Any) -> TaskHeader:
         fields = Fields("statetier task header", data)
-        return cls(
-            pipeline=fields.text("pipeline"),
-            parallelism=fields.integer("parallelism"),
-            index=fields.integer("index"),
-            max_parallelism=fields.integer("max_parallelism"),
-            checkpoint_uri=fields.text("checkpoint_uri"),
-            storage_options=fields.mapping("storage_options", {}),
-            config=fields.text_map("config", {}),
-            key_columns=fields.texts("key_columns"),
-            schema=fields.text("schema"),
-            epoch=fields.integer("epoch"),
-            base_epoch=fields.integer("base_epoch"),
-            base_token=fields.maybe_text("base_token"),
-            owner=fields.text("owner"),
-            token=fields.text("token"),
-            attempt_number=fields.integer("attempt_number"),
-            task_attempt_id=fields.integer("task_attempt_id"),
-            owner_host=fields.text("owner_host"),
-            time=EpochTime.decode(fields),
-            chain_updates=decode_updates(fields),
-        )
+        return decode_fields(cls, fields, chain_updates=decode_updates)
+
+
+def encode_updates(updates: tuple[ChainUpdate, ...]) -> list[dict[str, Any]]:
+    """The ``chain_updates`` of a message, JSON-ready."""
+    return [u.to_dict() for u in updates]
 
 
 def decode_updates(fields: Fields) -> tuple[ChainUpdate, ...]:
