@@ -338,12 +338,12 @@ class StateHost:
         index = header.index
         if header.owner_host != self.host_id:
             raise NotOwnerError(
-                f"range {index} of pipeline {header.pipeline} is routed to state host "
+                f"range {index} of pipeline {header.state.pipeline} is routed to state host "
                 f"{header.owner_host}; this is host {self.host_id}, which does not own it"
             )
         factory = self._factory(function_bytes)
-        store = self._store(header.checkpoint_uri, header.storage_options)
-        config = load_config(header.config)
+        store = self._store(header.state.checkpoint_uri, header.state.storage_options)
+        config = load_config(header.state.config)
         hosted, state, restore_s = self._acquire(header, factory, store, config)
         try:
             hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
@@ -351,7 +351,7 @@ class StateHost:
                 SparkTask(header.epoch, index, header.attempt_number, header.task_attempt_id)
             )
             try:
-                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header.schema)))
+                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header.state.schema)))
                 instance = hosted.instance
                 outputs = as_batches(timers_before(instance, header.time), out_schema)
                 outputs += self._process(instance, header, batches, out_schema)
@@ -387,8 +387,8 @@ class StateHost:
     ) -> tuple[HostedRange, RangeStart, float]:
         """The range's instance, locked: warm when at the task's base, else restored or fresh."""
         base = header.base_epoch
-        parallelism = header.parallelism
-        key = (header.pipeline, parallelism, header.index)
+        parallelism = header.state.parallelism
+        key = (header.state.pipeline, parallelism, header.index)
         with self.lock:
             hosted = self.ranges.get(key)
             if hosted is None:
@@ -417,7 +417,7 @@ class StateHost:
             cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
             header.index,
             parallelism,
-            header.max_parallelism,
+            header.state.max_parallelism,
             store=store,
             restore_epoch=base if base > 0 else None,
             clock=EpochClock(header.time.processing_time),
@@ -440,7 +440,7 @@ class StateHost:
     ) -> None:
         """Snapshot the range and write its result (or an error file the driver reports)."""
         epoch, index, token = header.epoch, header.index, header.token
-        parallelism = header.parallelism
+        parallelism = header.state.parallelism
         name = result_name(epoch, header.owner, index, parallelism)
         instance = hosted.instance
         try:
@@ -498,7 +498,7 @@ class StateHost:
         batches: list[pa.RecordBatch],
         out_schema: pa.Schema,
     ) -> list[pa.RecordBatch]:
-        key_columns = header.key_columns
+        key_columns = header.state.key_columns
         key_range = instance.keyed.key_groups
         for batch in batches:
             kg = batch.column(KEY_GROUP_COLUMN).to_numpy()

@@ -3,13 +3,15 @@
 Three messages, each typed, each with one encoding:
 
 - :class:`PipelineSpec`: what every task of a pipeline needs whatever the epoch (where the
-  registry and the checkpoints are, the settings, the schema). It travels pickled inside the
-  task closure, Spark's own channel, since it carries the application's secret.
+  registry is, how to start a state host, and the :class:`StateSpec` the hosts need: where the
+  checkpoints are, the settings, the schema). It travels pickled inside the task closure,
+  Spark's own channel, since it carries the application's secret.
 - :class:`EpochSpec`: what the tasks of one epoch need (its base, the writer, its time, the
   chain updates of the driver's compactions). In the closure for a DataFrame planned per
   epoch; as JSON in a Spark job property for a query planned once (``write_stream``).
 - :class:`TaskHeader`: what the task sends its range's state host, as JSON, first on the
-  connection: the two specs cut down to what the host uses, plus the task attempt.
+  connection: the pipeline's :class:`StateSpec` and the epoch's spec cut down to the range,
+  plus the task attempt.
 
 The host is started by a task from the same installation, so the header needs no compatibility
 across versions; its fields keep their names all the same.
@@ -25,7 +27,7 @@ from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
 from statetier.backend.wire import FLAT, Fields, MessageError, decode_fields, encode_fields
 
-__all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "TaskHeader"]
+__all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "StateSpec", "TaskHeader"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,21 @@ class EpochTime:
 
 
 @dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """What a state host needs of a pipeline, whatever the epoch: its ranges, checkpoints,
+    settings, keys and output schema (in the pipeline's spec, and inline in each task header)."""
+
+    pipeline: str
+    parallelism: int
+    max_parallelism: int  # the plan's key groups (fixed by the first committed epoch)
+    checkpoint_uri: str
+    key_columns: tuple[str, ...]
+    schema: str  # the output schema, Arrow IPC, hex
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: dict[str, str] = dataclasses.field(default_factory=dict)  # given in code or conf
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineSpec:
     """What every task of a pipeline needs, whatever the epoch (pickled with the task)."""
 
@@ -47,14 +64,7 @@ class PipelineSpec:
     secret: bytes = dataclasses.field(repr=False)  # the application's secret
     host_bind: str  # where a host the task starts listens for other executors' tasks
     host_port: int
-    pipeline: str
-    parallelism: int
-    max_parallelism: int  # the plan's key groups (fixed by the first committed epoch)
-    checkpoint_uri: str
-    storage_options: dict[str, Any]
-    config: dict[str, str]  # the settings given in code or Spark conf
-    key_columns: tuple[str, ...]
-    schema: str  # the output schema, Arrow IPC, hex
+    state: StateSpec  # what its state hosts need
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +91,8 @@ class EpochSpec:
 class TaskHeader:
     """What a task tells its range's state host before its records."""
 
-    pipeline: str
-    parallelism: int
+    state: StateSpec = dataclasses.field(metadata=FLAT)
     index: int  # the range
-    max_parallelism: int
-    checkpoint_uri: str
-    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
-    config: dict[str, str] = dataclasses.field(default_factory=dict, kw_only=True)
-    key_columns: tuple[str, ...]
-    schema: str
     epoch: int
     base_epoch: int
     base_token: str | None  # the token of the range's files at the base (None: none known)
@@ -113,18 +116,11 @@ class TaskHeader:
         owner_host: str,
     ) -> TaskHeader:
         """The header of task attempt ``task_attempt_id`` of range ``index``."""
-        ranges = key_group_range_for_instance(pipeline.max_parallelism, pipeline.parallelism, index)
-        mine = str(ranges)
+        state = pipeline.state
+        mine = str(key_group_range_for_instance(state.max_parallelism, state.parallelism, index))
         return cls(
-            pipeline=pipeline.pipeline,
-            parallelism=pipeline.parallelism,
+            state=state,
             index=index,
-            max_parallelism=pipeline.max_parallelism,
-            checkpoint_uri=pipeline.checkpoint_uri,
-            storage_options=pipeline.storage_options,
-            config=pipeline.config,
-            key_columns=pipeline.key_columns,
-            schema=pipeline.schema,
             epoch=epoch.epoch,
             base_epoch=epoch.base_epoch,
             base_token=epoch.base_tokens.get(str(index)),
