@@ -86,7 +86,7 @@ class Fields:
             self.fail(name, "an integer", value)
         return value
 
-    def maybe_integer(self, name: str, default: Any = None) -> int | None:
+    def maybe_integer(self, name: str) -> int | None:
         """An integer or null; absent is null."""
         value = self._get(name, None)
         return None if value is None else self.integer(name)
@@ -118,7 +118,7 @@ class Fields:
             self.fail(name, "a string", value)
         return value
 
-    def maybe_text(self, name: str, default: Any = None) -> str | None:
+    def maybe_text(self, name: str) -> str | None:
         """A string or null; absent is null."""
         value = self._get(name, None)
         return None if value is None else self.text(name)
@@ -151,11 +151,11 @@ class Fields:
 _Reader = Callable[[Fields, str, Any], Any]
 _READERS: dict[Any, _Reader] = {
     int: Fields.integer,
-    int | None: Fields.maybe_integer,
+    int | None: lambda fields, name, _: fields.maybe_integer(name),  # absent is null
     float: Fields.number,
     bool: Fields.flag,
     str: Fields.text,
-    str | None: Fields.maybe_text,
+    str | None: lambda fields, name, _: fields.maybe_text(name),
     tuple[str, ...]: Fields.texts,
     dict[str, str]: Fields.text_map,
     dict[str, Any]: Fields.mapping,
