@@ -22,7 +22,7 @@ from statetier.backend.snapshot import SnapshotStore, commit_snapshot
 from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
-from statetier.backend.spark.messages import EpochTime, TaskHeader
+from statetier.backend.spark.messages import EpochTime, StateSpec, TaskHeader
 from statetier.backend.spark.protocol import ERROR
 from statetier.backend.spark.registry import HostRegistry, ask_route
 from statetier.backend.spark.results import RangeResult, RangeStart
@@ -88,16 +88,10 @@ def run_task(
     attempt: int,
 ) -> list[tuple[str, int]]:
     host = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None)
+    schema = SCHEMA.serialize().to_pybytes().hex()
     header = TaskHeader(
-        pipeline="wc",
-        parallelism=1,
+        state=StateSpec("wc", 1, MAX_PARALLELISM, uri, ("word",), schema),
         index=0,
-        max_parallelism=MAX_PARALLELISM,
-        checkpoint_uri=uri,
-        storage_options={},
-        config={},
-        key_columns=("word",),
-        schema=SCHEMA.serialize().to_pybytes().hex(),
         epoch=epoch,
         base_epoch=epoch - 1,
         base_token=base_token,

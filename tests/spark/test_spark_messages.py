@@ -12,7 +12,13 @@ from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
-from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, TaskHeader
+from statetier.backend.spark.messages import (
+    EpochSpec,
+    EpochTime,
+    PipelineSpec,
+    StateSpec,
+    TaskHeader,
+)
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.wire import MessageError
 
@@ -33,14 +39,15 @@ def pipeline_spec() -> PipelineSpec:
         secret=b"s" * 32,
         host_bind="127.0.0.1",
         host_port=0,
-        pipeline="wc",
-        parallelism=2,
-        max_parallelism=MAX_PARALLELISM,
-        checkpoint_uri="file:///tmp/ckpt",
-        storage_options={},
-        config={"spill.enabled": "true"},
-        key_columns=("word",),
-        schema="ff",
+        state=StateSpec(
+            pipeline="wc",
+            parallelism=2,
+            max_parallelism=MAX_PARALLELISM,
+            checkpoint_uri="file:///tmp/ckpt",
+            key_columns=("word",),
+            schema="ff",
+            config={"spill.enabled": "true"},
+        ),
     )
 
 
@@ -71,7 +78,7 @@ def test_a_task_header_is_its_ranges_part_of_the_epoch_and_decodes_what_it_encod
     )  # fmt: skip
     assert header.base_token == "driver-t8" and header.token == "driver-t42"
     assert header.chain_updates == (update("4-7", base=False),)  # range 1's only
-    assert header.time.end_of_input and header.config == {"spill.enabled": "true"}
+    assert header.time.end_of_input and header.state.config == {"spill.enabled": "true"}
     wire = over_json(header.encode())
     assert wire["op"] == "task" and "secret" not in wire and "base_tokens" not in wire
     assert TaskHeader.decode(wire) == header
@@ -145,7 +152,10 @@ def test_a_task_header_that_is_no_object_or_lacks_a_field_says_so() -> None:
     ("raw", "error"),
     [
         (b"{", "statetier range result r.json: not JSON"),
-        (b'{"state": "tepid"}', "field 'state' must be warm, restored or fresh, got 'tepid'"),
+        (  # read in the class's order: the fields before the state are there
+            b'{"index": 0, "parallelism": 2, "epoch": 3, "token": "t", "state": "tepid"}',
+            "field 'state' must be warm, restored or fresh, got 'tepid'",
+        ),
         (b'{"state": "warm"}', "field 'index' is missing"),
     ],
 )

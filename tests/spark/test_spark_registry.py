@@ -229,7 +229,7 @@ def test_the_registry_answers_a_malformed_request_with_what_is_wrong(
         (b'{"op": "steal"}', "unknown request 'steal'"),
         (b'{"op": "route", "pipeline": "p", "parallelism": "4", "index": 0}', "'parallelism'"),
         (
-            b'{"op": "register", "host": {"host_id": "h"}}',
+            b'{"op": "register", "host": {"host_id": "h", "pid": 1, "executor": "e", "node": "n"}}',
             "statetier host info: field 'endpoints' is missing",
         ),
     ]:

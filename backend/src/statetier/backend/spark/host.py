@@ -37,13 +37,11 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.runtime import FunctionInstance
@@ -51,18 +49,14 @@ from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark.channel import Endpoint, Server
-from statetier.backend.spark.checks import check_output_rows
 from statetier.backend.spark.functions import (
-    KEY_GROUP_COLUMN,
-    ROWS_COLUMN,
-    KeyGroupFunction,
     SparkTask,
-    processes_ranges,
     set_current_task,
 )
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
+from statetier.backend.spark.processing import as_batches, count_records, process
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
@@ -231,7 +225,7 @@ class StateHost:
     def _request(self, conn: Connection) -> None:
         """One connection's request: its first frame says which (``op``)."""
         try:
-            request = Fields("statetier host request", json.loads(conn.recv_bytes()))
+            request = Fields.parse("statetier host request", conn.recv_bytes())
             op = request.text("op")
             registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
         except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint
@@ -338,12 +332,12 @@ class StateHost:
         index = header.index
         if header.owner_host != self.host_id:
             raise NotOwnerError(
-                f"range {index} of pipeline {header.pipeline} is routed to state host "
+                f"range {index} of pipeline {header.state.pipeline} is routed to state host "
                 f"{header.owner_host}; this is host {self.host_id}, which does not own it"
             )
         factory = self._factory(function_bytes)
-        store = self._store(header.checkpoint_uri, header.storage_options)
-        config = load_config(header.config)
+        store = self._store(header.state.checkpoint_uri, header.state.storage_options)
+        config = load_config(header.state.config)
         hosted, state, restore_s = self._acquire(header, factory, store, config)
         try:
             hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
@@ -351,10 +345,10 @@ class StateHost:
                 SparkTask(header.epoch, index, header.attempt_number, header.task_attempt_id)
             )
             try:
-                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header.schema)))
+                out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(header.state.schema)))
                 instance = hosted.instance
                 outputs = as_batches(timers_before(instance, header.time), out_schema)
-                outputs += self._process(instance, header, batches, out_schema)
+                outputs += process(instance, batches, header.state.key_columns, index, out_schema)
                 outputs += as_batches(timers_after(instance, header.time), out_schema)
                 if instance.spill is not None:
                     # a vectorized function touches each key once per batch: a range's records
@@ -387,8 +381,8 @@ class StateHost:
     ) -> tuple[HostedRange, RangeStart, float]:
         """The range's instance, locked: warm when at the task's base, else restored or fresh."""
         base = header.base_epoch
-        parallelism = header.parallelism
-        key = (header.pipeline, parallelism, header.index)
+        parallelism = header.state.parallelism
+        key = (header.state.pipeline, parallelism, header.index)
         with self.lock:
             hosted = self.ranges.get(key)
             if hosted is None:
@@ -417,7 +411,7 @@ class StateHost:
             cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
             header.index,
             parallelism,
-            header.max_parallelism,
+            header.state.max_parallelism,
             store=store,
             restore_epoch=base if base > 0 else None,
             clock=EpochClock(header.time.processing_time),
@@ -440,7 +434,7 @@ class StateHost:
     ) -> None:
         """Snapshot the range and write its result (or an error file the driver reports)."""
         epoch, index, token = header.epoch, header.index, header.token
-        parallelism = header.parallelism
+        parallelism = header.state.parallelism
         name = result_name(epoch, header.owner, index, parallelism)
         instance = hosted.instance
         try:
@@ -491,78 +485,6 @@ class StateHost:
             self.restored += run.state is RangeStart.RESTORED
             self.last_activity = time.monotonic()
 
-    def _process(
-        self,
-        instance: FunctionInstance,
-        header: TaskHeader,
-        batches: list[pa.RecordBatch],
-        out_schema: pa.Schema,
-    ) -> list[pa.RecordBatch]:
-        key_columns = header.key_columns
-        key_range = instance.keyed.key_groups
-        for batch in batches:
-            kg = batch.column(KEY_GROUP_COLUMN).to_numpy()
-            if len(kg) and (kg.min() < key_range.start or kg.max() > key_range.end):
-                raise RuntimeError(
-                    f"records of key groups outside {key_range} reached range {header.index}: "
-                    "the partition-to-range mapping is broken (adaptive coalescing?)"
-                )
-        function = instance.function
-        if isinstance(function, KeyGroupFunction):
-            return self._process_key_groups(instance, function, batches, out_schema)
-        rows: list[Any] = []
-        for batch in batches:
-            names = [n for n in batch.schema.names if n != KEY_GROUP_COLUMN]
-            value_columns = [n for n in names if n not in key_columns]
-            keys: Iterable[Any]
-            if len(key_columns) == 1:
-                keys = batch.column(key_columns[0]).to_pylist()
-            else:
-                keys = zip(*(batch.column(k).to_pylist() for k in key_columns), strict=True)
-            values: Iterable[Any]
-            if not value_columns:
-                values = [None] * batch.num_rows
-            elif len(value_columns) == 1:
-                values = batch.column(value_columns[0]).to_pylist()
-            else:
-                values = zip(*(batch.column(v).to_pylist() for v in value_columns), strict=True)
-            rows.extend(instance.process(zip(keys, values, strict=True)))
-        return [to_batch(rows, out_schema)] if rows else []
-
-    def _process_key_groups(
-        self,
-        instance: FunctionInstance,
-        function: KeyGroupFunction,
-        batches: list[pa.RecordBatch],
-        out_schema: pa.Schema,
-    ) -> list[pa.RecordBatch]:
-        batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return []
-        table = pa.Table.from_batches(batches)
-        if function.combiner is not None and function.combiner.map_side:
-            # partial rows of each map task; the Spark SQL combiner already merged its own
-            final = [*function.combiner.final(), (ROWS_COLUMN, "sum")]
-            table = merge_partials(table, final)
-        if ROWS_COLUMN in table.column_names:
-            table = table.drop_columns([ROWS_COLUMN])
-        context = instance.context
-        if processes_ranges(function):
-            return as_batches(function.process_range(table, context), out_schema)
-        kg = table.column(KEY_GROUP_COLUMN).to_numpy()
-        order = np.argsort(kg, kind="stable")
-        sorted_kg = kg[order]
-        table = table.drop_columns([KEY_GROUP_COLUMN]).take(pa.array(order))
-        starts = [0, *(np.flatnonzero(np.diff(sorted_kg)) + 1).tolist()]
-        ends = [*starts[1:], len(sorted_kg)]
-        out: list[pa.RecordBatch] = []
-        for start, end in zip(starts, ends, strict=True):
-            result = function.process_key_group(
-                int(sorted_kg[start]), table.slice(start, end - start), context
-            )
-            out.extend(as_batches(result, out_schema))
-        return out
-
     def _snapshot(
         self,
         instance: FunctionInstance,
@@ -609,48 +531,6 @@ class StateHost:
 
         pool = self._upload_pool(config.checkpoint_upload_concurrency)
         return sum(pool.map(put, uploads))
-
-
-def count_records(batches: list[pa.RecordBatch]) -> int:
-    """Input records behind ``batches``: their rows, or what a combiner says they stand for."""
-    return sum(
-        int(pc.sum(b.column(ROWS_COLUMN)).as_py() or 0)
-        if ROWS_COLUMN in b.schema.names
-        else b.num_rows
-        for b in batches
-    )
-
-
-def merge_partials(table: pa.Table, final: list[tuple[str, str]]) -> pa.Table:
-    """One row per key: the combiner's partial aggregates (one per map task) merged."""
-    groups = [n for n in table.column_names if n not in {name for name, _ in final}]
-    merged = table.group_by(groups, use_threads=False).aggregate(final)
-    names = [*groups, *(name for name, _ in final)]
-    columns = [merged[n] for n in groups] + [merged[f"{name}_{how}"] for name, how in final]
-    return pa.Table.from_arrays(columns, names=names)
-
-
-def as_batches(result: Any, schema: pa.Schema) -> list[pa.RecordBatch]:
-    """A function's return value (table, batch, rows or None) as batches of ``schema``."""
-    if result is None:
-        return []
-    if isinstance(result, pa.Table):
-        batches: list[pa.RecordBatch] = result.select(schema.names).cast(schema).to_batches()
-        return batches
-    if isinstance(result, pa.RecordBatch):
-        return [result.select(schema.names).cast(schema)]
-    rows = list(result)
-    return [to_batch(rows, schema)] if rows else []
-
-
-def to_batch(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
-    """Output rows (tuples in schema order, or dicts) as one batch of ``schema``."""
-    if isinstance(rows[0], dict):
-        return pa.RecordBatch.from_pylist(rows, schema=schema)
-    check_output_rows(rows, schema.names)  # a row of the wrong width, said in the user's terms
-    columns = list(zip(*rows, strict=True))
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def main(argv: list[str] | None = None) -> None:

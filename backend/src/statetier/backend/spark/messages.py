@@ -3,13 +3,15 @@
 Three messages, each typed, each with one encoding:
 
 - :class:`PipelineSpec`: what every task of a pipeline needs whatever the epoch (where the
-  registry and the checkpoints are, the settings, the schema). It travels pickled inside the
-  task closure, Spark's own channel, since it carries the application's secret.
+  registry is, how to start a state host, and the :class:`StateSpec` the hosts need: where the
+  checkpoints are, the settings, the schema). It travels pickled inside the task closure,
+  Spark's own channel, since it carries the application's secret.
 - :class:`EpochSpec`: what the tasks of one epoch need (its base, the writer, its time, the
   chain updates of the driver's compactions). In the closure for a DataFrame planned per
   epoch; as JSON in a Spark job property for a query planned once (``write_stream``).
 - :class:`TaskHeader`: what the task sends its range's state host, as JSON, first on the
-  connection: the two specs cut down to what the host uses, plus the task attempt.
+  connection: the pipeline's :class:`StateSpec` and the epoch's spec cut down to the range,
+  plus the task attempt.
 
 The host is started by a task from the same installation, so the header needs no compatibility
 across versions; its fields keep their names all the same.
@@ -23,9 +25,9 @@ from typing import Any
 from statetier.backend.keygroups import key_group_range_for_instance
 from statetier.backend.snapshot.chain_compaction import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
-from statetier.backend.wire import Fields, MessageError
+from statetier.backend.wire import FLAT, Fields, MessageError, decode_fields, encode_fields
 
-__all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "TaskHeader"]
+__all__ = ["EpochSpec", "EpochTime", "PipelineSpec", "StateSpec", "TaskHeader"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,21 +38,20 @@ class EpochTime:
     processing_time: int
     end_of_input: bool = False  # fire every event-time timer after the records
 
-    def encode(self) -> dict[str, Any]:
-        """Its fields, flat in the message that carries it."""
-        return {
-            "watermark": self.watermark,
-            "processing_time": self.processing_time,
-            "end_of_input": self.end_of_input,
-        }
 
-    @classmethod
-    def decode(cls, fields: Fields) -> EpochTime:
-        return cls(
-            watermark=fields.maybe_integer("watermark"),
-            processing_time=fields.integer("processing_time"),
-            end_of_input=fields.flag("end_of_input", False),
-        )
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """What a state host needs of a pipeline, whatever the epoch: its ranges, checkpoints,
+    settings, keys and output schema (in the pipeline's spec, and inline in each task header)."""
+
+    pipeline: str
+    parallelism: int
+    max_parallelism: int  # the plan's key groups (fixed by the first committed epoch)
+    checkpoint_uri: str
+    key_columns: tuple[str, ...]
+    schema: str  # the output schema, Arrow IPC, hex
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: dict[str, str] = dataclasses.field(default_factory=dict)  # given in code or conf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,14 +64,7 @@ class PipelineSpec:
     secret: bytes = dataclasses.field(repr=False)  # the application's secret
     host_bind: str  # where a host the task starts listens for other executors' tasks
     host_port: int
-    pipeline: str
-    parallelism: int
-    max_parallelism: int  # the plan's key groups (fixed by the first committed epoch)
-    checkpoint_uri: str
-    storage_options: dict[str, Any]
-    config: dict[str, str]  # the settings given in code or Spark conf
-    key_columns: tuple[str, ...]
-    schema: str  # the output schema, Arrow IPC, hex
+    state: StateSpec  # what its state hosts need
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,45 +75,24 @@ class EpochSpec:
     base_epoch: int
     base_tokens: dict[str, str]  # range index -> token of its committed files at the base
     owner: str  # the writer's lease owner: names the epoch's files and results
-    time: EpochTime
+    time: EpochTime = dataclasses.field(metadata=FLAT)
     chain_updates: tuple[ChainUpdate, ...] = ()  # the driver's compactions, for every range
 
     def encode(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "base_epoch": self.base_epoch,
-            "base_tokens": dict(self.base_tokens),
-            "owner": self.owner,
-            "chain_updates": [u.to_dict() for u in self.chain_updates],
-            **self.time.encode(),
-        }
+        return encode_fields(self, chain_updates=encode_updates)
 
     @classmethod
     def decode(cls, data: Any) -> EpochSpec:
         fields = Fields("statetier epoch spec", data)
-        return cls(
-            epoch=fields.integer("epoch"),
-            base_epoch=fields.integer("base_epoch"),
-            base_tokens=fields.text_map("base_tokens"),
-            owner=fields.text("owner"),
-            time=EpochTime.decode(fields),
-            chain_updates=decode_updates(fields),
-        )
+        return decode_fields(cls, fields, chain_updates=decode_updates)
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskHeader:
     """What a task tells its range's state host before its records."""
 
-    pipeline: str
-    parallelism: int
+    state: StateSpec = dataclasses.field(metadata=FLAT)
     index: int  # the range
-    max_parallelism: int
-    checkpoint_uri: str
-    storage_options: dict[str, Any]
-    config: dict[str, str]
-    key_columns: tuple[str, ...]
-    schema: str
     epoch: int
     base_epoch: int
     base_token: str | None  # the token of the range's files at the base (None: none known)
@@ -128,7 +101,7 @@ class TaskHeader:
     attempt_number: int
     task_attempt_id: int
     owner_host: str  # the host the driver routed the range to (another one refuses it)
-    time: EpochTime
+    time: EpochTime = dataclasses.field(metadata=FLAT)
     chain_updates: tuple[ChainUpdate, ...] = ()  # of this range only
 
     @classmethod
@@ -143,18 +116,11 @@ class TaskHeader:
         owner_host: str,
     ) -> TaskHeader:
         """The header of task attempt ``task_attempt_id`` of range ``index``."""
-        ranges = key_group_range_for_instance(pipeline.max_parallelism, pipeline.parallelism, index)
-        mine = str(ranges)
+        state = pipeline.state
+        mine = str(key_group_range_for_instance(state.max_parallelism, state.parallelism, index))
         return cls(
-            pipeline=pipeline.pipeline,
-            parallelism=pipeline.parallelism,
+            state=state,
             index=index,
-            max_parallelism=pipeline.max_parallelism,
-            checkpoint_uri=pipeline.checkpoint_uri,
-            storage_options=pipeline.storage_options,
-            config=pipeline.config,
-            key_columns=pipeline.key_columns,
-            schema=pipeline.schema,
             epoch=epoch.epoch,
             base_epoch=epoch.base_epoch,
             base_token=epoch.base_tokens.get(str(index)),
@@ -169,53 +135,17 @@ class TaskHeader:
 
     def encode(self) -> dict[str, Any]:
         """The header's JSON object, with the request's ``op``."""
-        return {
-            "op": "task",
-            "pipeline": self.pipeline,
-            "parallelism": self.parallelism,
-            "index": self.index,
-            "max_parallelism": self.max_parallelism,
-            "checkpoint_uri": self.checkpoint_uri,
-            "storage_options": self.storage_options,
-            "config": self.config,
-            "key_columns": list(self.key_columns),
-            "schema": self.schema,
-            "epoch": self.epoch,
-            "base_epoch": self.base_epoch,
-            "base_token": self.base_token,
-            "owner": self.owner,
-            "token": self.token,
-            "attempt_number": self.attempt_number,
-            "task_attempt_id": self.task_attempt_id,
-            "owner_host": self.owner_host,
-            "chain_updates": [u.to_dict() for u in self.chain_updates],
-            **self.time.encode(),
-        }
+        return {"op": "task", **encode_fields(self, chain_updates=encode_updates)}
 
     @classmethod
     def decode(cls, data: Any) -> TaskHeader:
         fields = Fields("statetier task header", data)
-        return cls(
-            pipeline=fields.text("pipeline"),
-            parallelism=fields.integer("parallelism"),
-            index=fields.integer("index"),
-            max_parallelism=fields.integer("max_parallelism"),
-            checkpoint_uri=fields.text("checkpoint_uri"),
-            storage_options=fields.mapping("storage_options", {}),
-            config=fields.text_map("config", {}),
-            key_columns=fields.texts("key_columns"),
-            schema=fields.text("schema"),
-            epoch=fields.integer("epoch"),
-            base_epoch=fields.integer("base_epoch"),
-            base_token=fields.maybe_text("base_token"),
-            owner=fields.text("owner"),
-            token=fields.text("token"),
-            attempt_number=fields.integer("attempt_number"),
-            task_attempt_id=fields.integer("task_attempt_id"),
-            owner_host=fields.text("owner_host"),
-            time=EpochTime.decode(fields),
-            chain_updates=decode_updates(fields),
-        )
+        return decode_fields(cls, fields, chain_updates=decode_updates)
+
+
+def encode_updates(updates: tuple[ChainUpdate, ...]) -> list[dict[str, Any]]:
+    """The ``chain_updates`` of a message, JSON-ready."""
+    return [u.to_dict() for u in updates]
 
 
 def decode_updates(fields: Fields) -> tuple[ChainUpdate, ...]:

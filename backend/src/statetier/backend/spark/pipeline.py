@@ -65,7 +65,7 @@ from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
-from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec
+from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import RangeResult, RangeStart
@@ -264,11 +264,11 @@ class StatefulPipeline:
             started = time.perf_counter()
             epoch = batch_id + 1
             spec = self._begin_epoch(batch.sparkSession, epoch, self._batch_time(batch, batch_id))
-            if self._max_parallelism != static.max_parallelism:
+            if self._max_parallelism != static.state.max_parallelism:
                 raise ValueError(
                     f"the checkpoint at {self.store.uri} now has max parallelism "
                     f"{self._max_parallelism}, the query was planned for "
-                    f"{static.max_parallelism}: restart the query"
+                    f"{static.state.max_parallelism}: restart the query"
                 )
             if planned is None:  # the records of this micro-batch, routed as it needs
                 out = self._route(batch, static, None, self._skips_exchange(batch, epoch))
@@ -353,14 +353,16 @@ class StatefulPipeline:
             secret=registry.secret,
             host_bind=self._host_bind(spark),
             host_port=self.config.host_port,
-            pipeline=self.name,
-            parallelism=self.parallelism,
-            max_parallelism=max_parallelism,
-            checkpoint_uri=store.uri,
-            storage_options=self.storage_options,
-            config=self._host_config(),
-            key_columns=tuple(self.key_columns),
-            schema=self._output_schemas()[1],
+            state=StateSpec(
+                pipeline=self.name,
+                parallelism=self.parallelism,
+                max_parallelism=max_parallelism,
+                checkpoint_uri=store.uri,
+                key_columns=tuple(self.key_columns),
+                schema=self._output_schemas()[1],
+                storage_options=self.storage_options,
+                config=self._host_config(),
+            ),
         )
 
     def registry(self, spark: SparkSession) -> HostRegistry:
@@ -393,7 +395,7 @@ class StatefulPipeline:
         """``df`` with its key-group column (and pre-aggregated by a map-side combiner)."""
         fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
         check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
-        expr = spark_key_group_expr(self.key_columns, spec.max_parallelism)
+        expr = spark_key_group_expr(self.key_columns, spec.state.max_parallelism)
         keyed = df.withColumn(KG_COLUMN, sf.expr(expr))
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
@@ -411,7 +413,7 @@ class StatefulPipeline:
             assert self.config is not None
             one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
             return one.mapInArrow(direct_function(spec, epoch, self.function_bytes), schema)
-        p, mp = self.parallelism, spec.max_parallelism
+        p, mp = self.parallelism, spec.state.max_parallelism
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
         combiner = self.combiner
         if combiner is not None and not combiner.map_side:

@@ -34,7 +34,7 @@ from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
 from statetier.backend.spark.protocol import RESULT
-from statetier.backend.wire import Fields, MessageError
+from statetier.backend.wire import LOCAL, Fields, MessageError, decode_fields, encode_fields
 
 __all__ = [
     "HostInfo",
@@ -68,39 +68,31 @@ class HostInfo:
     executor: str
     node: str
     endpoints: list[Endpoint]
-    alive: bool = True
-    last_seen: float = dataclasses.field(default_factory=time.monotonic)
-    rss: int = 0  # anonymous resident bytes, from the last heartbeat
-    link: Connection | None = dataclasses.field(default=None, repr=False)
+    # the registry's view, not sent
+    alive: bool = dataclasses.field(default=True, metadata=LOCAL)
+    last_seen: float = dataclasses.field(default_factory=time.monotonic, metadata=LOCAL)
+    rss: int = dataclasses.field(default=0, metadata=LOCAL)  # anonymous resident bytes (heartbeat)
+    link: Connection | None = dataclasses.field(default=None, repr=False, metadata=LOCAL)
 
     def tcp(self) -> Endpoint | None:
         return next((e for e in self.endpoints if e.kind == "tcp"), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "host_id": self.host_id,
-            "pid": self.pid,
-            "executor": self.executor,
-            "node": self.node,
-            "endpoints": [e.to_json() for e in self.endpoints],
-        }
+        return encode_fields(self, endpoints=lambda endpoints: [e.to_json() for e in endpoints])
 
     @classmethod
     def from_json(cls, data: Any) -> HostInfo:
-        fields = Fields("statetier host info", data)
-        endpoints = []
-        for i, item in enumerate(fields.items("endpoints")):
-            try:
-                endpoints.append(Endpoint.from_json(item))
-            except (ValueError, TypeError) as e:
-                fields.fail(f"endpoints[{i}]", "[kind, address, port]", f"{item!r} ({e})")
-        return cls(
-            host_id=fields.text("host_id"),
-            pid=fields.integer("pid"),
-            executor=fields.text("executor"),
-            node=fields.text("node"),
-            endpoints=endpoints,
-        )
+        return decode_fields(cls, Fields("statetier host info", data), endpoints=_endpoints)
+
+
+def _endpoints(fields: Fields) -> list[Endpoint]:
+    endpoints = []
+    for i, item in enumerate(fields.items("endpoints")):
+        try:
+            endpoints.append(Endpoint.from_json(item))
+        except (ValueError, TypeError) as e:
+            fields.fail(f"endpoints[{i}]", "[kind, address, port]", f"{item!r} ({e})")
+    return endpoints
 
 
 class OrderKind(enum.Enum):
@@ -123,12 +115,8 @@ class HostOrder:
 
     @classmethod
     def decode(cls, raw: bytes) -> HostOrder:
-        fields = Fields("statetier host order", _json(raw))
-        op = fields.text("op")
-        try:
-            kind = OrderKind(op)
-        except ValueError:
-            fields.fail("op", "shutdown or release", op)
+        fields = Fields.parse("statetier host order", raw)
+        kind = fields.choice("op", OrderKind)
         ranges = []
         for i, item in enumerate(fields.items("ranges", [])):
             if not _range_key(item):
@@ -173,13 +161,6 @@ def _range_key(item: Any) -> bool:
     )
 
 
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as e:
-        raise MessageError(f"not JSON: {e}") from None
-
-
 class HostRegistry:
     """Registrations, liveness and range ownership of one Spark application's state hosts."""
 
@@ -204,7 +185,7 @@ class HostRegistry:
 
     def _connection(self, conn: Connection) -> None:
         try:
-            request = Fields("statetier registry request", _json(conn.recv_bytes(1 << 20)))
+            request = Fields.parse("statetier registry request", conn.recv_bytes(1 << 20))
             op = request.text("op")
             if op == "register":
                 self._host_link(conn, HostInfo.from_json(request.mapping("host")))
@@ -420,7 +401,7 @@ def ask_route(
     """A task's question to the driver: which host owns its range (RouteError: none it can use)."""
     with contextlib.closing(connect(registry, secret)) as conn:
         conn.send_bytes(RouteRequest(key, local_host, unreachable).encode())
-        answer = Fields("the registry's route", _json(conn.recv_bytes()))
+        answer = Fields.parse("the registry's route", conn.recv_bytes())
     if "error" in answer.data:
         raise RouteError(f"the driver's host registry at {registry}: {answer.text('error')}")
     return HostInfo.from_json(answer.mapping("host"))

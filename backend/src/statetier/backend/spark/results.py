@@ -18,7 +18,7 @@ from typing import Any
 
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
-from statetier.backend.wire import Fields, MessageError
+from statetier.backend.wire import Fields, MessageError, decode_fields, encode_fields
 
 __all__ = ["RangeResult", "RangeStart"]
 
@@ -59,49 +59,14 @@ class RangeResult:
 
     def encode(self) -> bytes:
         """The result file's bytes."""
-        data = dataclasses.asdict(self)
-        data["state"] = self.state.value
-        data["snapshot"] = _snapshot_to_dict(self.snapshot)
-        return json.dumps(data).encode()
+        return json.dumps(encode_fields(self, snapshot=_snapshot_to_dict)).encode()
 
     @classmethod
     def decode(cls, raw: bytes, where: str = "") -> RangeResult:
         """A result file's content; ``where`` (its name) goes into the error of a bad one.
         The fields with defaults are absent from older hosts' results."""
-        message = f"statetier range result {where}".rstrip()
-        try:
-            data = json.loads(raw)
-        except ValueError as e:
-            raise MessageError(f"{message}: not JSON: {e}") from None
-        fields = Fields(message, data)
-        state = fields.text("state")
-        try:
-            start = RangeStart(state)
-        except ValueError:
-            fields.fail("state", "warm, restored or fresh", state)
-        return cls(
-            index=fields.integer("index"),
-            parallelism=fields.integer("parallelism"),
-            epoch=fields.integer("epoch"),
-            token=fields.text("token"),
-            state=start,
-            records=fields.integer("records"),
-            spilled_key_groups=fields.integer("spilled_key_groups"),
-            key_groups=fields.integer("key_groups"),
-            restore_s=fields.number("restore_s"),
-            snapshot_s=fields.number("snapshot_s"),
-            total_s=fields.number("total_s"),
-            upload_bytes=fields.integer("upload_bytes"),
-            snapshot=_snapshot(fields),
-            host_pid=fields.integer("host_pid"),
-            host_socket=fields.text("host_socket"),
-            process_s=fields.number("process_s", 0.0),
-            rows=fields.integer("rows", 0),
-            host_id=fields.text("host_id", ""),
-            restored_bytes=fields.integer("restored_bytes", 0),
-            snapshot_cpu_s=fields.number("snapshot_cpu_s", 0.0),
-            compaction_base=fields.flag("compaction_base", False),
-        )
+        fields = Fields.parse(f"statetier range result {where}".rstrip(), raw)
+        return decode_fields(cls, fields, snapshot=_snapshot)
 
 
 def _snapshot(fields: Fields) -> SubtaskSnapshot:

@@ -190,7 +190,7 @@ def _owner_connection(
     cannot reach is reported: the driver probes it and assigns a new owner if it is gone."""
     registry, secret = spec.registry, spec.secret
     local = local or local_host(spec)
-    key = (spec.pipeline, spec.parallelism, index)
+    key = (spec.state.pipeline, spec.state.parallelism, index)
     owner = ask_route(registry, secret, key, local.host_id)
     try:
         return owner, _open(owner, local, secret)
@@ -212,7 +212,7 @@ def partition_function(
         task = TaskContext.get()
         assert task is not None
         index = task.partitionId()
-        this_epoch = epoch or epoch_of_job(task, spec.pipeline)
+        this_epoch = epoch or epoch_of_job(task, spec.state.pipeline)
         owner, conn = _owner_connection(spec, index)
         header = _header(spec, this_epoch, task, index, owner)
         with contextlib.closing(conn), _host_lost(owner, index):
@@ -292,8 +292,8 @@ def direct_function(
 
         task = TaskContext.get()
         assert task is not None
-        this_epoch = epoch or epoch_of_job(task, spec.pipeline)
-        slices = split_ranges(list(batches), spec.parallelism, spec.max_parallelism)
+        this_epoch = epoch or epoch_of_job(task, spec.state.pipeline)
+        slices = split_ranges(list(batches), spec.state.parallelism, spec.state.max_parallelism)
         with contextlib.ExitStack() as open_connections:
             sent: list[tuple[HostInfo, int, Connection]] = []
             local = local_host(spec)  # once for the task, not once per range
