@@ -95,12 +95,12 @@ def test_dead_worker_loses_its_lease_and_the_job_goes_to_another() -> None:
     assert s.expire() == []
     clock.now += 3  # w1 silent for 6 s
     assert s.expire() == ["worker w1 expired"]
-    assert job.state is JobState.QUEUED
-    assert [w for w, _ in s.schedule()] == ["w2"] and job.attempt == 2
+    assert job.status.state is JobState.QUEUED
+    assert [w for w, _ in s.schedule()] == ["w2"] and job.status.attempt == 2
     with pytest.raises(LeaseLostError):  # the old attempt's late answer
         s.complete("w1", "j", 1, result("j"))
     done = s.complete("w2", "j", 2, result("j"))
-    assert done.state is JobState.SUCCEEDED and done.result == result("j")
+    assert done.status.state is JobState.SUCCEEDED and done.status.result == result("j")
 
 
 def test_stalled_job_is_revoked_and_the_worker_told_to_drop_it() -> None:
@@ -113,7 +113,7 @@ def test_stalled_job_is_revoked_and_the_worker_told_to_drop_it() -> None:
         clock.now += 4
         s.heartbeat("w", {"j": 7})  # alive, but no progress after the first report
         s.expire()
-    assert job.state is JobState.QUEUED and "no progress" in job.history[-1]
+    assert job.status.state is JobState.QUEUED and "no progress" in job.status.history[-1]
     clock.now += 1
     assert s.heartbeat("w", {"j": 7}) == ["j"]
 
@@ -126,7 +126,9 @@ def test_gives_up_after_max_attempts() -> None:
     for attempt in (1, 2):
         s.schedule()
         s.complete("w", "j", attempt, None, "disk full")
-    assert job.state is JobState.FAILED and "gave up after 2 attempts" in (job.error or "")
+    assert job.status.state is JobState.FAILED and "gave up after 2 attempts" in (
+        job.status.error or ""
+    )
 
 
 def test_request_errors_fail_at_once() -> None:
@@ -135,7 +137,11 @@ def test_request_errors_fail_at_once() -> None:
     job, _ = s.submit(request("j"))
     s.schedule()
     s.complete("w", "j", 1, None, "corrupt input", error_kind=ErrorKind.REQUEST)
-    assert job.state is JobState.FAILED and job.attempt == 1 and job.error_kind is ErrorKind.REQUEST
+    assert (
+        job.status.state is JobState.FAILED
+        and job.status.attempt == 1
+        and job.status.error_kind is ErrorKind.REQUEST
+    )
 
 
 def test_leave_requeues_at_once_and_join_takes_over() -> None:
@@ -144,10 +150,10 @@ def test_leave_requeues_at_once_and_join_takes_over() -> None:
     job, _ = s.submit(request("j"))
     s.schedule()
     s.leave("w1")
-    assert job.state is JobState.QUEUED and s.running() == 0
+    assert job.status.state is JobState.QUEUED and s.running() == 0
     s.register("w2", 1)
     s.schedule()
-    assert job.worker == "w2" and [j.job_id for j in s.take_assigned("w2")] == ["j"]
+    assert job.status.worker == "w2" and [j.job_id for j in s.take_assigned("w2")] == ["j"]
     with pytest.raises(UnknownWorkerError):
         s.heartbeat("w1", {})
 
@@ -156,13 +162,13 @@ def test_abort_queued_and_running() -> None:
     s = make(Clock())
     queued, _ = s.submit(request("q"))
     s.abort("q")
-    assert queued.state is JobState.ABORTED and s.queued() == 0
+    assert queued.status.state is JobState.ABORTED and s.queued() == 0
     s.register("w", 1)
     running, _ = s.submit(request("r"))
     s.schedule()
     s.take_assigned("w")
     s.abort("r")
-    assert running.state is JobState.ABORTED
+    assert running.status.state is JobState.ABORTED
     assert s.heartbeat("w", {"r": 3}) == ["r"]
     with pytest.raises(LeaseLostError):
         s.complete("w", "r", 1, result("r"))

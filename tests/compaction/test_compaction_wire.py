@@ -20,7 +20,7 @@ from statetier.backend.snapshot.compaction import (
 )
 from statetier.backend.snapshot.compaction_jobs import ErrorKind, JobState, JobStatus
 from statetier.backend.wire import MessageError
-from statetier.compaction.scheduler import Job, JobEvent, Scheduler
+from statetier.compaction.scheduler import JobEvent, Scheduler
 from statetier.compaction.validation import (
     Assignment,
     Done,
@@ -49,7 +49,7 @@ def test_a_job_status_keeps_the_documented_json_and_decodes_what_it_encodes() ->
     scheduler.schedule()
     scheduler.complete("w", "j", 1, RESULT)
     assert events == [JobEvent.SUBMITTED, JobEvent.STARTED, JobEvent.SUCCEEDED]
-    wire = over_json(job.status().encode())
+    wire = over_json(job.status.encode())
     assert wire["state"] == "succeeded" and wire["error_kind"] is None
     assert wire["progress"] == {"bytes_done": 100, "bytes_total": 100, "fraction": 1.0}
     assert wire["result"] == {
@@ -58,12 +58,12 @@ def test_a_job_status_keeps_the_documented_json_and_decodes_what_it_encodes() ->
         "outputs": [{"url": "s3://b/ckpt/c/j-a1/x", "size": 10, "crc32": 7}],
     }
     assert wire["history"] == ["queued", "attempt 1 on w", "succeeded"]
-    assert JobStatus.decode(wire) == job.status()
+    assert JobStatus.decode(wire) == job.status
 
 
 def test_a_failed_jobs_error_kind_crosses_as_its_name() -> None:
-    job = Job(request(), 1.0, "t", JobState.FAILED, 1, error="bad", error_kind=ErrorKind.REQUEST)
-    wire = over_json(job.status().encode())
+    status = JobStatus("j", JobState.FAILED, 1, error="bad", error_kind=ErrorKind.REQUEST)
+    wire = over_json(status.encode())
     assert wire["error_kind"] == "request"
     assert JobStatus.decode(wire).error_kind is ErrorKind.REQUEST
 

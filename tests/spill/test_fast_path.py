@@ -19,14 +19,16 @@ from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.serializers import DEFAULT_SERIALIZER, SerializationError
 from statetier.backend.spill import SpilledMap, SpillManager, SpillStorage
 from statetier.backend.spill.policy import Candidate, choose_spill
+from statetier.backend.spill.spilled_map import MapCodec
 from statetier.backend.spill.storage import Chunk
 
 S = DEFAULT_SERIALIZER
 ENCODE, DECODE = S.direct_codec()
+CODEC = MapCodec(S.dumps, S.loads, ENCODE, DECODE)
 
 
 def _map(storage: SpillStorage, items: dict[Any, Any], **kwargs: Any) -> SpilledMap:
-    return SpilledMap(storage, S.dumps, S.loads, ENCODE, DECODE, items.items(), **kwargs)
+    return SpilledMap(storage, CODEC, items.items(), **kwargs)
 
 
 def _chunk_of(spilled: SpilledMap) -> Chunk:

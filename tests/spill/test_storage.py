@@ -20,13 +20,15 @@ from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
 from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.spill import SpaceUnavailableError, SpilledMap, SpillManager, SpillStorage
 from statetier.backend.spill.lifecycle import PREFIX
+from statetier.backend.spill.spilled_map import MapCodec
 
 MAX_P = 16
 S = DEFAULT_SERIALIZER
+CODEC = MapCodec(S.dumps, S.loads, S.dumps, S.loads)
 
 
 def _map(storage: SpillStorage, items: dict[Any, Any] | None = None) -> SpilledMap:
-    return SpilledMap(storage, S.dumps, S.loads, S.dumps, S.loads, (items or {}).items())
+    return SpilledMap(storage, CODEC, (items or {}).items())
 
 
 def _spill_files(directory: Path) -> list[str]:
@@ -44,8 +46,9 @@ _CHILD = textwrap.dedent(
     import sys, time
     from statetier.backend.serializers import DEFAULT_SERIALIZER as S
     from statetier.backend.spill import SpilledMap, SpillStorage
+    from statetier.backend.spill.spilled_map import MapCodec
     storage = SpillStorage([sys.argv[1]], 1 << 16)
-    spilled = SpilledMap(storage, S.dumps, S.loads, S.dumps, S.loads, {"k": 1}.items())
+    spilled = SpilledMap(storage, MapCodec(S.dumps, S.loads, S.dumps, S.loads), {"k": 1}.items())
     print("ready", flush=True)
     if sys.argv[2] == "sleep":
         time.sleep(60)

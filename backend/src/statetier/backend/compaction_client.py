@@ -88,36 +88,30 @@ def _job(what: str, status: int, body: Any, ok: Container[int] = (200,)) -> JobS
         raise ServiceError(f"the gateway's answer is no job status: {exc}") from None
 
 
+@dataclasses.dataclass(eq=False)
 class RemoteCompactor:
-    """Compacts through the gateways in ``endpoints``; see the module docstring."""
+    """Compacts through the gateways in ``urls`` (see :meth:`add_endpoints`); see the module
+    docstring."""
 
-    def __init__(
-        self,
-        endpoints: Iterable[str],
-        *,
-        timeout: float = 300.0,
-        retries: int = 2,
-        poll_interval: float = 0.5,
-        http_timeout: float = 5.0,
-        token: str = "",
-        failure_strategy: str = "fallback",
-        fallback: Compactor | None = None,
-    ) -> None:
-        if failure_strategy not in ("fallback", "fail"):
+    urls: dataclasses.InitVar[Iterable[str]]
+    _: dataclasses.KW_ONLY
+    timeout: float = 300.0
+    retries: int = 2
+    poll_interval: float = 0.5
+    http_timeout: float = 5.0
+    token: str = dataclasses.field(default="", repr=False)
+    failure_strategy: str = "fallback"
+    fallback: Compactor = dataclasses.field(default_factory=LocalCompactor)
+    remote_jobs: int = dataclasses.field(default=0, init=False)
+    fallbacks: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self, urls: Iterable[str]) -> None:
+        if self.failure_strategy not in ("fallback", "fail"):
             raise ValueError("failure_strategy must be fallback or fail")
         self._endpoints: list[str] = []
         self._lock = threading.Lock()
         self._turn = 0
-        self.add_endpoints(*endpoints)
-        self.timeout = timeout
-        self.retries = retries
-        self.poll_interval = poll_interval
-        self.http_timeout = http_timeout
-        self.token = token
-        self.failure_strategy = failure_strategy
-        self.fallback = fallback or LocalCompactor()
-        self.remote_jobs = 0
-        self.fallbacks = 0
+        self.add_endpoints(*urls)
 
     # ------------------------------------------------------------------ endpoints
 

@@ -252,13 +252,14 @@ class Gateway:
             m.leases_lost.inc()
         elif event in (JobEvent.SUCCEEDED, JobEvent.FAILED, JobEvent.ABORTED):
             m.finished.labels(event.value).inc()
-            m.tenant_finished.labels(job.tenant, event.value).inc()
-            if job.finished_at is not None:
-                m.duration.labels(event.value).observe(job.finished_at - job.submitted_at)
-            if event is JobEvent.SUCCEEDED and job.result is not None:
-                m.input_bytes.inc(job.bytes_total)
-                m.output_bytes.inc(sum(o.size for o in job.result.outputs))
-            log.info("job %s %s (%s)", job.job_id, event.value, job.error or "ok")
+            status = job.status
+            m.tenant_finished.labels(status.tenant, event.value).inc()
+            if status.finished_at is not None:
+                m.duration.labels(event.value).observe(status.finished_at - status.submitted_at)
+            if event is JobEvent.SUCCEEDED and status.result is not None:
+                m.input_bytes.inc(status.bytes_total)
+                m.output_bytes.inc(sum(o.size for o in status.result.outputs))
+            log.info("job %s %s (%s)", job.job_id, event.value, status.error or "ok")
             self._finished.set()
             self._finished = asyncio.Event()
 
@@ -309,7 +310,7 @@ class Gateway:
         except ValueError as exc:
             return _error(409, "conflict", str(exc))
         self._schedule()
-        return web.json_response(job.status().encode(), status=202 if created else 200)
+        return web.json_response(job.status.encode(), status=202 if created else 200)
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         wanted = request.query.get("state")
@@ -319,9 +320,9 @@ class Gateway:
             )
         state = JobState(wanted) if wanted is not None else None
         jobs = [
-            j.status().encode()
+            j.status.encode()
             for j in self.scheduler.jobs.values()
-            if state is None or j.state is state
+            if state is None or j.status.state is state
         ]
         return web.json_response({"jobs": jobs})
 
@@ -337,12 +338,12 @@ class Gateway:
         if job is None:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
         await self._until_finished(job, wait)
-        return web.json_response(job.status().encode())
+        return web.json_response(job.status.encode())
 
     async def _until_finished(self, job: Job, wait: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while not job.state.terminal and (left := deadline - loop.time()) > 0:
+        while not job.status.state.terminal and (left := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._finished.wait(), left)
 
@@ -352,7 +353,7 @@ class Gateway:
             return _error(404, "not_found", f"no job {request.match_info['job_id']}")
         self.scheduler.abort(job.job_id)
         self._schedule()
-        return web.json_response(job.status().encode())
+        return web.json_response(job.status.encode())
 
     # ------------------------------------------------------------------ worker API
 
@@ -389,7 +390,7 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), deadline - loop.time())
         assignments = [
-            Assignment(j.job_id, j.attempt, json.loads(j.request.to_json())) for j in jobs
+            Assignment(j.job_id, j.status.attempt, json.loads(j.request.to_json())) for j in jobs
         ]
         return web.json_response({"jobs": [a.encode() for a in assignments]})
 
@@ -420,7 +421,7 @@ class Gateway:
         except LeaseLostError as exc:
             return _error(409, "lease_lost", str(exc))
         self._schedule()
-        return web.json_response(job.status().encode())
+        return web.json_response(job.status.encode())
 
     async def leave(self, request: web.Request) -> web.Response:
         worker_id = request.match_info["worker_id"]

@@ -117,51 +117,21 @@ class SchedulerSettings:
 
 @dataclasses.dataclass
 class Job:
+    """A job the scheduler holds: its request, its status as the API shows it (replaced at each
+    step, never changed in place, so an answer is one consistent status) and when its progress
+    last moved (for the stall check)."""
+
     request: CompactionRequest
-    submitted_at: float
-    tenant: str
-    state: JobState = JobState.QUEUED
-    attempt: int = 0
-    worker: str | None = None
-    bytes_done: int = 0
+    status: JobStatus
     progress_at: float = 0.0
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-    error_kind: ErrorKind | None = None
-    result: CompactionResult | None = None
-    history: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def job_id(self) -> str:
         return self.request.job_id
 
     @property
-    def bytes_total(self) -> int:
-        return sum(i.size for i in self.request.inputs)
-
-    @property
     def remaining(self) -> int:
-        return max(0, self.bytes_total - self.bytes_done)
-
-    def status(self) -> JobStatus:
-        """The job as the status API shows it."""
-        return JobStatus(
-            job_id=self.job_id,
-            state=self.state,
-            attempt=self.attempt,
-            worker=self.worker,
-            tenant=self.tenant,
-            bytes_done=self.bytes_done,
-            bytes_total=self.bytes_total,
-            submitted_at=self.submitted_at,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
-            error=self.error,
-            error_kind=self.error_kind,
-            history=tuple(self.history),
-            result=self.result,
-        )
+        return max(0, self.status.bytes_total - self.status.bytes_done)
 
 
 @dataclasses.dataclass
@@ -206,39 +176,46 @@ class Scheduler:
             if existing.request != request:
                 raise ValueError(f"job {request.job_id} exists with a different request")
             return existing, False
-        job = Job(request, self.clock(), tenant_of(request))
+        status = JobStatus(
+            request.job_id,
+            JobState.QUEUED,
+            tenant=tenant_of(request),
+            bytes_total=sum(i.size for i in request.inputs),
+            submitted_at=self.clock(),
+            history=("queued",),
+        )
+        job = Job(request, status)
         self._check_room(job)
         self.jobs[job.job_id] = job
         self._enqueue(job, front=False)
-        job.history.append("queued")
         self.on_event(JobEvent.SUBMITTED, job)
         return job, True
 
     def _check_room(self, job: Job) -> None:
-        limits = self.settings
+        limits, tenant, size = self.settings, job.status.tenant, job.status.bytes_total
         if self.queued() >= limits.max_queued:
             raise QueueFullError(f"the queue holds {limits.max_queued} jobs (max-queued)")
-        queue = self._queues.get(job.tenant) or ()
+        queue = self._queues.get(tenant) or ()
         if len(queue) >= limits.max_queued_per_tenant:
             raise QueueFullError(
-                f"tenant {job.tenant} has {len(queue)} jobs queued (max-queued-per-tenant)"
+                f"tenant {tenant} has {len(queue)} jobs queued (max-queued-per-tenant)"
             )
         pending = sum(
-            j.bytes_total
+            j.status.bytes_total
             for j in self.jobs.values()
-            if j.tenant == job.tenant and not j.state.terminal
+            if j.status.tenant == tenant and not j.status.state.terminal
         )
-        if pending + job.bytes_total > limits.max_tenant_bytes:
+        if pending + size > limits.max_tenant_bytes:
             raise QueueFullError(
-                f"tenant {job.tenant} has {pending} input bytes queued or running; this job's "
-                f"{job.bytes_total} would pass {limits.max_tenant_bytes} (max-tenant-bytes)"
+                f"tenant {tenant} has {pending} input bytes queued or running; this job's "
+                f"{size} would pass {limits.max_tenant_bytes} (max-tenant-bytes)"
             )
 
     def _enqueue(self, job: Job, front: bool) -> None:
-        queue = self._queues.get(job.tenant)
+        queue = self._queues.get(job.status.tenant)
         if queue is None:
-            queue = self._queues[job.tenant] = collections.deque()
-            self._tenant_turn.append(job.tenant)
+            queue = self._queues[job.status.tenant] = collections.deque()
+            self._tenant_turn.append(job.status.tenant)
         if front:
             queue.appendleft(job.job_id)
         else:
@@ -249,8 +226,8 @@ class Scheduler:
             heads = [self.jobs[q[0]] for q in self._queues.values() if q]
             if not heads:
                 return None
-            job = min(heads, key=lambda j: (j.attempt == 0, j.submitted_at))
-            self._queues[job.tenant].popleft()
+            job = min(heads, key=lambda j: (j.status.attempt == 0, j.status.submitted_at))
+            self._queues[job.status.tenant].popleft()
             return job
         for _ in range(len(self._tenant_turn)):
             tenant = self._tenant_turn[0]
@@ -269,10 +246,10 @@ class Scheduler:
     def abort(self, job_id: str) -> Job:
         """Abort a job: a queued one at once, a running one by revoking its lease."""
         job = self.jobs[job_id]
-        if job.state.terminal:
+        if job.status.state.terminal:
             return job
-        if job.state is JobState.QUEUED:
-            self._queues[job.tenant].remove(job_id)
+        if job.status.state is JobState.QUEUED:
+            self._queues[job.status.tenant].remove(job_id)
         else:
             self._release(job, revoke=True)
         self._finish(job, JobState.ABORTED, error="aborted by request")
@@ -306,14 +283,14 @@ class Scheduler:
         worker.last_seen = now
         for job_id, done in progress.items():
             job = self.jobs.get(job_id)
-            running = job is not None and job.worker == worker_id
+            running = job is not None and job.status.worker == worker_id
             if (
                 running
                 and job is not None
-                and job.state is JobState.RUNNING
-                and done > job.bytes_done
+                and job.status.state is JobState.RUNNING
+                and done > job.status.bytes_done
             ):
-                job.bytes_done = done
+                job.status = dataclasses.replace(job.status, bytes_done=done)
                 job.progress_at = now
         drop = set(worker.revoked)
         drop |= {j for j in progress if j not in worker.jobs}
@@ -342,14 +319,18 @@ class Scheduler:
             job = self._next_queued()
             if job is None:
                 break
-            now = self.clock()
-            job.state = JobState.RUNNING
-            job.attempt += 1
-            job.worker = worker.worker_id
-            job.bytes_done = 0
+            now, status = self.clock(), job.status
+            attempt = status.attempt + 1
+            job.status = dataclasses.replace(
+                status,
+                state=JobState.RUNNING,
+                attempt=attempt,
+                worker=worker.worker_id,
+                bytes_done=0,
+                started_at=status.started_at or now,
+                history=(*status.history, f"attempt {attempt} on {worker.worker_id}"),
+            )
             job.progress_at = now
-            job.started_at = job.started_at or now
-            job.history.append(f"attempt {job.attempt} on {worker.worker_id}")
             worker.jobs.add(job.job_id)
             worker.assigned.append(job.job_id)
             given.append((worker.worker_id, job))
@@ -386,14 +367,15 @@ class Scheduler:
     ) -> Job:
         """A worker's answer for one attempt; refused with :class:`LeaseLostError` if stale."""
         job = self.jobs.get(job_id)
-        if job is None or job.worker != worker_id or job.attempt != attempt:
+        if job is None or job.status.worker != worker_id or job.status.attempt != attempt:
             raise LeaseLostError(f"job {job_id} attempt {attempt} is not held by {worker_id}")
-        if job.state is not JobState.RUNNING:
-            raise LeaseLostError(f"job {job_id} is {job.state.value}")
+        if job.status.state is not JobState.RUNNING:
+            raise LeaseLostError(f"job {job_id} is {job.status.state.value}")
         self._release(job, revoke=False)
         if result is not None:
-            job.result = result
-            job.bytes_done = job.bytes_total
+            job.status = dataclasses.replace(
+                job.status, result=result, bytes_done=job.status.bytes_total
+            )
             self._finish(job, JobState.SUCCEEDED)
         elif error_kind is ErrorKind.REQUEST:
             self._finish(job, JobState.FAILED, error=error, kind=ErrorKind.REQUEST)
@@ -402,7 +384,7 @@ class Scheduler:
         return job
 
     def _release(self, job: Job, revoke: bool) -> None:
-        worker = self.workers.get(job.worker or "")
+        worker = self.workers.get(job.status.worker or "")
         if worker is not None:
             worker.jobs.discard(job.job_id)
             if job.job_id in worker.assigned:
@@ -414,14 +396,16 @@ class Scheduler:
         """The running attempt is over without a result: queue the job again, or fail it."""
         if not released:
             self._release(job, revoke=True)
-        job.history.append(why)
-        job.worker = None
+        status = job.status = dataclasses.replace(
+            job.status, worker=None, history=(*job.status.history, why)
+        )
         self.on_event(JobEvent.LEASE_LOST, job)
-        if job.attempt >= self.settings.max_attempts:
-            self._finish(job, JobState.FAILED, error=f"{why}; gave up after {job.attempt} attempts")
+        if status.attempt >= self.settings.max_attempts:
+            self._finish(
+                job, JobState.FAILED, error=f"{why}; gave up after {status.attempt} attempts"
+            )
             return
-        job.state = JobState.QUEUED
-        job.bytes_done = 0
+        job.status = dataclasses.replace(status, state=JobState.QUEUED, bytes_done=0)
         self._enqueue(job, front=True)
 
     def _finish(
@@ -431,12 +415,16 @@ class Scheduler:
         error: str | None = None,
         kind: ErrorKind = ErrorKind.SERVICE,
     ) -> None:
-        job.state = state
-        job.finished_at = self.clock()
-        job.worker = job.worker if state is JobState.SUCCEEDED else None
-        if error is not None:
-            job.error, job.error_kind = error, kind
-        job.history.append(state.value)
+        status = job.status
+        job.status = dataclasses.replace(
+            status,
+            state=state,
+            finished_at=self.clock(),
+            worker=status.worker if state is JobState.SUCCEEDED else None,
+            error=status.error if error is None else error,
+            error_kind=status.error_kind if error is None else kind,
+            history=(*status.history, state.value),
+        )
         self.on_event(JobEvent(state.value), job)
 
     # ------------------------------------------------------------------ housekeeping
@@ -466,9 +454,9 @@ class Scheduler:
                         f"no progress on {worker.worker_id} for {self.settings.stall_timeout:g}s",
                     )
         finished = sorted(
-            (j.finished_at, j.job_id)
+            (j.status.finished_at, j.job_id)
             for j in self.jobs.values()
-            if j.state.terminal and j.finished_at is not None
+            if j.status.state.terminal and j.status.finished_at is not None
         )
         extra = len(finished) - self.settings.max_finished
         for index, (finished_at, job_id) in enumerate(finished):
@@ -478,12 +466,14 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Numbers the autoscaler and dashboards read."""
-        by_state = collections.Counter(j.state.value for j in self.jobs.values())
+        by_state = collections.Counter(j.status.state.value for j in self.jobs.values())
         return {
             "queued": self.queued(),
             "running": self.running(),
             "workers": len(self.workers),
             "slots": sum(w.slots for w in self.workers.values()),
             "jobs": {s.value: by_state.get(s.value, 0) for s in JobState},
-            "remaining_bytes": sum(j.remaining for j in self.jobs.values() if not j.state.terminal),
+            "remaining_bytes": sum(
+                j.remaining for j in self.jobs.values() if not j.status.state.terminal
+            ),
         }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -35,35 +36,29 @@ __all__ = ["Upkeep"]
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(eq=False)
 class Upkeep:
     """Compaction and retention after the commits of one writer."""
 
-    def __init__(
-        self,
-        store: SnapshotStore,
-        compaction: ChainCompaction | None,
-        retained: int,
-        *,
-        deliver: Callable[[list[ChainUpdate]], None],
-        protect: Callable[[], set[str]],
-        skip: Callable[[Chain], bool] | None = None,
-    ) -> None:
-        self.store = store
-        self.compaction = compaction
-        self.retained = retained
-        self._deliver = deliver
-        self._protect = protect
-        self._skip = skip
+    store: SnapshotStore
+    compaction: ChainCompaction | None
+    retained: int
+    _: dataclasses.KW_ONLY
+    deliver: Callable[[list[ChainUpdate]], None]
+    protect: Callable[[], set[str]]
+    skip: Callable[[Chain], bool] | None = None
+    # what compaction cost here so far (this thread's CPU and a merge process's: the merge
+    # when it runs here, the calls to the service otherwise), for benchmarks
+    compaction_cpu_seconds: float = dataclasses.field(default=0.0, init=False)
+    compaction_seconds: float = dataclasses.field(default=0.0, init=False)
+    compactions: int = dataclasses.field(default=0, init=False)  # compacted bases made
+
+    def __post_init__(self) -> None:
         self._latest = 0
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
         self._jobs: collections.deque[concurrent.futures.Future[None]] = collections.deque()
         self._next: tuple[Manifest, str, int | None] | None = None  # what the queued job takes
-        # what compaction cost here so far (this thread's CPU and a merge process's: the merge
-        # when it runs here, the calls to the service otherwise), for benchmarks
-        self.compaction_cpu_seconds = 0.0
-        self.compaction_seconds = 0.0
-        self.compactions = 0  # compacted bases made
 
     @property
     def idle(self) -> bool:
@@ -107,7 +102,7 @@ class Upkeep:
         if self.compaction is not None and manifest.epoch >= self._latest:
             started, cpu = time.perf_counter(), time.thread_time() + self._merge_process_cpu()
             try:
-                due = self.compaction.due(manifest, skip=self._skip)
+                due = self.compaction.due(manifest, skip=self.skip)
                 updates = self.compaction.run(manifest, owner, due, now_ms)
             except Exception:  # planning itself failed (reading the chains): next time
                 log.exception("compaction after epoch %d failed", manifest.epoch)
@@ -117,7 +112,7 @@ class Upkeep:
             self.compaction_seconds += time.perf_counter() - started
             self.compactions += sum(u.base is not None for u in updates)
             if updates:
-                self._deliver(updates)
+                self.deliver(updates)
         if self.retained > 0:
             self._retain(manifest.epoch)
 
@@ -130,7 +125,7 @@ class Upkeep:
 
     def _retain(self, epoch: int) -> None:
         try:
-            report = collect_garbage(self.store, self.retained, protect=self._protect())
+            report = collect_garbage(self.store, self.retained, protect=self.protect())
         except Exception:  # storage trouble: the next commit's retention deletes the rest
             log.exception("retention after epoch %d failed", epoch)
             backend_metrics.retention_done(False)

@@ -41,7 +41,7 @@ from statetier.backend.spill.decision import Decision, Order
 from statetier.backend.spill.governor import MemoryGovernor
 from statetier.backend.spill.monitor import MemoryMonitor, Move, Trigger
 from statetier.backend.spill.policy import Candidate
-from statetier.backend.spill.spilled_map import SpilledMap
+from statetier.backend.spill.spilled_map import MapCodec, SpilledMap
 from statetier.backend.spill.storage import (
     SpaceUnavailableError,
     SpillStorage,
@@ -124,9 +124,7 @@ class SpillManager:
         self.records_counted = 0
         self.records_on_disk = 0
         self._tallied = [0] * len(backend.key_groups)  # hits already in the two figures
-        self._codecs: dict[
-            str, tuple[StateTable, Callable[[Any], bytes], Callable[[bytes], Any]]
-        ] = {}
+        self._codecs: dict[str, tuple[StateTable, MapCodec]] = {}
         self.closed = False
         backend.count_hits(self.accounting.hits, self.poll)
         governor.register(self)
@@ -149,14 +147,15 @@ class SpillManager:
         backend_metrics.watch_spill_dirs(list(config.spill_dirs) or default_spill_dirs())
         return cls(backend, governor=governor, in_use=in_use)
 
-    def _codec(self, table: StateTable) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
-        """A table's value encode/decode, made once per table: every spilled map of the table
-        shares them (a packer holds a buffer of its own)."""
+    def _codec(self, table: StateTable) -> MapCodec:
+        """A table's key and value encode/decode, made once per table: every spilled map of the
+        table shares them (a packer holds a buffer of its own)."""
         known = self._codecs.get(table.name)
         if known is None or known[0] is not table:
-            known = (table, *_codec_functions(table))
+            keys = self.backend.key_serializer
+            known = (table, MapCodec(keys.dumps, keys.loads, *_codec_functions(table)))
             self._codecs[table.name] = known
-        return known[1], known[2]
+        return known[1]
 
     # ------------------------------------------------------------------ per record
 
@@ -220,18 +219,13 @@ class SpillManager:
         self._tally()
         started = time.perf_counter()
         backend = self.backend
-        key_dumps, key_loads = backend.key_serializer.dumps, backend.key_serializer.loads
         heap_bytes = backend.estimate_size(key_group)
         maps: dict[str, SpilledMap] = {}
         try:
             for name, table in backend.tables.items():
-                encode, decode = self._codec(table)
                 maps[name] = SpilledMap(
                     self.storage,
-                    key_dumps,
-                    key_loads,
-                    encode,
-                    decode,
+                    self._codec(table),
                     table.maps[slot].items(),
                     fallback=functools.partial(self._evacuate, slot, name),
                 )
@@ -304,15 +298,10 @@ class SpillManager:
             for name, table in self.backend.tables.items():
                 if name in maps:
                     continue
-                encode, decode = self._codec(table)
-                serializer = self.backend.key_serializer
                 try:
                     spilled = SpilledMap(
                         self.storage,
-                        serializer.dumps,
-                        serializer.loads,
-                        encode,
-                        decode,
+                        self._codec(table),
                         table.maps[slot].items(),
                         fallback=functools.partial(self._evacuate, slot, name),
                     )

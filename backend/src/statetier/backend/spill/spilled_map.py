@@ -38,13 +38,13 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 from statetier.backend.serializers import SerializationError
 from statetier.backend.spill.storage import Region, SpaceUnavailableError, SpillStorage
 
-__all__ = ["FrozenView", "SpilledMap"]
+__all__ = ["FrozenView", "MapCodec", "SpilledMap"]
 
 _SLOT = struct.Struct("<QQII")
 SLOT_SIZE = _SLOT.size
@@ -67,6 +67,18 @@ _NO_MEMO: _Memo = (_Missing, -1, 0, 0, b"", 0, 0, -1)
 
 Encode = Callable[[Any], bytes]
 Decode = Callable[[bytes], Any]
+
+
+class MapCodec(NamedTuple):
+    """How a spilled map turns its keys and stored values into bytes and back: the four always
+    travel together (one per state table, shared by its maps and their frozen views).
+    ``encode`` raises TypeError (SerializationError is one), ValueError or OverflowError for a
+    value it cannot write."""
+
+    key_dumps: Encode
+    key_loads: Decode
+    encode: Encode
+    decode: Decode
 
 
 _OTHER = b"\xff"  # never starts UTF-8: tags keys that are not str
@@ -113,32 +125,26 @@ class SpilledMap(MutableMapping[Any, Any]):
     """Key -> stored value of one state in one key group, held in mmap'd regions.
 
     The same semantics as the dict it replaces; values come back as fresh objects (handles write
-    back every change, so nothing is lost by that). ``encode``/``decode`` turn a stored value
-    into bytes and back (a :class:`~statetier.backend.state.codec.StateCodec`'s methods, or a
-    serializer's); ``encode`` raises TypeError (SerializationError is one), ValueError or
-    OverflowError for a value it cannot write. ``key_dumps``/``key_loads`` do the same for keys.
-    ``fallback`` is called when the storage runs out of space during a write, or the value
-    cannot be serialized: it must move the key group back to heap and return this state's heap
-    mapping there, which then takes the write, so a full disk loses nothing and the heap's
-    semantics hold.
+    back every change, so nothing is lost by that). ``codec`` turns keys and stored values into
+    bytes and back (its value half a :class:`~statetier.backend.state.codec.StateCodec`'s
+    methods, or a serializer's). ``fallback`` is called when the storage runs out of space
+    during a write, or the value cannot be serialized: it must move the key group back to heap
+    and return this state's heap mapping there, which then takes the write, so a full disk loses
+    nothing and the heap's semantics hold.
     """
 
     def __init__(
         self,
         storage: SpillStorage,
-        key_dumps: Encode,
-        key_loads: Decode,
-        encode: Encode,
-        decode: Decode,
+        codec: MapCodec,
         items: Iterable[tuple[Any, Any]] = (),
         *,
         fallback: Callable[[Exception], MutableMapping[Any, Any]] | None = None,
     ) -> None:
         self._storage = storage
-        self._kdumps = key_dumps
-        self._kloads = key_loads
-        self._encode = encode
-        self._decode = decode
+        self.codec = codec
+        # bound once, for the per-record path (an attribute, not a tuple field, per call)
+        self._kdumps, _, self._encode, self._decode = codec
         self.fallback = fallback
         self._index: Region | None = None
         self._data: Region | None = None
@@ -152,7 +158,7 @@ class SpilledMap(MutableMapping[Any, Any]):
         self._memo: _Memo = _NO_MEMO
         self._at: tuple[mmap.mmap, int, int, mmap.mmap, int]
         records = []
-        kbytes = self._key_bytes
+        kbytes, encode = self._key_bytes, codec.encode
         for key, value in items:
             kb = kbytes(key)
             try:
@@ -450,9 +456,7 @@ class FrozenView(Mapping[Any, Any]):
         data.pins += 1
         self._storage = source._storage
         self._len = source._live
-        self._kdumps = source._kdumps
-        self._kloads = source._kloads
-        self._decode = source._decode
+        self._codec = source.codec
         self.closed = False
 
     def close(self) -> None:
@@ -476,7 +480,7 @@ class FrozenView(Mapping[Any, Any]):
 
     def __getitem__(self, key: Any) -> Any:
         self._check()
-        kb = _key_bytes(key, self._kdumps)
+        kb = _key_bytes(key, self._codec.key_dumps)
         h = _hash(kb)
         mask, klen = self._mask, len(kb)
         dm, base = self._data.mm, self._data.offset - 1
@@ -489,7 +493,7 @@ class FrozenView(Mapping[Any, Any]):
                 start = base + loc
                 if dm[start : start + klen] == kb:
                     start += klen
-                    return self._decode(dm[start : start + vlen])
+                    return self._codec.decode(dm[start : start + vlen])
             i = (i + 1) & mask
 
     def raw_items(self) -> Iterator[tuple[bytes, bytes]]:
@@ -502,7 +506,7 @@ class FrozenView(Mapping[Any, Any]):
                 yield dm[start : start + klen], dm[start + klen : start + klen + vlen]
 
     def iter_items(self) -> Iterator[tuple[Any, Any]]:
-        kloads, decode = self._kloads, self._decode
+        kloads, decode = self._codec.key_loads, self._codec.decode
         for kb, vb in self.raw_items():
             yield _key_of(kb, kloads), decode(vb)
 
@@ -510,7 +514,7 @@ class FrozenView(Mapping[Any, Any]):
         return _Items(self)
 
     def __iter__(self) -> Iterator[Any]:
-        kloads = self._kloads
+        kloads = self._codec.key_loads
         for kb, _ in self.raw_items():
             yield _key_of(kb, kloads)
 

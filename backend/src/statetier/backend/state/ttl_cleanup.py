@@ -7,6 +7,7 @@ off, so that idle keys are eventually dropped without a full scan on the hot pat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -26,56 +27,50 @@ def purge_expired(kind: StateKind, stored: Any, ttl: StateTtlConfig, now: int) -
     return None if expired(stored[1], now) else stored
 
 
+@dataclasses.dataclass(eq=False)
 class IncrementalCleanup:
     """A cursor over all entries of one TTL state that checks ``size`` entries per step."""
 
-    def __init__(
-        self,
-        kind: StateKind,
-        ttl: StateTtlConfig,
-        clock: Clock,
-        maps: Sequence[MutableMapping[Any, Any]],
-        key_group_count: int,
-        on_change: Callable[[Any, int], None] | None = None,
-    ) -> None:
-        self._kind = kind
-        self._ttl = ttl
-        self._clock = clock
-        self._maps = maps
-        self._count = key_group_count
-        self._size = ttl.incremental_cleanup_size
-        self._on_change = on_change  # (key, slot): the backend logs the change for snapshots
+    kind: StateKind
+    ttl: StateTtlConfig
+    clock: Clock
+    maps: Sequence[MutableMapping[Any, Any]]
+    key_group_count: int
+    on_change: Callable[[Any, int], None] | None = None  # (key, slot): logged for snapshots
+    removed: int = dataclasses.field(default=0, init=False)  # entries (keys) dropped so far
+
+    def __post_init__(self) -> None:
+        self._size = self.ttl.incremental_cleanup_size
         self._slot = 0
         self._pending: list[Any] = []
-        self.removed = 0  # entries (keys) dropped so far, for tests and metrics
 
     def on_access(self) -> None:
         if self._size:
             self.run(self._size)
 
     def on_record(self) -> None:
-        if self._size and self._ttl.cleanup_per_record:
+        if self._size and self.ttl.cleanup_per_record:
             self.run(self._size)
 
     def run(self, budget: int) -> None:
         """Check up to ``budget`` keys, visiting each key group at most once per call."""
-        now = self._clock.now_ms()
+        now = self.clock.now_ms()
         visited = 0
         while budget > 0:
             if not self._pending:
-                if visited >= self._count:
+                if visited >= self.key_group_count:
                     return
-                self._slot = (self._slot + 1) % self._count
-                self._pending = list(self._maps[self._slot].keys())
+                self._slot = (self._slot + 1) % self.key_group_count
+                self._pending = list(self.maps[self._slot].keys())
                 visited += 1
                 continue
             key = self._pending.pop()
             budget -= 1
-            kg_map = self._maps[self._slot]
+            kg_map = self.maps[self._slot]
             stored = kg_map.get(key)
             if stored is None:
                 continue
-            live = purge_expired(self._kind, stored, self._ttl, now)
+            live = purge_expired(self.kind, stored, self.ttl, now)
             if live is None:
                 del kg_map[key]
                 self.removed += 1
@@ -83,5 +78,5 @@ class IncrementalCleanup:
                 kg_map[key] = live
             else:
                 continue
-            if self._on_change is not None:
-                self._on_change(key, self._slot)
+            if self.on_change is not None:
+                self.on_change(key, self._slot)
