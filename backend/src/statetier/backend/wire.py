@@ -162,12 +162,22 @@ _READERS: dict[Any, _Reader] = {
 }
 
 
-def _wire_fields(cls: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
-    """The fields of dataclass ``cls`` that travel, with their resolved types."""
-    hints = typing.get_type_hints(cls)
-    return tuple(
-        (field, hints[field.name]) for field in dataclasses.fields(cls) if _marked(field) != "local"
-    )
+_WireFields = tuple[tuple[dataclasses.Field[Any], Any], ...]
+_wire_fields_of: dict[type, _WireFields] = {}
+
+
+def _wire_fields(cls: type) -> _WireFields:
+    """The fields of dataclass ``cls`` that travel, with their resolved types (resolved once per
+    class: ``get_type_hints`` evaluates every annotation, and messages cross per task)."""
+    known = _wire_fields_of.get(cls)
+    if known is None:
+        hints = typing.get_type_hints(cls)
+        known = _wire_fields_of[cls] = tuple(
+            (field, hints[field.name])
+            for field in dataclasses.fields(cls)
+            if _marked(field) != "local"
+        )
+    return known
 
 
 def _marked(field: dataclasses.Field[Any]) -> str | None:
