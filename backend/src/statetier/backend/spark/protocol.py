@@ -111,9 +111,8 @@ class ProcessWatch:
         """Whether the process exited within ``timeout`` seconds (returns as soon as it does
         when a pidfd watches it; after the timeout otherwise)."""
         if self._fd is None:
-            if not process_alive(self.pid):
-                return True
-            time.sleep(timeout)
+            if timeout > 0 and process_alive(self.pid):
+                time.sleep(timeout)
             return not process_alive(self.pid)
         ready, _, _ = select.select([self._fd], [], [], timeout)
         return bool(ready)
