@@ -48,6 +48,7 @@ PUBLIC: dict[str, set[str]] = {
         "ReducingState",
         "AggregatingState",
         "MapState",
+        "KeyBatch",
         "StateRegistrationError",
         "NoCurrentKeyError",
         "NullKeyError",

@@ -52,6 +52,7 @@ from statetier.backend.serializers import (
 )
 from statetier.backend.state import (
     AggregatingState,
+    KeyBatch,
     ListState,
     MapState,
     ReducingState,
@@ -74,6 +75,7 @@ __all__ = [
     "ConfigError",
     "FunctionInitializationContext",
     "FunctionSnapshotContext",
+    "KeyBatch",
     "KeyedProcessFunction",
     "ListState",
     "ListStateDescriptor",

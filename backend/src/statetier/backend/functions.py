@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 from statetier.backend.descriptors import ListStateDescriptor, StateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.operator_state import OperatorStateBackend
-from statetier.backend.state import ListState, State
+from statetier.backend.state import KeyBatch, ListState, State
 from statetier.backend.timers import TimeDomain, TimerService
 
 __all__ = ["CheckpointListener", "KeyedProcessFunction", "RuntimeContext", "TimeDomain"]
@@ -78,6 +78,14 @@ class RuntimeContext:
         ``KeyGroupFunction``) calls it before it touches ``key``'s state.
         """
         self.keyed_state.set_current_key(key)
+
+    def key_batch(self, keys: Iterable[Any], key_groups: Iterable[int] | None = None) -> KeyBatch:
+        """Many keys at once, for the handles' bulk reads and writes (``ValueState.values``,
+        ``ValueState.update_all``): what a function that sees a whole range of records uses
+        instead of ``set_current_key`` per key. ``key_groups`` (optional) is each key's key
+        group, e.g. the pipeline's key-group column carried through an Arrow ``group_by``
+        (see ``KeyedStateBackend.key_batch``)."""
+        return self.keyed_state.key_batch(keys, key_groups)
 
 
 @runtime_checkable

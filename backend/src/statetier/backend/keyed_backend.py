@@ -10,7 +10,7 @@ in :mod:`statetier.backend.snapshot`, which read and fill the tables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from statetier.backend.descriptors import (
@@ -47,6 +47,7 @@ from statetier.backend.state.heap import (
     HeapValueState,
     KeyGroupMaps,
 )
+from statetier.backend.state.key_batch import KeyBatch, as_list
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
@@ -120,6 +121,9 @@ class KeyedStateBackend:
         # key-group memo of the per-record path and as the change log of incremental snapshots:
         # every write happens under set_current_key, so a changed key is always in here.
         self._touched: dict[Any, int] = {}
+        # The keys of key batches made with their key groups, (keys, slots) per batch: touched
+        # too, logged apart (see key_batch).
+        self._batches: list[tuple[list[Any], list[int]]] = []
         self._first = key_groups.start
         self._slots = len(key_groups)
         self._cleanups: list[IncrementalCleanup] = []
@@ -210,6 +214,77 @@ class KeyedStateBackend:
             )
         self._touched[key] = slot
         return slot
+
+    def key_batch(self, keys: Iterable[Any], key_groups: Iterable[int] | None = None) -> KeyBatch:
+        """Many keys at once, for the bulk reads and writes of the state handles.
+
+        ``keys`` is any iterable or an Arrow array. ``key_groups``, when given, is each key's
+        key group in the same order (the pipeline's key-group column): then no key is hashed
+        here but a sample, which must agree, so a column out of step with the keys fails
+        instead of filing state under the wrong key group. The keys count as touched (the next
+        incremental snapshot writes them) and as requests of their key groups (the spill
+        tier's rates), as ``set_current_key`` counts each; the current key does not change.
+        """
+        batch_keys = as_list(keys)
+        if key_groups is None:
+            memo, slot_of = self._touched.get, self._slot_of
+            slots = [s if (s := memo(key)) is not None else slot_of(key) for key in batch_keys]
+        else:
+            slots = self._given_slots(batch_keys, as_list(key_groups))
+            # logged as they are: inserting every key into _touched, a dict of the whole
+            # epoch's keys, costs a cache miss per key; drain_touched_keys groups them later
+            self._batches.append((batch_keys, slots))
+        if self.context.record_hooks:
+            for _ in batch_keys:
+                for hook in self.context.record_hooks:
+                    hook()
+        if self._counting:
+            hits = self._hits
+            for slot in slots:
+                hits[slot] += 1
+            self._on_poll()
+        return KeyBatch(batch_keys, slots, self.context)
+
+    def _given_slots(self, keys: list[Any], key_groups: list[Any]) -> list[int]:
+        """The slots of ``key_groups``, checked: as many as keys, ints within the range, no
+        None key, and the key groups of a sample of the keys (every 1/16th) as hashed."""
+        if len(key_groups) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
+        if not keys:
+            return []
+        if not set(map(type, key_groups)) <= {int}:
+            raise TypeError("key groups must be ints (the pipeline's key-group column)")
+        low, high = min(key_groups), max(key_groups)
+        if low < self.key_groups.start or high > self.key_groups.end:
+            bad = low if low < self.key_groups.start else high
+            raise KeyGroupOutOfRangeError(
+                f"key group {bad} is outside this backend's range {self.key_groups}"
+            )
+        self._check_key_types(keys)
+        for i in range(0, len(keys), max(1, len(keys) // 16)):
+            key, given = keys[i], key_groups[i]
+            hashed = self._first + self._slot_of(key)
+            if hashed != given:
+                raise ValueError(
+                    f"key {key!r} is in key group {hashed}, but its key group was given as "
+                    f"{given}: the key-group column is not in step with the keys"
+                )
+        first = self._first
+        return [group - first for group in key_groups] if first else key_groups
+
+    def _check_key_types(self, keys: list[Any]) -> None:
+        """Refuse what hashing would refuse, though most keys are not hashed here: strings and
+        bytes are fine, ints must fit in 64 bits, and keys of other types (None, bool, float,
+        tuples, whose fields count) are checked one by one."""
+        types = set(map(type, keys))
+        if int in types:
+            ints = [key for key in keys if type(key) is int]
+            for key in (min(ints), max(ints)):
+                assign_to_key_group(key, self.max_parallelism)
+        for key in keys if types - {str, bytes, int} else ():
+            if type(key) not in (str, bytes, int):
+                check_key(key)
+                assign_to_key_group(key, self.max_parallelism)
 
     @property
     def current_key(self) -> Any:
@@ -322,10 +397,19 @@ class KeyedStateBackend:
         A superset of the changed keys: every key set as current (read or written), plus keys
         removed by TTL cleanup. Incremental snapshots write these keys' values or tombstones.
         """
-        by_group: dict[int, list[Any]] = {}
-        first = self.key_groups.start
+        groups: list[list[Any]] = [[] for _ in range(self._slots)]
+        appends = [group.append for group in groups]
         for key, slot in self._touched.items():
-            by_group.setdefault(first + slot, []).append(key)
+            appends[slot](key)
+        if self._batches:
+            for keys, slots in self._batches:
+                for key, slot in zip(keys, slots, strict=True):
+                    appends[slot](key)
+            # a key may be in several batches and in _touched: once each, first seen first
+            groups = [list(dict.fromkeys(group)) for group in groups]
+            self._batches = []
+        first = self.key_groups.start
+        by_group = {first + slot: keys for slot, keys in enumerate(groups) if keys}
         self._touched = {}
         ctx = self.context
         if ctx.index >= 0:  # the current key stays valid for the handles

@@ -25,6 +25,8 @@ corrupt.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -55,6 +57,7 @@ DELTA = "delta"
 _PREAMBLE = struct.Struct("<8sHI")
 _HEADER_CRC = struct.Struct("<I")
 _FOOTER = struct.Struct("<QII8s")
+_KEY = operator.itemgetter(0)  # a (key bytes, value bytes) pair's sort key
 
 
 class CorruptFileError(ValueError):
@@ -87,10 +90,9 @@ def encode_data_file(
     for key_group, pairs in key_groups:
         if not pairs:
             continue
-        pairs.sort(key=lambda kv: kv[0])
-        keys = [key for key, _ in pairs]
-        values = [value for _, value in pairs]
-        parts.append(builder.add_block(key_group, builder.encode_block(keys, values), len(keys)))
+        pairs.sort(key=_KEY)
+        block = builder.encode_flat(list(itertools.chain.from_iterable(pairs)))
+        parts.append(builder.add_block(key_group, block, len(pairs)))
     parts.append(builder.tail())
     return b"".join(parts)
 
@@ -121,14 +123,6 @@ class DataFileBuilder:
         self._crc = Crc32()
         self._crc.add(self.head)
 
-    def encode_block(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
-        """A block of ``keys`` (sorted) and their ``values`` (None: a tombstone)."""
-        flat: list[bytes | None] = [b""] * (2 * len(keys))
-        flat[0::2] = keys
-        flat[1::2] = values
-        block: bytes = self._pack(flat)
-        return block
-
     def encode_flat(self, flat: Sequence[bytes | None]) -> bytes:
         """A block of entries already laid out as stored: [key, value, key, value, ...]."""
         block: bytes = self._pack(flat)
@@ -145,7 +139,7 @@ class DataFileBuilder:
         return block
 
     def add_block(self, key_group: int, block: bytes, entries: int) -> bytes:
-        """A freshly encoded block (see :meth:`encode_block`)."""
+        """A freshly encoded block (see :meth:`encode_flat`)."""
         self.add_raw(key_group, block, zlib.crc32(block), entries)
         return block
 

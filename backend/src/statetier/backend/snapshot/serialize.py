@@ -13,6 +13,8 @@ those no longer present.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import zlib
 from collections.abc import Callable
 from typing import Any, cast
@@ -124,12 +126,13 @@ def _table_blocks(
             blocks.append((key_group, pairs))
         return blocks
     for key_group in sorted(touched):
-        get = table.map_for(key_group).get
-        pairs = []
-        for key in touched[key_group]:
-            stored = get(key)
-            pairs.append((key_dumps(key), None if stored is None else encode(stored)))
-        blocks.append((key_group, pairs))
+        keys = touched[key_group]
+        stored = list(map(table.map_for(key_group).get, keys))
+        if any(map(operator.is_, stored, itertools.repeat(None))):  # cleared keys: tombstones
+            values = [None if value is None else encode(value) for value in stored]
+        else:
+            values = list(map(encode, stored))
+        blocks.append((key_group, list(zip(map(key_dumps, keys), values, strict=True))))
     return blocks
 
 

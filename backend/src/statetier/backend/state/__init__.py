@@ -12,8 +12,11 @@ import abc
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from statetier.backend.state.key_batch import KeyBatch
+
 __all__ = [
     "AggregatingState",
+    "KeyBatch",
     "ListState",
     "MapState",
     "ReducingState",
@@ -47,6 +50,17 @@ class ValueState(State, Generic[V]):
     @abc.abstractmethod
     def update(self, value: V | None) -> None:
         """Set the current key's value; ``None`` clears it."""
+
+    @abc.abstractmethod
+    def values(self, batch: KeyBatch) -> list[V | None]:
+        """Each key's value of ``batch`` (None where it has none), in the batch's order: what
+        ``value()`` gives under each key in turn, read in one loop."""
+
+    @abc.abstractmethod
+    def update_all(self, batch: KeyBatch, values: Iterable[V | None]) -> None:
+        """Set each key's value of ``batch`` to the value at its position in ``values`` (an
+        iterable or an Arrow array as long as the batch; ``None`` clears): what ``update(value)``
+        does under each key in turn, written in one loop."""
 
 
 class ListState(State, Generic[V]):

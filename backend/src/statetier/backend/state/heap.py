@@ -8,6 +8,8 @@ interface, which is why handles go through ``maps[index]`` on every access inste
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
@@ -21,6 +23,7 @@ from statetier.backend.state import (
     check_not_none,
 )
 from statetier.backend.state.context import KeyContext
+from statetier.backend.state.key_batch import KeyBatch
 
 KeyGroupMaps = list[MutableMapping[Any, Any]]
 
@@ -78,6 +81,24 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
             self._maps[ctx.index].pop(ctx.key, None)
         else:
             self._maps[ctx.index][ctx.key] = value
+
+    def values(self, batch: KeyBatch) -> list[Any]:
+        batch.check_owner(self._ctx)
+        maps = self._maps
+        return [maps[slot].get(key) for key, slot in zip(batch.keys, batch.slots, strict=True)]
+
+    def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
+        new = batch.checked_values(self._ctx, values)
+        maps = self._maps
+        if any(map(operator.is_, new, itertools.repeat(None))):  # clears: a branch per key
+            for key, slot, value in zip(batch.keys, batch.slots, new, strict=True):
+                if value is None:
+                    maps[slot].pop(key, None)
+                else:
+                    maps[slot][key] = value
+            return
+        for key, slot, value in zip(batch.keys, batch.slots, new, strict=True):
+            maps[slot][key] = value
 
 
 class HeapListState(KeyGroupHandle, ListState[Any]):

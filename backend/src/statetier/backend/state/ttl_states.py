@@ -34,6 +34,7 @@ from statetier.backend.state.heap import (
     checked_elements,
     store_or_drop,
 )
+from statetier.backend.state.key_batch import KeyBatch
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.ttl import Clock, StateTtlConfig, StateVisibility, UpdateType
 
@@ -112,6 +113,12 @@ class TtlValueState(_TtlHandle, ValueState[Any]):
             self._maps[ctx.index].pop(ctx.key, None)
         else:
             self._write(value, now)
+
+    def values(self, batch: KeyBatch) -> list[Any]:
+        return batch.read_each(self._ctx, self.value)
+
+    def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
+        batch.write_each(self._ctx, self.update, values)
 
 
 class TtlReducingState(_TtlHandle, ReducingState[Any]):

@@ -1,0 +1,99 @@
+"""Many keys at once: the keys of a vectorized pass, each key group resolved once.
+
+A function that sees a whole range of records at once (Spark's ``KeyGroupFunction``) reads and
+writes the state of many keys per call. Going key by key through ``set_current_key`` costs, per
+key, a key-group lookup (a hash for a key not seen yet this epoch), a context switch and a
+handle call for every read and write. A :class:`KeyBatch` does the key-group part once for all of
+its keys, from the key-group column the pipeline already computed or by hashing, and records the
+keys as touched for the next incremental snapshot; handles then read and write all of its keys in
+one loop (``ValueState.values(batch)``, ``ValueState.update_all(batch, values)``). Backends make
+batches (``KeyedStateBackend.key_batch``, ``RuntimeContext.key_batch``); a batch serves the
+handles of the backend that made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from statetier.backend.state.context import KeyContext
+
+__all__ = ["KeyBatch", "as_list"]
+
+
+class KeyBatch:
+    """``keys`` and the slot of each key's key group in its backend's range, in the same order.
+
+    The keys may repeat; a handle's bulk read returns one value per position and a bulk write
+    applies its values in order (the last write of a repeated key wins).
+    """
+
+    __slots__ = ("context", "keys", "slots")
+
+    def __init__(self, keys: list[Any], slots: list[int], context: KeyContext) -> None:
+        self.keys = keys
+        self.slots = slots
+        self.context = context
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys)
+
+    def scoped(self) -> Iterator[Any]:
+        """Each key in turn as the current key (the per-key path of any handle); the key that
+        was current before is current again when the iteration ends or is abandoned."""
+        ctx = self.context
+        before = ctx.key, ctx.index
+        try:
+            for key, slot in zip(self.keys, self.slots, strict=True):
+                ctx.index = slot
+                ctx.key = key
+                yield key
+        finally:
+            ctx.key, ctx.index = before
+
+    def check_owner(self, context: KeyContext) -> None:
+        """Refuse a batch made by another backend: its slots index that backend's range."""
+        if context is not self.context:
+            raise ValueError(
+                "this KeyBatch was made by another state backend: make it with the context of "
+                "the function whose state it reads (context.key_batch(keys))"
+            )
+
+    def checked_values(self, context: KeyContext, values: Iterable[Any]) -> list[Any]:
+        """``values`` as a list, one per key, for a bulk write by a handle of ``context``."""
+        self.check_owner(context)
+        new = as_list(values)
+        if len(new) != len(self.keys):
+            raise ValueError(f"{len(new)} values for a KeyBatch of {len(self.keys)} keys")
+        return new
+
+    def read_each(self, context: KeyContext, read: Callable[[], Any]) -> list[Any]:
+        """``read()`` under each key in turn: the bulk read of a handle without a faster one."""
+        self.check_owner(context)
+        return [read() for _ in self.scoped()]
+
+    def write_each(
+        self, context: KeyContext, write: Callable[[Any], None], values: Iterable[Any]
+    ) -> None:
+        """``write(value)`` under each key in turn: the bulk write of a handle without a
+        faster one."""
+        new = self.checked_values(context, values)
+        for _, value in zip(self.scoped(), new, strict=True):
+            write(value)
+
+
+def as_list(values: Any) -> list[Any]:
+    """``values`` as a new Python list: an Arrow array (``to_pylist``), a numpy array (``tolist``,
+    which gives Python ints), or any iterable."""
+    if isinstance(values, list):
+        return values.copy()  # the caller's list may change after it handed it over
+    to_pylist = getattr(values, "to_pylist", None)
+    if callable(to_pylist):
+        return list(to_pylist())
+    tolist = getattr(values, "tolist", None)
+    if callable(tolist):
+        return list(tolist())
+    return list(values)
