@@ -37,9 +37,14 @@ def test_bulk_encoding_writes_what_the_checked_encoders_write(delta: bool) -> No
     backend = _backend({f"k{i}": [i, (i, "x"), {"n": i * 1.5}] for i in range(300)})
     table = backend.tables["v"]
     touched: dict[int, list[Any]] | None = backend.drain_touched_keys() if delta else None
-    checked = serialize._table_blocks(
-        backend, table, touched, DEFAULT_SERIALIZER.dumps, table.codec.encode
-    )
+    groups = touched if touched is not None else {kg: list(table.map_for(kg)) for kg in range(P)}
+    checked = [  # entry by entry through the checked encoders, as (key, value) pairs
+        (
+            kg,
+            [(DEFAULT_SERIALIZER.dumps(k), table.codec.encode(table.map_for(kg)[k])) for k in keys],
+        )
+        for kg, keys in sorted(groups.items())
+    ]
     header = serialize._header("v", backend.key_groups, 1, DELTA if delta else BASE, P)
     expected = encode_data_file(header, checked)
     assert serialize.encode_table(backend, table, 1, touched) == expected

@@ -25,8 +25,6 @@ corrupt.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import operator
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,6 +44,7 @@ __all__ = [
     "IndexEntry",
     "decode_operator_file",
     "encode_data_file",
+    "encode_data_file_columns",
     "encode_operator_file",
 ]
 
@@ -57,7 +56,6 @@ DELTA = "delta"
 _PREAMBLE = struct.Struct("<8sHI")
 _HEADER_CRC = struct.Struct("<I")
 _FOOTER = struct.Struct("<QII8s")
-_KEY = operator.itemgetter(0)  # a (key bytes, value bytes) pair's sort key
 
 
 class CorruptFileError(ValueError):
@@ -79,20 +77,36 @@ class IndexEntry:
 
 
 def encode_data_file(
-    header: dict[str, Any], key_groups: Iterable[tuple[int, list[tuple[bytes, bytes | None]]]]
+    header: dict[str, Any],
+    key_groups: Iterable[tuple[int, Sequence[tuple[bytes, bytes | None]]]],
 ) -> bytes:
     """The bytes of a data file holding ``key_groups``: (key group, [(key, value)]) pairs.
 
     A value of None is a tombstone; only delta files (``header["kind"] == "delta"``) hold them.
     """
+    return encode_data_file_columns(
+        header,
+        ((kg, [k for k, _ in pairs], [v for _, v in pairs]) for kg, pairs in key_groups),
+    )
+
+
+def encode_data_file_columns(
+    header: dict[str, Any],
+    key_groups: Iterable[tuple[int, Sequence[bytes], Sequence[bytes | None]]],
+) -> bytes:
+    """:func:`encode_data_file` of (key group, keys, values) with the keys and their values in
+    two lists, in any order: the form a snapshot builds, with no tuple per entry (each one an
+    object the cyclic GC would traverse, several times the cost of encoding it)."""
     builder = DataFileBuilder(header)
     parts: list[bytes | memoryview] = [builder.head]
-    for key_group, pairs in key_groups:
-        if not pairs:
+    for key_group, keys, values in key_groups:
+        if not keys:
             continue
-        pairs.sort(key=_KEY)
-        block = builder.encode_flat(list(itertools.chain.from_iterable(pairs)))
-        parts.append(builder.add_block(key_group, block, len(pairs)))
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        flat: list[bytes | None] = [None] * (2 * len(keys))
+        flat[0::2] = [keys[i] for i in order]
+        flat[1::2] = [values[i] for i in order]
+        parts.append(builder.add_block(key_group, builder.encode_flat(flat), len(keys)))
     parts.append(builder.tail())
     return b"".join(parts)
 

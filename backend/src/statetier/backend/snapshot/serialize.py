@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import operator
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
@@ -27,6 +27,7 @@ from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
     encode_data_file,
+    encode_data_file_columns,
     encode_operator_file,
 )
 from statetier.backend.snapshot.manifest import FileEntry
@@ -41,7 +42,8 @@ __all__ = [
     "keyed_entry",
 ]
 
-Blocks = list[tuple[int, list[tuple[bytes, bytes | None]]]]
+# (key group, keys, values): two lists, no tuple per entry (see encode_data_file_columns)
+Blocks = list[tuple[int, Sequence[bytes], Sequence[bytes | None]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +88,15 @@ def encode_table(
 ) -> bytes:
     """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys."""
     key_dumps = bulk_dumps(backend.key_serializer)
+    kind = BASE if touched is None else DELTA
+    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
     try:
         blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.bulk_encoder())
     except (TypeError, OverflowError, ValueError):
         # the bulk encoders' errors are raw; the checked ones name the value that failed
         key_dumps = backend.key_serializer.dumps
         blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.encode)
-    kind = BASE if touched is None else DELTA
-    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
-    return encode_data_file(header, blocks)
+    return encode_data_file_columns(header, blocks)
 
 
 def _table_blocks(
@@ -104,7 +106,8 @@ def _table_blocks(
     key_dumps: Callable[[Any], bytes],
     encode: Callable[[Any], bytes],
 ) -> Blocks:
-    """Each key group's (key bytes, value bytes) pairs; a delta writes None for a cleared key."""
+    """Each key group's keys and values as bytes, in two lists; a delta writes None for a
+    cleared key."""
     ttl = table.descriptor.ttl
     if ttl is not None and ttl.cleanup_full_snapshot:
         kind, now = table.descriptor.kind, backend.clock.now_ms()
@@ -115,32 +118,49 @@ def _table_blocks(
             return None if live is None else plain(live)
 
         encode = cast(Callable[[Any], bytes], encode_live)
-    blocks: Blocks = []
     if touched is None:
-        for key_group in backend.key_groups:
-            pairs: list[tuple[bytes, bytes | None]] = []
-            for key, stored in table.map_for(key_group).items():
-                value = encode(stored)
-                if value is not None:
-                    pairs.append((key_dumps(key), value))
-            blocks.append((key_group, pairs))
-        return blocks
-    for key_group in sorted(touched):
-        keys = touched[key_group]
-        stored = list(map(table.map_for(key_group).get, keys))
-        if any(map(operator.is_, stored, itertools.repeat(None))):  # cleared keys: tombstones
-            values = [None if value is None else encode(value) for value in stored]
-        else:
-            values = list(map(encode, stored))
-        blocks.append((key_group, list(zip(map(key_dumps, keys), values, strict=True))))
-    return blocks
+        return [_base_block(kg, table, key_dumps, encode) for kg in backend.key_groups]
+    return [_delta_block(kg, touched[kg], table, key_dumps, encode) for kg in sorted(touched)]
+
+
+def _base_block(
+    key_group: int,
+    table: StateTable,
+    key_dumps: Callable[[Any], bytes],
+    encode: Callable[[Any], bytes | None],
+) -> tuple[int, list[bytes], list[bytes | None]]:
+    """Every entry of ``key_group``; one whose value ``encode`` drops (expired) is not written."""
+    kg_map = table.map_for(key_group)
+    keys, values = list(kg_map), list(map(encode, kg_map.values()))
+    if any(map(operator.is_, values, itertools.repeat(None))):
+        live = list(map(operator.is_not, values, itertools.repeat(None)))
+        keys = list(itertools.compress(keys, live))
+        values = list(itertools.compress(values, live))
+    return key_group, list(map(key_dumps, keys)), values
+
+
+def _delta_block(
+    key_group: int,
+    keys: list[Any],
+    table: StateTable,
+    key_dumps: Callable[[Any], bytes],
+    encode: Callable[[Any], bytes | None],
+) -> tuple[int, list[bytes], list[bytes | None]]:
+    """The touched ``keys`` of ``key_group``: their values, or None (a tombstone) where a key
+    has none any more."""
+    stored = list(map(table.map_for(key_group).get, keys))
+    if any(map(operator.is_, stored, itertools.repeat(None))):
+        values = [None if value is None else encode(value) for value in stored]
+    else:
+        values = list(map(encode, stored))
+    return key_group, list(map(key_dumps, keys)), values
 
 
 def encode_restored_base(
     key_groups: KeyGroupRange, name: str, restored: RestoredState, epoch: int, max_p: int
 ) -> bytes:
     """A base of a state restored but not registered again: its bytes, as they were read."""
-    blocks: Blocks = [(kg, list(restored.entries.get(kg, []))) for kg in key_groups]
+    blocks = [(kg, list(restored.entries.get(kg, []))) for kg in key_groups]
     return encode_data_file(_header(name, key_groups, epoch, BASE, max_p), blocks)
 
 

@@ -199,6 +199,7 @@ def bench_statetier(
         ),
         "restored_bytes_per_epoch": [r.restored_bytes for r in reports],
         "routing_per_epoch": [r.routing for r in reports],  # pipeline.exchange (docs/spark.md)
+        "state_keys": len(counts),
         "state_checkpoint_bytes": state_checkpoint_bytes(pipeline),
         "state_hosts": len(hosts),
         "state_hosts_rss_bytes": sum(h.rss for h in hosts),
@@ -513,7 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
             f"counts exact: {st_info['counts_exact']}"
         )
         print(
-            f"  state: {st_info['state_checkpoint_bytes'] / 1e6:,.0f} MB in the checkpoint, "
+            f"  state: {st_info['state_keys']:,} keys, "
+            f"{st_info['state_checkpoint_bytes'] / 1e6:,.0f} MB in the checkpoint, "
             f"{st_info['state_hosts_rss_bytes'] / 1e6:,.0f} MB RSS in "
             f"{st_info['state_hosts']} state hosts; restored per epoch (bytes): "
             f"{st_info['restored_bytes_per_epoch']}"
