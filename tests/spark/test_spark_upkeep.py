@@ -12,10 +12,12 @@ from typing import Any, cast
 
 import pyarrow as pa
 from statetier.backend.config import load_config
+from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore, commit_snapshot
 from statetier.backend.snapshot.compaction import CompactionRequest, CompactionResult
 from statetier.backend.snapshot.manifest import Manifest
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.tools.bench.spark_functions import ArrowWordCount
 
@@ -42,7 +44,9 @@ def commit_epoch(
 ) -> Manifest:
     words = [f"w{(epoch * 7 + i) % 50}" for i in range(100)]
     function = cast(ArrowWordCount, instance.function)
-    function.process_range(pa.table({"word": words}), instance.context)
+    key_groups = [assign_to_key_group(word, 128) for word in words]  # as the pipeline adds
+    records = pa.table({"word": words, KEY_GROUP_COLUMN: pa.array(key_groups, pa.int32())})
+    function.process_range(records, instance.context)
     instance.before_snapshot(epoch)
     prepared = instance.writer.prepare(store, epoch, lease.owner)
     for f in prepared.uploads:

@@ -252,12 +252,16 @@ class StatefulPipeline:
         Unlike ``df.writeStream.foreachBatch(foreach_batch(sink))``, the query is planned once:
         each micro-batch's epoch reaches the tasks as a job property instead of a new plan,
         which saves Spark's planning of three DataFrame steps per micro-batch. With
-        ``pipeline.exchange`` ``auto`` or ``never`` (and no combiner) only the key groups are
-        planned once; the last step, with or without the exchange, is chosen per micro-batch.
+        ``pipeline.exchange`` ``auto`` or ``never``, or with a combiner, only the key groups are
+        planned once; the last step (the exchange or not, the combiner's aggregation) is planned
+        per micro-batch.
         """
         static = self._static_spec(df.sparkSession)
         keyed = self._keyed(df, static)
-        planned = None if self._chooses_per_batch() else self._route(keyed, static, None, False)
+        # A combiner's Spark SQL aggregation is planned per micro-batch too: in the streaming
+        # plan itself it would be a streaming aggregation, which append mode refuses.
+        per_batch = self._chooses_per_batch() or self.combiner is not None
+        planned = None if per_batch else self._route(keyed, static, None, False)
         key = epoch_property(self.name)
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
