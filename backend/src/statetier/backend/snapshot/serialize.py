@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import operator
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
@@ -130,13 +130,27 @@ def _base_block(
     encode: Callable[[Any], bytes | None],
 ) -> tuple[int, list[bytes], list[bytes | None]]:
     """Every entry of ``key_group``; one whose value ``encode`` drops (expired) is not written."""
-    kg_map = table.map_for(key_group)
-    keys, values = list(kg_map), list(map(encode, kg_map.values()))
+    keys, stored = _keys_and_values(table.map_for(key_group))
+    values = list(map(encode, stored))
     if any(map(operator.is_, values, itertools.repeat(None))):
         live = list(map(operator.is_not, values, itertools.repeat(None)))
         keys = list(itertools.compress(keys, live))
         values = list(itertools.compress(values, live))
     return key_group, list(map(key_dumps, keys)), values
+
+
+def _keys_and_values(kg_map: Mapping[Any, Any]) -> tuple[list[Any], list[Any]]:
+    """A key group's keys and values in two lists, read in one pass: a dict's from its own
+    views, a spilled map's from one scan of ``items()`` (its ``values()`` would look every key
+    up again)."""
+    if type(kg_map) is dict:
+        return list(kg_map), list(kg_map.values())
+    keys: list[Any] = []
+    values: list[Any] = []
+    for key, value in kg_map.items():
+        keys.append(key)
+        values.append(value)
+    return keys, values
 
 
 def _delta_block(
