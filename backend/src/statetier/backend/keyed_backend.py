@@ -246,8 +246,10 @@ class KeyedStateBackend:
         return KeyBatch(batch_keys, slots, self.context)
 
     def _given_slots(self, keys: list[Any], key_groups: list[Any]) -> list[int]:
-        """The slots of ``key_groups``, checked: as many as keys, ints within the range, no
-        None key, and the key groups of a sample of the keys (every 1/16th) as hashed."""
+        """The slots of ``key_groups``, checked against the keys' own key groups: for string,
+        bytes and int keys those of a sample (every 1/16th) and of the smallest and largest
+        int (an int must fit in 64 bits); keys of any other type (None, bool, tuples, ...)
+        are hashed one by one, as ``set_current_key`` would refuse or place them."""
         if len(key_groups) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
         if not keys:
@@ -260,8 +262,9 @@ class KeyedStateBackend:
             raise KeyGroupOutOfRangeError(
                 f"key group {bad} is outside this backend's range {self.key_groups}"
             )
-        self._check_key_types(keys)
-        for i in range(0, len(keys), max(1, len(keys) // 16)):
+        types = set(map(type, keys))
+        checked = range(len(keys)) if types - {str, bytes, int} else self._sample(keys, types)
+        for i in checked:
             key, given = keys[i], key_groups[i]
             hashed = self._first + self._slot_of(key)
             if hashed != given:
@@ -272,19 +275,14 @@ class KeyedStateBackend:
         first = self._first
         return [group - first for group in key_groups] if first else key_groups
 
-    def _check_key_types(self, keys: list[Any]) -> None:
-        """Refuse what hashing would refuse, though most keys are not hashed here: strings and
-        bytes are fine, ints must fit in 64 bits, and keys of other types (None, bool, float,
-        tuples, whose fields count) are checked one by one."""
-        types = set(map(type, keys))
-        if int in types:
-            ints = [key for key in keys if type(key) is int]
-            for key in (min(ints), max(ints)):
-                assign_to_key_group(key, self.max_parallelism)
-        for key in keys if types - {str, bytes, int} else ():
-            if type(key) not in (str, bytes, int):
-                check_key(key)
-                assign_to_key_group(key, self.max_parallelism)
+    @staticmethod
+    def _sample(keys: list[Any], types: set[type]) -> list[int]:
+        """Positions of every 1/16th key, and of the smallest and largest int key."""
+        positions = list(range(0, len(keys), max(1, len(keys) // 16)))
+        ints = [i for i, key in enumerate(keys) if type(key) is int] if int in types else []
+        if ints:
+            positions += [min(ints, key=keys.__getitem__), max(ints, key=keys.__getitem__)]
+        return positions
 
     @property
     def current_key(self) -> Any:
