@@ -8,8 +8,6 @@ interface, which is why handles go through ``maps[index]`` on every access inste
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
@@ -90,15 +88,11 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
     def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
         new = batch.checked_values(self._ctx, values)
         maps = self._maps
-        if any(map(operator.is_, new, itertools.repeat(None))):  # clears: a branch per key
-            for key, slot, value in zip(batch.keys, batch.slots, new, strict=True):
-                if value is None:
-                    maps[slot].pop(key, None)
-                else:
-                    maps[slot][key] = value
-            return
         for key, slot, value in zip(batch.keys, batch.slots, new, strict=True):
-            maps[slot][key] = value
+            if value is None:
+                maps[slot].pop(key, None)
+            else:
+                maps[slot][key] = value
 
 
 class HeapListState(KeyGroupHandle, ListState[Any]):

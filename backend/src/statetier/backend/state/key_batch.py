@@ -38,9 +38,6 @@ class KeyBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.keys)
-
     def scoped(self) -> Iterator[Any]:
         """Each key in turn as the current key (the per-key path of any handle); the key that
         was current before is current again when the iteration ends or is abandoned."""
@@ -66,8 +63,8 @@ class KeyBatch:
         """``values`` as a list, one per key, for a bulk write by a handle of ``context``."""
         self.check_owner(context)
         new = as_list(values)
-        if len(new) != len(self.keys):
-            raise ValueError(f"{len(new)} values for a KeyBatch of {len(self.keys)} keys")
+        if len(new) != len(self):
+            raise ValueError(f"{len(new)} values for a KeyBatch of {len(self)} keys")
         return new
 
     def read_each(self, context: KeyContext, read: Callable[[], Any]) -> list[Any]:
