@@ -219,3 +219,15 @@ def test_a_key_touched_by_several_batches_and_per_key_is_drained_once() -> None:
     assert all(assign_to_key_group(k, MAX_P) == g for g, ks in drained.items() for k in ks)
     backend.set_current_key(keys[5])  # a later epoch: what it touches (and the current key)
     assert {k for ks in backend.drain_touched_keys().values() for k in ks} == {keys[0], keys[5]}
+
+
+def test_tuple_keys_are_each_checked_against_their_given_key_group() -> None:
+    backend, count = _backend()
+    keys: list[Any] = [(k, 1) for k in _keys_in(KeyGroupRange(0, MAX_P - 1), 400)]
+    keys = [k for k in keys if assign_to_key_group(k, MAX_P) in HALF][:40]
+    groups = [assign_to_key_group(k, MAX_P) for k in keys]
+    count.update_all(backend.key_batch(keys, groups), list(range(40)))
+    assert count.values(backend.key_batch(keys)) == list(range(40))
+    wrong = next(g for g in HALF if g != groups[1])  # position 1: not in a sample of 1 in 16
+    with pytest.raises(ValueError, match="not in step with the keys"):
+        backend.key_batch(keys, [groups[0], wrong, *groups[2:]])
