@@ -333,8 +333,10 @@ def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
         ("write_stream", VectorWordCount, "always"),  # the exchange, planned once
         ("write_stream", FailingWordCount, "always"),
         # a combiner aggregates per micro-batch (in the streaming plan, Spark would refuse a
-        # streaming aggregation in append mode), always after the exchange
+        # streaming aggregation in append mode): in the task that cuts the micro-batch, or in
+        # Spark SQL after the exchange
         ("write_stream", CombinedWordCount, "auto"),
+        ("write_stream", CombinedWordCount, "always"),
     ],
 )
 def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
@@ -368,8 +370,7 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
 
     first = run_query(range(3))
     assert [r.epoch for r in first.reports] == [1, 2, 3]
-    combined = getattr(function, "combiner", None) is not None
-    routing = "direct" if exchange == "auto" and not combined else "exchange"
+    routing = "direct" if exchange == "auto" else "exchange"
     # the first micro-batch of an application takes the exchange: its tasks, on every
     # executor, start the state hosts the ranges then stay with
     assert [r.routing for r in first.reports[1:]] == [routing] * 2
@@ -391,12 +392,19 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
 
 
 @pytest.mark.parametrize(
-    ("exchange", "partitions", "routing"),
+    ("exchange", "partitions", "routing", "function"),
     [
-        ("auto", 1, "direct"),  # one task reads the micro-batch: it cuts it into the ranges
-        ("auto", 3, "exchange"),  # several: Spark's exchange, one task per range
-        ("never", 3, "direct"),  # one task reads all three partitions and cuts them
-        ("always", 1, "exchange"),
+        # one task reads the micro-batch: it cuts it into the ranges
+        ("auto", 1, "direct", VectorWordCount),
+        ("auto", 3, "exchange", VectorWordCount),  # several: Spark's exchange, one per range
+        ("never", 3, "direct", VectorWordCount),  # one task reads all three and cuts them
+        ("always", 1, "exchange", VectorWordCount),
+        # a combiner: that one task aggregates (CombinedWordCount fails on unmerged rows) ...
+        ("auto", 1, "direct", CombinedWordCount),
+        ("never", 3, "direct", CombinedWordCount),
+        # ... or the map side did, and the host merges the partial rows
+        ("never", 3, "direct", MapSideCombinedWordCount),
+        ("auto", 3, "exchange", CombinedWordCount),  # Spark SQL after the exchange
     ],
 )
 def test_the_exchange_is_taken_only_when_it_helps(
@@ -406,9 +414,10 @@ def test_the_exchange_is_taken_only_when_it_helps(
     exchange: str,
     partitions: int,
     routing: str,
+    function: Any,
 ) -> None:
     pipeline = make(
-        pipelines, VectorWordCount, f"file://{tmp_path}/ckpt", 4, **{"pipeline.exchange": exchange}
+        pipelines, function, f"file://{tmp_path}/ckpt", 4, **{"pipeline.exchange": exchange}
     )
     batches = [zipf_words(2000, 300, seed) for seed in range(3)]
     outputs: dict[str, int] = {}
@@ -426,6 +435,9 @@ def test_the_exchange_is_taken_only_when_it_helps(
     for report, plan in zip(pipeline.reports, plans, strict=True):
         assert ("shufflepartitionidpassthrough" in plan) == (report.routing == "exchange")
     assert [r.warm for r in pipeline.reports] == [0, 4, 4]
+    assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
+    if function is not VectorWordCount:  # one row per key (and map task) reached the hosts
+        assert all(r.rows < r.records for r in pipeline.reports)
 
 
 def test_a_task_cuts_its_records_into_ranges_as_the_exchange_does() -> None:

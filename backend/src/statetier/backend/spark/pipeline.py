@@ -69,7 +69,12 @@ from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec,
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import RangeResult, RangeStart
-from statetier.backend.spark.task import combine_function, direct_function, partition_function
+from statetier.backend.spark.task import (
+    Combining,
+    combine_function,
+    direct_function,
+    partition_function,
+)
 from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
@@ -413,13 +418,17 @@ class StatefulPipeline:
         whichever epoch the job says, see :meth:`write_stream`): after Spark's exchange into
         ranges, or (``direct``) from one task that cuts its partition into every range."""
         schema = self._output_schemas()[0]
+        combiner = self.combiner
         if direct:
             assert self.config is not None
             one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
-            return one.mapInArrow(direct_function(spec, epoch, self.function_bytes), schema)
+            combining = None
+            if combiner is not None and not combiner.map_side:  # else the rows come combined
+                combining = self._combining(keyed, combiner)
+            run = direct_function(spec, epoch, self.function_bytes, combining)
+            return one.mapInArrow(run, schema)
         p, mp = self.parallelism, spec.state.max_parallelism
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
-        combiner = self.combiner
         if combiner is not None and not combiner.map_side:
             ranged = self._aggregate_ranges(keyed, owner_col, combiner)
         else:
@@ -434,9 +443,9 @@ class StatefulPipeline:
 
     def _chooses_per_batch(self) -> bool:
         """Whether the exchange is chosen per micro-batch (else the pipeline always takes it:
-        ``pipeline.exchange=always``, or a combiner, which aggregates in the exchange)."""
+        ``pipeline.exchange=always``)."""
         assert self.config is not None
-        return self.combiner is None and self.config.pipeline_exchange != "always"
+        return self.config.pipeline_exchange != "always"
 
     def _skips_exchange(self, keyed: DataFrame, epoch: int) -> bool:
         """Whether ``epoch`` runs without Spark's exchange (``pipeline.exchange``): ``never``
@@ -507,14 +516,23 @@ class StatefulPipeline:
 
     def _combine(self, keyed: DataFrame, combiner: Combiner) -> DataFrame:
         """The map side of the combiner: one row per key and chunk of each input partition."""
+        combining = self._combining(keyed, combiner)
+        return keyed.mapInArrow(combine_function(combining), self._combined_schema(keyed, combiner))
+
+    def _combining(self, keyed: DataFrame, combiner: Combiner) -> Combining:
+        """The combiner as a task applies it in Arrow (map side, or in a task without the
+        exchange): groups, partial aggregates and the schema of its rows."""
+        schema = self._combined_schema(keyed, combiner)
+        schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
+        return Combining([*self.key_columns, KG_COLUMN], combiner.partial(), schema_bytes)
+
+    def _combined_schema(self, keyed: DataFrame, combiner: Combiner) -> StructType:
+        """The rows a combiner makes: key columns, key group, its columns, the input rows."""
         fields = {f.name: f for f in keyed.schema.fields}
-        groups = [*self.key_columns, KG_COLUMN]
-        out = [fields[name] for name in groups]
+        out = [fields[name] for name in (*self.key_columns, KG_COLUMN)]
         out += _combined_fields(keyed, combiner)
         out.append(StructField(ROWS_COLUMN, LongType()))
-        schema = StructType(out)
-        schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
-        return keyed.mapInArrow(combine_function(groups, combiner.partial(), schema_bytes), schema)
+        return StructType(out)
 
     def run_epoch(
         self,

@@ -18,6 +18,7 @@ the application's secret (see channel).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import itertools
 import json
@@ -276,13 +277,36 @@ def receive_outputs(conn: Connection) -> Iterator[pa.RecordBatch]:
             raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Combining:
+    """A combiner's aggregation as a task applies it in Arrow: the columns it groups by (the
+    key columns and the key-group column), its partial aggregates, and the output schema
+    (serialized: the groups, the aggregates, then the input rows behind each row)."""
+
+    group_columns: list[str]
+    partial: list[tuple[str, str]]
+    schema_bytes: bytes
+
+    def apply(self, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        schema = pa.ipc.read_schema(pa.py_buffer(self.schema_bytes))
+        batches = [b for b in batches if b.num_rows]
+        return list(_combine(batches, self.group_columns, self.partial, schema)) if batches else []
+
+
 def direct_function(
-    spec: PipelineSpec, epoch: EpochSpec | None, function_bytes: bytes
+    spec: PipelineSpec,
+    epoch: EpochSpec | None,
+    function_bytes: bytes,
+    combining: Combining | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an epoch without Spark's exchange: its one partition is the
     whole micro-batch, which the task cuts into the key-group ranges (by the key-group column
     the plan added) and sends to each range's state host, every range first, so that the hosts
     work on them side by side; then it reads back their outputs, range by range.
+
+    With ``combining`` (a function's combiner, applied in Spark SQL after an exchange) the task
+    aggregates the micro-batch first: it holds every record of it, so its rows are final, one
+    per key, as the Spark SQL aggregation's are.
 
     A retry of this task is a retry of every range (each host finds its range dirty or at
     another epoch and restores it), as a retry of one range's task is with the exchange."""
@@ -293,7 +317,10 @@ def direct_function(
         task = TaskContext.get()
         assert task is not None
         this_epoch = epoch or epoch_of_job(task, spec.state.pipeline)
-        slices = split_ranges(list(batches), spec.state.parallelism, spec.state.max_parallelism)
+        records = list(batches)
+        if combining is not None:
+            records = combining.apply(records)
+        slices = split_ranges(records, spec.state.parallelism, spec.state.max_parallelism)
         with contextlib.ExitStack() as open_connections:
             sent: list[tuple[HostInfo, int, Connection]] = []
             local = local_host(spec)  # once for the task, not once per range
@@ -354,29 +381,26 @@ def epoch_of_job(task: Any, pipeline: str) -> EpochSpec:
 
 
 def combine_function(
-    group_columns: list[str], partial: list[tuple[str, str]], schema_bytes: bytes
+    combining: Combining,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The map-side ``mapInArrow`` of a combiner: per chunk of input, one row per group.
 
-    ``group_columns`` are the key columns and the key-group column, ``partial`` the Arrow
-    aggregates, ``schema_bytes`` the serialized output schema (groups, the aggregates, then the
-    number of input rows behind each row, so that the host still counts records). Each
-    chunk of up to :data:`COMBINE_ROWS` rows is aggregated on its own, so memory stays bounded;
-    the host merges whatever partial rows a key has.
+    Each chunk of up to :data:`COMBINE_ROWS` rows is aggregated on its own, so memory stays
+    bounded; the host merges whatever partial rows a key has (their last column, the number of
+    input rows behind each, lets the host still count records).
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
         chunk: list[pa.RecordBatch] = []
         rows = 0
         for batch in batches:
             chunk.append(batch)
             rows += batch.num_rows
             if rows >= COMBINE_ROWS:
-                yield from _combine(chunk, group_columns, partial, schema)
+                yield from combining.apply(chunk)
                 chunk, rows = [], 0
         if rows:
-            yield from _combine(chunk, group_columns, partial, schema)
+            yield from combining.apply(chunk)
 
     return run
 
