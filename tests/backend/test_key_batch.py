@@ -221,6 +221,28 @@ def test_a_key_touched_by_several_batches_and_per_key_is_drained_once() -> None:
     assert {k for ks in backend.drain_touched_keys().values() for k in ks} == {keys[0], keys[5]}
 
 
+@pytest.mark.parametrize("order", ["by key group", "as hashed"])
+def test_drained_keys_are_grouped_once_each_whatever_the_batch_order(order: str) -> None:
+    """A batch sorted by key group is filed in slices, any other key by key: either way each
+    touched key is drained once, under its own key group (checked against a per-key oracle)."""
+    backend, count = _backend()
+    single, *keys = _keys_in(HALF, 301)
+    keys += keys[::7]  # repeated within the batch
+    groups = [assign_to_key_group(k, MAX_P) for k in keys]
+    if order == "by key group":
+        ranked = sorted(range(len(keys)), key=groups.__getitem__)
+        keys, groups = [keys[i] for i in ranked], [groups[i] for i in ranked]
+    backend.set_current_key(single)  # touched per key
+    count.update(0)
+    count.update_all(backend.key_batch(keys, groups), list(range(len(keys))))
+    expected: dict[int, set[Any]] = {}
+    for key in [single, *keys]:
+        expected.setdefault(assign_to_key_group(key, MAX_P), set()).add(key)
+    drained = backend.drain_touched_keys()
+    assert {g: set(ks) for g, ks in drained.items()} == expected
+    assert sum(map(len, drained.values())) == len({single, *keys})
+
+
 def test_tuple_keys_are_each_checked_against_their_given_key_group() -> None:
     backend, count = _backend()
     keys: list[Any] = [(k, 1) for k in _keys_in(KeyGroupRange(0, MAX_P - 1), 400)]

@@ -9,7 +9,10 @@ in :mod:`statetier.backend.snapshot`, which read and fill the tables.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -401,8 +404,7 @@ class KeyedStateBackend:
             appends[slot](key)
         if self._batches:
             for keys, slots in self._batches:
-                for key, slot in zip(keys, slots, strict=True):
-                    appends[slot](key)
+                _file_by_slot(keys, slots, groups)
             # a key may be in several batches and in _touched: once each, first seen first
             groups = [list(dict.fromkeys(group)) for group in groups]
             self._batches = []
@@ -455,3 +457,22 @@ def check_restored_compatible(meta: dict[str, Any], descriptor: StateDescriptor)
             f"state {name!r} was checkpointed with serializers {meta['serializers']} but is "
             f"registered with {descriptor.serializer_ids()}"
         )
+
+
+def _file_by_slot(keys: list[Any], slots: list[int], groups: list[list[Any]]) -> None:
+    """Add each of ``keys`` to the group of its slot, in order.
+
+    A batch a function sorted by key group (as the fast word count does, to keep each key
+    group's map in cache) goes in slices: one binary search per key group instead of a
+    Python step per key, which made up a third of an incremental snapshot's cost."""
+    if all(map(operator.le, slots, itertools.islice(slots, 1, None))):
+        start, end = 0, len(slots)
+        while start < end:
+            slot = slots[start]
+            stop = bisect.bisect_right(slots, slot, start, end)
+            groups[slot].extend(keys[start:stop])
+            start = stop
+        return
+    appends = [group.append for group in groups]
+    for key, slot in zip(keys, slots, strict=True):
+        appends[slot](key)
