@@ -72,6 +72,7 @@ class SeaweedFS:
         ports = {name: _free_port(taken) for name in PORTS}
         cmd = [
             weed_binary(),
+            "-logtostderr",  # into weed.log with the rest: glog would leave files in /tmp
             "mini",
             f"-dir={data}",
             "-ip=127.0.0.1",
