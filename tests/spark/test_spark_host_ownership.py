@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.messages import EpochTime, StateSpec, TaskHeader
-from statetier.backend.spark.protocol import ERROR
+from statetier.backend.spark.protocol import ERROR, host_file, socket_path
 from statetier.backend.spark.registry import HostRegistry, ask_route
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task import stream
@@ -228,3 +230,18 @@ def test_a_host_whose_executor_died_serves_nothing_more_and_leaves_at_once(
         registry.shutdown_hosts(5)
         host.kill()
         host.wait(10)
+
+
+def test_host_files_live_in_the_executors_local_dir_and_only_the_socket_may_not(
+    tmp_path: Path,
+) -> None:
+    """Spark removes an executor's local dirs with the application: the host's log and lock go
+    there even when the socket's path would be too long for a Unix socket (it is hashed into
+    the temp dir then, and the host removes it when it stops)."""
+    short, long = str(tmp_path / "ld"), str(tmp_path / ("x" * 120))
+    assert socket_path("app-1", f"{short},/other") == f"{short}/statetier-host-app-1.sock"
+    hashed = socket_path("app/1", long)
+    assert os.path.dirname(hashed) == tempfile.gettempdir() and len(hashed.encode()) <= 100
+    assert hashed == socket_path("app/1", long)  # every worker of the executor finds it
+    assert host_file("app/1", ".log", long) == f"{long}/statetier-host-app_1.log"
+    assert host_file("app/1", ".lock", "") == f"{tempfile.gettempdir()}/statetier-host-app_1.lock"

@@ -62,14 +62,20 @@ def socket_path(app_id: str, local_dirs: str | None = None) -> str:
     Under the executor's first local dir (``SPARK_LOCAL_DIRS``), else the temp dir; hashed into
     the temp dir when the path would pass the Unix socket length limit.
     """
-    dirs = local_dirs if local_dirs is not None else os.environ.get("SPARK_LOCAL_DIRS", "")
-    root = next((d.strip() for d in dirs.split(",") if d.strip()), tempfile.gettempdir())
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    path = os.path.join(root, f"statetier-host-{safe}.sock")
+    path = host_file(app_id, ".sock", local_dirs)
     if len(path.encode()) > 100:
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
         path = os.path.join(tempfile.gettempdir(), f"statetier-host-{digest}.sock")
     return path
+
+
+def host_file(app_id: str, suffix: str, local_dirs: str | None = None) -> str:
+    """A file of this executor's state host (``.log``, ``.lock``) under the executor's first
+    local dir, which Spark removes with the application; the temp dir when there is none."""
+    dirs = local_dirs if local_dirs is not None else os.environ.get("SPARK_LOCAL_DIRS", "")
+    root = next((d.strip() for d in dirs.split(",") if d.strip()), tempfile.gettempdir())
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
+    return os.path.join(root, f"statetier-host-{safe}{suffix}")
 
 
 def process_alive(pid: int) -> bool:

@@ -41,6 +41,7 @@ from statetier.backend.spark.protocol import (
     ERROR,
     RESULT,
     epoch_property,
+    host_file,
     read_batch,
     socket_path,
     write_batch,
@@ -116,12 +117,13 @@ def local_host(spec: PipelineSpec) -> HostInfo:
     host = _join(path, secret, registry)
     if host is not None:
         return host
-    with open(path + ".lock", "w") as lock:
+    log_path = host_file(spec.app_id, ".log")
+    with open(host_file(spec.app_id, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         host = _join(path, secret, registry)
         if host is not None:
             return host
-        process = _start_host(spec, path)
+        process = _start_host(spec, path, log_path)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             host = _join(path, secret, registry)
@@ -129,7 +131,7 @@ def local_host(spec: PipelineSpec) -> HostInfo:
                 return host
             time.sleep(0.02)
         status = process.poll()
-        with open(path + ".log", errors="replace") as f:
+        with open(log_path, errors="replace") as f:
             tail = f.read()[-2000:]
         why = (
             f"it exited with status {status}"
@@ -138,11 +140,11 @@ def local_host(spec: PipelineSpec) -> HostInfo:
         )
         raise RuntimeError(
             f"the statetier state host did not start at {path}: {why}; its log "
-            f"({path}.log) ends with:\n{tail}"
+            f"({log_path}) ends with:\n{tail}"
         )
 
 
-def _start_host(spec: PipelineSpec, path: str) -> subprocess.Popen[bytes]:
+def _start_host(spec: PipelineSpec, path: str, log_path: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     command = [
@@ -160,7 +162,7 @@ def _start_host(spec: PipelineSpec, path: str) -> subprocess.Popen[bytes]:
         "--watch-pid",
         str(_executor_pid()),
     ]
-    with open(path + ".log", "ab") as log:
+    with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
