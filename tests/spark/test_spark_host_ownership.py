@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,17 +46,16 @@ def registry() -> Iterator[HostRegistry]:
 
 
 def start_host(
-    registry: HostRegistry, socket_path: Path, watch_pid: int | None = None
+    registry: HostRegistry,
+    socket_path: Path,
+    watch_pid: int | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "statetier.backend.spark.host", "--socket", str(socket_path)]
     if watch_pid is not None:
         command += ["--watch-pid", str(watch_pid)]
-    host = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(log or os.devnull, "wb") as out:
+        host = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=out)
     assert host.stdin is not None
     host.stdin.write(registry.secret.hex().encode() + b"\n")
     host.stdin.close()
@@ -245,3 +245,21 @@ def test_host_files_live_in_the_executors_local_dir_and_only_the_socket_may_not(
     assert hashed == socket_path("app/1", long)  # every worker of the executor finds it
     assert host_file("app/1", ".log", long) == f"{long}/statetier-host-app_1.log"
     assert host_file("app/1", ".lock", "") == f"{tempfile.gettempdir()}/statetier-host-app_1.lock"
+
+
+def test_a_host_writes_its_threads_stacks_to_its_log_on_sigusr1(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    """How to see what a host that holds a range past host.result-timeout is doing."""
+    log = tmp_path / "host.log"
+    host = start_host(registry, tmp_path / "h.sock", log=log)
+    try:
+        host.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "in serve" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "in serve" in log.read_text()  # the main thread's stack, by function
+        assert host.poll() is None  # and the host goes on
+    finally:
+        registry.shutdown_hosts(5)
+        host.wait(10)

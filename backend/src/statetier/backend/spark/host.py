@@ -26,11 +26,13 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
+import faulthandler
 import hashlib
 import json
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -543,6 +545,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--watch-pid", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    # `kill -USR1 <pid>` writes every thread's stack to the log: what a host that holds a
+    # range's snapshot past host.result-timeout is doing, without stopping it
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     secret = bytes.fromhex(sys.stdin.readline().strip())
     host = StateHost(args.socket, args.idle_timeout, args.watch_pid, secret, args.bind, args.port)
     print(json.dumps({"listening": host.info.to_json()}), flush=True)
