@@ -50,6 +50,17 @@ def _backend(
     return backend, backend.get_state(ValueStateDescriptor[int]("count"))
 
 
+def _ordered(keys: list[Any], order: str) -> list[Any]:
+    """``keys`` as hashed, or sorted by key group: a sorted batch takes the handles' path of one
+    C-level call per key group (``KeyBatch.runs``), any other the per-key one."""
+    if order == "as hashed":
+        return keys
+    return sorted(keys, key=lambda k: assign_to_key_group(k, MAX_P))
+
+
+ORDERS = pytest.mark.parametrize("order", ["as hashed", "by key group"])
+
+
 def _per_key(backend: KeyedStateBackend, state: ValueState[int], keys: list[Any]) -> list[Any]:
     values = []
     for key in keys:
@@ -58,13 +69,15 @@ def _per_key(backend: KeyedStateBackend, state: ValueState[int], keys: list[Any]
     return values
 
 
-def test_bulk_reads_and_writes_are_the_per_key_reads_and_writes() -> None:
+@ORDERS
+def test_bulk_reads_and_writes_are_the_per_key_reads_and_writes(order: str) -> None:
     backend, count = _backend()
-    keys = _keys_in(HALF, 300)
+    keys = _ordered(_keys_in(HALF, 300), order)
     for i, key in enumerate(keys[:100]):  # some keys have values, written key by key
         backend.set_current_key(key)
         count.update(i)
     batch = backend.key_batch(keys)
+    assert (batch.runs is not None) == (order == "by key group")
     assert count.values(batch) == [*range(100), *[None] * 200]
     count.update_all(batch, [i * 2 for i in range(300)])
     assert _per_key(backend, count, keys) == [i * 2 for i in range(300)]
@@ -80,6 +93,15 @@ def test_repeated_keys_read_per_position_and_the_last_write_wins() -> None:
     batch = backend.key_batch([key, other, key])
     count.update_all(batch, [1, 2, 3])
     assert count.values(batch) == [3, 2, 3]
+    # sorted by key group: a repeated key within one key group's run, the last write wins too
+    ranked = backend.key_batch(
+        [key, key, other] if batch.slots[0] <= batch.slots[1] else [other, key, key]
+    )
+    assert ranked.runs is not None
+    count.update_all(ranked, [4, 5, 6])
+    assert count.values(backend.key_batch([key, other])) == (
+        [5, 6] if batch.slots[0] <= batch.slots[1] else [6, 4]
+    )
 
 
 def test_the_pipelines_key_group_column_gives_the_same_slots_as_hashing() -> None:
@@ -176,10 +198,11 @@ def test_ttl_state_bulk_access_renews_and_expires_as_per_key_access() -> None:
     assert seen.value() == "renewed"
 
 
-def test_bulk_access_reaches_spilled_key_groups(tmp_path: Path) -> None:
+@ORDERS
+def test_bulk_access_reaches_spilled_key_groups(tmp_path: Path, order: str) -> None:
     backend, count = _backend()
     manager = SpillManager(backend, SpillStorage([str(tmp_path)], 1 << 20))
-    keys = _keys_in(HALF, 400)
+    keys = _ordered(_keys_in(HALF, 400), order)
     count.update_all(backend.key_batch(keys), list(range(400)))
     spilled_group = assign_to_key_group(keys[0], MAX_P)
     assert manager.spill_key_group(spilled_group)

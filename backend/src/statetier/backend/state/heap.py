@@ -8,6 +8,8 @@ interface, which is why handles go through ``maps[index]`` on every access inste
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
@@ -82,13 +84,23 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
 
     def values(self, batch: KeyBatch) -> list[Any]:
         batch.check_owner(self._ctx)
-        maps = self._maps
-        return [maps[slot].get(key) for key, slot in zip(batch.keys, batch.slots, strict=True)]
+        maps, keys = self._maps, batch.keys
+        if batch.runs is not None:  # a key group's keys in one C-level pass over its map
+            out: list[Any] = []
+            for slot, start, stop in batch.runs:
+                out += map(maps[slot].get, keys[start:stop])
+            return out
+        return [maps[slot].get(key) for key, slot in zip(keys, batch.slots, strict=True)]
 
     def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
         new = batch.checked_values(self._ctx, values)
-        maps = self._maps
-        for key, slot, value in zip(batch.keys, batch.slots, new, strict=True):
+        maps, keys = self._maps, batch.keys
+        # no key to clear (`is`, not `in`: a value's == may be elementwise): one update each
+        if batch.runs is not None and not any(map(operator.is_, new, itertools.repeat(None))):
+            for slot, start, stop in batch.runs:
+                maps[slot].update(zip(keys[start:stop], new[start:stop], strict=True))
+            return
+        for key, slot, value in zip(keys, batch.slots, new, strict=True):
             if value is None:
                 maps[slot].pop(key, None)
             else:

@@ -13,12 +13,15 @@ handles of the backend that made it.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from statetier.backend.state.context import KeyContext
 
-__all__ = ["KeyBatch", "as_list"]
+__all__ = ["KeyBatch", "as_list", "slot_runs"]
 
 
 class KeyBatch:
@@ -28,12 +31,17 @@ class KeyBatch:
     applies its values in order (the last write of a repeated key wins).
     """
 
-    __slots__ = ("context", "keys", "slots")
+    __slots__ = ("context", "keys", "runs", "slots")
 
     def __init__(self, keys: list[Any], slots: list[int], context: KeyContext) -> None:
         self.keys = keys
         self.slots = slots
         self.context = context
+        # (slot, start, stop) of each key group's keys when the batch is sorted by key group
+        # (as a function sorts it to keep each key group's map in cache), else None: handles
+        # and the change log then take a key group's keys in one C-level call on its map
+        # instead of one Python step per key
+        self.runs = slot_runs(slots)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -80,6 +88,21 @@ class KeyBatch:
         new = self.checked_values(context, values)
         for _, value in zip(self.scoped(), new, strict=True):
             write(value)
+
+
+def slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
+    """``(slot, start, stop)`` of each run of equal slots when ``slots`` never decreases (one
+    binary search per run); None otherwise."""
+    if not all(map(operator.le, slots, itertools.islice(slots, 1, None))):
+        return None
+    runs = []
+    start, end = 0, len(slots)
+    while start < end:
+        slot = slots[start]
+        stop = bisect.bisect_right(slots, slot, start, end)
+        runs.append((slot, start, stop))
+        start = stop
+    return runs
 
 
 def as_list(values: Any) -> list[Any]:
