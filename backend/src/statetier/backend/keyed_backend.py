@@ -229,10 +229,10 @@ class KeyedStateBackend:
         if key_groups is None:
             memo, slot_of = self._touched.get, self._slot_of
             slots = [s if (s := memo(key)) is not None else slot_of(key) for key in batch_keys]
-            batch = KeyBatch(batch_keys, slots, self.context)
         else:
             slots = self._given_slots(batch_keys, as_list(key_groups))
-            batch = KeyBatch(batch_keys, slots, self.context)
+        batch = KeyBatch(batch_keys, slots, self.context)
+        if key_groups is not None:
             # logged as they are: inserting every key into _touched, a dict of the whole
             # epoch's keys, costs a cache miss per key; drain_touched_keys groups them later
             self._batches.append(batch)

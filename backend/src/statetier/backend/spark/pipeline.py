@@ -424,7 +424,7 @@ class StatefulPipeline:
             one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
             combining = None
             if combiner is not None and not combiner.map_side:  # else the rows come combined
-                combining = self._combining(keyed, combiner)
+                combining = _combining(self._combined_schema(keyed, combiner), combiner)
             run = direct_function(spec, epoch, self.function_bytes, combining)
             return one.mapInArrow(run, schema)
         p, mp = self.parallelism, spec.state.max_parallelism
@@ -516,15 +516,8 @@ class StatefulPipeline:
 
     def _combine(self, keyed: DataFrame, combiner: Combiner) -> DataFrame:
         """The map side of the combiner: one row per key and chunk of each input partition."""
-        combining = self._combining(keyed, combiner)
-        return keyed.mapInArrow(combine_function(combining), self._combined_schema(keyed, combiner))
-
-    def _combining(self, keyed: DataFrame, combiner: Combiner) -> Combining:
-        """The combiner as a task applies it in Arrow (map side, or in a task without the
-        exchange): groups, partial aggregates and the schema of its rows."""
         schema = self._combined_schema(keyed, combiner)
-        schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
-        return Combining([*self.key_columns, KG_COLUMN], combiner.partial(), schema_bytes)
+        return keyed.mapInArrow(combine_function(_combining(schema, combiner)), schema)
 
     def _combined_schema(self, keyed: DataFrame, combiner: Combiner) -> StructType:
         """The rows a combiner makes: key columns, key group, its columns, the input rows."""
@@ -756,6 +749,14 @@ def _perf_counter() -> float:
 def _local_master(spark: SparkSession) -> bool:
     """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
     return (spark.sparkContext.master or "").startswith("local")
+
+
+def _combining(schema: StructType, combiner: Combiner) -> Combining:
+    """The combiner as a task applies it in Arrow (map side, or in a task without the
+    exchange), making rows of ``schema``: its groups are every column before the combiner's."""
+    groups = schema.names[: -len(combiner.aggregates) - 1]  # the last: the input rows
+    schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
+    return Combining(groups, combiner.partial(), schema_bytes)
 
 
 def _combined_fields(df: DataFrame, combiner: Combiner) -> list[StructField]:

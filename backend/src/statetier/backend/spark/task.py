@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -289,10 +290,16 @@ class Combining:
     partial: list[tuple[str, str]]
     schema_bytes: bytes
 
+    @functools.cached_property
+    def schema(self) -> pa.Schema:
+        """The output schema, parsed once per task (not once per chunk)."""
+        return pa.ipc.read_schema(pa.py_buffer(self.schema_bytes))
+
     def apply(self, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-        schema = pa.ipc.read_schema(pa.py_buffer(self.schema_bytes))
         batches = [b for b in batches if b.num_rows]
-        return list(_combine(batches, self.group_columns, self.partial, schema)) if batches else []
+        if not batches:
+            return []
+        return list(_combine(batches, self.group_columns, self.partial, self.schema))
 
 
 def direct_function(

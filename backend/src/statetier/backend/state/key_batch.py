@@ -21,7 +21,7 @@ from typing import Any
 
 from statetier.backend.state.context import KeyContext
 
-__all__ = ["KeyBatch", "as_list", "slot_runs"]
+__all__ = ["KeyBatch", "as_list"]
 
 
 class KeyBatch:
@@ -41,7 +41,7 @@ class KeyBatch:
         # (as a function sorts it to keep each key group's map in cache), else None: handles
         # and the change log then take a key group's keys in one C-level call on its map
         # instead of one Python step per key
-        self.runs = slot_runs(slots)
+        self.runs = _slot_runs(slots)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -90,7 +90,7 @@ class KeyBatch:
             write(value)
 
 
-def slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
+def _slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
     """``(slot, start, stop)`` of each run of equal slots when ``slots`` never decreases (one
     binary search per run); None otherwise."""
     if not all(map(operator.le, slots, itertools.islice(slots, 1, None))):
