@@ -14,7 +14,14 @@ from tests.spark.conftest import REPO, spark_env
 
 def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     args = ["--words", "20000", "--vocabulary", "2000", "--batches", "2", "--partitions", "2"]
-    args += ["--rounds", "2", "--warmup-words", "500", "--only", "ceiling,ceiling_keyed"]
+    args += [
+        "--rounds",
+        "2",
+        "--warmup-words",
+        "500",
+        "--only",
+        "ceiling,ceiling_uncapped,ceiling_keyed",
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "statetier.backend", "bench", "spark-wordcount", *args, "--json"],
         capture_output=True,
@@ -27,7 +34,7 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size
     report = json.loads(done.stdout)
     pipelines = report["pipelines"]
-    assert set(pipelines) == {"statetier", "ceiling", "ceiling_keyed"}
+    assert set(pipelines) == {"statetier", "ceiling", "ceiling_uncapped", "ceiling_keyed"}
     statetier = pipelines["statetier"]
     assert statetier["counts_exact"] is True and statetier["warm_hit_rate"] == 1.0
     assert statetier["batches"] == 2 and statetier["warmup_epoch_seconds_with_host_start"] > 0

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from prometheus_client import REGISTRY
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.keygroups import assign_to_key_group, spark_key_group_expr
 from statetier.backend.snapshot import CorruptFileError, FencedError, SnapshotStore
 from statetier.backend.spark import StatefulPipeline
+from statetier.backend.spark.arrow_batches import MAX_BYTES_PER_BATCH, UNCAPPED
 
 from tests.spark.conftest import REPO, spark_env
 from tests.spark.spark_support import (
@@ -107,6 +109,43 @@ def test_word_count_is_exact_and_stays_warm(
         rows = [r.rows for r in pipeline.reports]
         assert all(n < len(b) for n, b in zip(rows, batches, strict=True))
     assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
+
+
+def arrow_byte_caps(df: DataFrame) -> set[str | None]:
+    """The Arrow byte cap the tasks of a job over ``df`` ran with (their job property)."""
+
+    def caps(batches: Any) -> Any:
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        cap = TaskContext.get().getLocalProperty(MAX_BYTES_PER_BATCH)  # type: ignore[union-attr]
+        yield pa.RecordBatch.from_pydict({"cap": [cap]}, schema=pa.schema([("cap", pa.string())]))
+
+    return {r.cap for r in df.mapInArrow(caps, "cap string").collect()}
+
+
+@pytest.mark.parametrize("session_cap", [None, "1048576"])
+def test_statetier_jobs_batch_arrow_by_rows_unless_the_session_caps_bytes(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path, session_cap: Any
+) -> None:
+    pipeline = make(pipelines, WordCount, f"file://{tmp_path}/ckpt", 2)
+    seen: list[set[str | None]] = []
+    if session_cap is not None:
+        spark.conf.set(MAX_BYTES_PER_BATCH, session_cap)
+    try:
+        pipeline.run(
+            words_df(spark, ["a", "b", "a"]), lambda out, _: seen.append(arrow_byte_caps(out))
+        )
+        other_job = arrow_byte_caps(words_df(spark, ["c"]))
+    finally:
+        spark.conf.unset(MAX_BYTES_PER_BATCH)
+    # the statetier job's tasks (and the sink's, in the same job) batch by rows only, unless
+    # the session set a cap of its own; the session's other jobs keep Spark's setting
+    assert seen == [{UNCAPPED if session_cap is None else session_cap}]
+    assert other_job == {session_cap}
+    assert spark.sparkContext.getLocalProperty(MAX_BYTES_PER_BATCH) is None
+    assert pipeline.reports[0].records == 3
 
 
 def test_the_sql_combiner_needs_no_second_exchange(

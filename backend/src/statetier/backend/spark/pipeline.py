@@ -61,6 +61,7 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.snapshot.writer import epoch_clock
+from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
@@ -559,10 +560,11 @@ class StatefulPipeline:
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
-        if sink is not None:
-            sink(out, epoch)
-        else:
-            out.write.format("noop").mode("overwrite").save()
+        with batches_capped_by_rows_only(out.sparkSession.sparkContext):
+            if sink is not None:
+                sink(out, epoch)
+            else:
+                out.write.format("noop").mode("overwrite").save()
 
     def commit(self, epoch: int, started: float | None = None) -> EpochReport:
         """Commit ``epoch`` from its ranges' results (after the job that ran it succeeded)."""

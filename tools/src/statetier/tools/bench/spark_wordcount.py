@@ -50,6 +50,7 @@ from statetier.tools.workloads import batches, zipf_words
 PIPELINES = (
     "spark_rocksdb_count",
     "ceiling",
+    "ceiling_uncapped",
     "ceiling_keyed",
     "ceiling_one_partition",
     "apply_in_pandas_with_state",
@@ -67,6 +68,10 @@ TARGETS = {
 
 NOTES = {
     "ceiling": {"note": "mapInPandas that only counts, over the same partitions (by word)"},
+    "ceiling_uncapped": {
+        "note": "the ceiling with Arrow batches capped by rows only, as statetier's own jobs "
+        "run (spark.sql.execution.arrow.maxBytesPerBatch=2147483647; docs/spark.md)"
+    },
     "ceiling_keyed": {
         "note": "the ceiling with the key-group exchange (repartitionById) keyed state needs"
     },
@@ -313,6 +318,18 @@ def bench_ceiling_keyed(spark: Any, source: Path, work: Path, partitions: int) -
     return run_query(counted.writeStream.format("noop"), work / "ceiling-keyed-ckpt")
 
 
+def bench_ceiling_uncapped(spark: Any, source: Path, work: Path, partitions: int) -> float:
+    """The ceiling with the Arrow byte cap statetier lifts for its own jobs lifted for it too:
+    the fair peer for what that setting alone is worth."""
+    from statetier.backend.spark.arrow_batches import MAX_BYTES_PER_BATCH, UNCAPPED
+
+    spark.conf.set(MAX_BYTES_PER_BATCH, UNCAPPED)
+    try:
+        return bench_ceiling(spark, source, work, partitions)
+    finally:
+        spark.conf.unset(MAX_BYTES_PER_BATCH)
+
+
 def bench_ceiling(spark: Any, source: Path, work: Path, partitions: int | None) -> float:
     """``mapInPandas`` that only counts, over the same partitions as the other pipelines (hashed
     by word, the cheapest exchange: a round-robin ``repartition`` sorts first), or over the
@@ -389,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         peers: dict[str, Callable[[Path, Path], float]] = {
             "spark_rocksdb_count": lambda src, out: bench_rocksdb(spark, src, out),
             "ceiling": lambda src, out: bench_ceiling(spark, src, out, args.partitions),
+            "ceiling_uncapped": lambda src, out: bench_ceiling_uncapped(
+                spark, src, out, args.partitions
+            ),
             "ceiling_keyed": lambda src, out: bench_ceiling_keyed(spark, src, out, args.partitions),
             "ceiling_one_partition": lambda src, out: bench_ceiling(spark, src, out, None),
             "apply_in_pandas_with_state": lambda src, out: bench_apply_in_pandas(spark, src, out),
@@ -466,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
     st = results["statetier"]["records_per_s"]
     exact_ratios = {
         name: st / results[name]["records_per_s"]
-        for name in [*TARGETS, "ceiling_keyed", "ceiling_one_partition"]
+        for name in [*TARGETS, "ceiling_uncapped", "ceiling_keyed", "ceiling_one_partition"]
         if name in results
     }
     # judged before rounding: 1.495 is not 1.5; a peer left out by --only is not judged, and
