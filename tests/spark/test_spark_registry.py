@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -219,6 +220,28 @@ def test_a_finished_pipeline_releases_its_ranges_on_their_hosts(registry: HostRe
     assert registry.owners == {("q", 4, 0): other}  # another pipeline keeps its ranges
     a.die()
     b.die()
+
+
+def test_a_host_tells_the_registry_the_files_it_wrote(registry: HostRegistry) -> None:
+    host = FakeHost(registry, "a")
+    result = json.dumps({"range": 3, "note": "é€😀"}).encode()
+    assert registry.take_written(("s3://b/r/3.json",), 0.05) is None  # nothing told yet
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+        registry.take_written, ("s3://b/r/3.error.txt", "s3://b/r/3.json"), 10.0
+    )
+    time.sleep(0.1)
+    host.link.tell_written("s3://b/r/3.json", result)
+    assert waiting.result(timeout=10) == ("s3://b/r/3.json", result)  # woke when told
+    assert registry.take_written(("s3://b/r/3.json",), 0.05) is None  # taken once
+    # the files of attempts no one waited for are forgotten after the commit
+    host.link.tell_written("s3://b/e2/r/1.json", b"{}")
+    host.link.tell_written("s3://b/e3/r/1.json", b"{}")
+    deadline = time.monotonic() + 5
+    while len(registry.written) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    registry.discard_written("s3://b/e2/")
+    assert list(registry.written) == ["s3://b/e3/r/1.json"]
+    host.die()
 
 
 def test_the_registry_answers_a_malformed_request_with_what_is_wrong(

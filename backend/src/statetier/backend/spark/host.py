@@ -474,12 +474,16 @@ class StateHost:
                 snapshot_cpu_s=snapshot_cpu_s,
                 compaction_base=done.compaction_base,
             )
-            store.put(name, result.encode())
+            body = result.encode()
+            store.put(name, body)
         except Exception:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
+            error = traceback.format_exc().encode()
             with contextlib.suppress(Exception):
-                store.put(error_name(name), traceback.format_exc().encode())
+                store.put(error_name(name), error)
+            self.link.tell_written(store.url(error_name(name)), error)
             return
+        self.link.tell_written(store.url(name), body)
         hosted.epoch, hosted.token = epoch, token
         with self.lock:
             self.tasks += 1

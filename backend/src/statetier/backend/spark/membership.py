@@ -3,7 +3,9 @@
 The host keeps one authenticated connection to the driver's registry: it registers (its id,
 endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
 connection (``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
-anonymous RSS, which the driver reports. If the link breaks (a driver
+anonymous RSS, which the driver reports. When the host has written a range's result (or error)
+file it sends that file's bytes on the same connection (:meth:`RegistryLink.tell_written`), so
+the driver need not poll the checkpoint store for it. If the link breaks (a driver
 registry restarted), the host registers again when a task next tells it where the registry is
 (:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
 the registry gave.
@@ -40,6 +42,7 @@ class RegistryLink:
         self.secret = secret
         self.on_order = on_order
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # the heartbeat's thread and the snapshots' send
         self._conn: Connection | None = None
         self._registry: Endpoint | None = None
         self._stopped = threading.Event()
@@ -65,9 +68,23 @@ class RegistryLink:
     def _heartbeat(self, conn: Connection) -> None:
         while not self._stopped.wait(HEARTBEAT_S):
             try:
-                conn.send_bytes(json.dumps({"rss": read_rss()}).encode())
+                self._send(conn, {"rss": read_rss()})
             except OSError:
                 return
+
+    def tell_written(self, url: str, body: bytes) -> None:
+        """Tell the driver that the file at ``url`` is written, with its bytes (a range's
+        result or error file: a few kB). Best effort: a driver that does not hear it reads the
+        file from the store."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            self._send(conn, {"written": url, "body": body.decode()})
+
+    def _send(self, conn: Connection, message: dict[str, object]) -> None:
+        with self._send_lock:
+            conn.send_bytes(json.dumps(message).encode())
 
     def _orders(self, conn: Connection) -> None:
         try:

@@ -30,7 +30,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -87,6 +87,7 @@ log = logging.getLogger("statetier.spark.pipeline")
 
 Sink = Callable[[DataFrame, int], None]
 
+RESULT_POLL_S = 1.0  # the store's result files, read while waiting for a host to tell
 MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
 OWNER_COLUMN = "__statetier_range"  # the range (partition) of a row, for the combiner
 
@@ -121,6 +122,9 @@ class EpochReport:
     # executor's trigger, or a cut chain): the compaction CPU spent in the executors
     compaction_cpu_seconds: float = 0.0
     compaction_bases: int = 0  # ranges whose snapshot wrote such a base
+    # results the hosts sent over their registry connections (the others were read from the
+    # checkpoint store, at most once a RESULT_POLL_S: a host that could not tell the driver)
+    results_told: int = 0
 
 
 class RangesLostError(RuntimeError):
@@ -570,7 +574,11 @@ class StatefulPipeline:
         """Commit ``epoch`` from its ranges' results (after the job that ran it succeeded)."""
         store = self.store
         assert self._lease is not None
-        results = [self._result(epoch, index) for index in range(self.parallelism)]
+        told = [self._result(epoch, index) for index in range(self.parallelism)]
+        results = [result for result, _ in told]
+        if self._registry is not None:  # what earlier attempts of the epoch's tasks sent
+            results_dir = result_name(epoch, self._lease.owner, 0, self.parallelism)
+            self._registry.discard_written(store.url(results_dir.rsplit("/", 1)[0] + "/"))
         for r in results:
             self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
@@ -610,6 +618,7 @@ class StatefulPipeline:
             compaction_cpu_seconds=sum(r.snapshot_cpu_s for r in results if r.compaction_base),
             compaction_bases=sum(r.compaction_base for r in results),
             routing=routing,
+            results_told=sum(was_told for _, was_told in told),
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -638,50 +647,82 @@ class StatefulPipeline:
         if self._upkeep is not None:
             self._upkeep.stop_merging()
 
-    def _result(self, epoch: int, index: int) -> RangeResult:
-        """Range ``index``'s result, once its host has written it (after the job returned)."""
-        assert self._lease is not None
+    def _result(self, epoch: int, index: int) -> tuple[RangeResult, bool]:
+        """Range ``index``'s result, once its host has written it (after the job returned),
+        and whether the host told it (else it was read from the store).
+
+        The host sends the result file's bytes over its registry connection once the file is
+        written; the store is read every ``RESULT_POLL_S`` meanwhile (a host whose link was
+        down could not tell), or at a quick backoff when there is no registry."""
+        assert self._lease is not None and self.config is not None
         name = result_name(epoch, self._lease.owner, index, self.parallelism)
-        fs, path = self.store.fs, self.store.full_path(name)
-        assert self.config is not None
         timeout = self.config.host_result_timeout
         deadline = time.monotonic() + timeout
         pause = 0.002
-
-        def read() -> RangeResult:
-            raw = fs.cat_file(path)
-            try:
-                return RangeResult.decode(raw)
-            except MessageError as e:  # never partial (written whole): not one of ours
-                raise CorruptFileError(name, f"range {index} of epoch {epoch}: {e}") from None
-
+        next_poll = time.monotonic() + (RESULT_POLL_S if self._registry else 0.0)
         while True:
-            try:
-                return read()
-            except FileNotFoundError:
-                pass
-            try:
-                error = fs.cat_file(self.store.full_path(error_name(name)))
-            except FileNotFoundError:
-                error = None
-            if error is None and not self._owner_alive(index):
+            told = self._told(name, pause)
+            found = told
+            if found is None and time.monotonic() >= next_poll:
+                found = self._read_result_files(name)
+                next_poll = time.monotonic() + (RESULT_POLL_S if self._registry else 0.0)
+            if found is not None:
+                path, body = found
+                if path == name:
+                    return self._decode_result(name, body, epoch, index), told is not None
+                self._no_result(name, epoch, index, body)
+            if not self._owner_alive(index):
                 with contextlib.suppress(FileNotFoundError):  # written just before it died?
-                    return read()
+                    return self._decode_result(name, self._cat(name), epoch, index), False
                 raise RangesLostError(
                     f"the state host of range {index} is gone before it wrote the range's "
                     f"snapshot of epoch {epoch}"
                 )
-            if error is not None or time.monotonic() > deadline:
-                why = (
-                    f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
-                    if error is not None
-                    else f"no result within host.result-timeout={timeout:.0f}s (state host gone?)"
-                )
-                raise CorruptFileError(
-                    name, f"range {index} of epoch {epoch}: {why}; not committing"
-                )
-            time.sleep(pause)
+            if time.monotonic() > deadline:
+                self._no_result(name, epoch, index, None)
             pause = min(pause * 2, 0.1)
+
+    def _told(self, name: str, timeout: float) -> tuple[str, bytes] | None:
+        """The result or error file ``name`` a host told the registry it wrote, waiting at most
+        ``timeout``; None without a registry (after sleeping) or if none came."""
+        registry = self._registry
+        if registry is None:
+            time.sleep(timeout)
+            return None
+        urls = {self.store.url(name): name, self.store.url(error_name(name)): error_name(name)}
+        told = registry.take_written(tuple(urls), timeout)
+        return None if told is None else (urls[told[0]], told[1])
+
+    def _read_result_files(self, name: str) -> tuple[str, bytes] | None:
+        """The result file ``name`` or its error file, read from the store; None if neither
+        exists yet."""
+        for path in (name, error_name(name)):
+            with contextlib.suppress(FileNotFoundError):
+                return path, self._cat(path)
+        return None
+
+    def _cat(self, name: str) -> bytes:
+        data: bytes = self.store.fs.cat_file(self.store.full_path(name))
+        return data
+
+    @staticmethod
+    def _decode_result(name: str, raw: bytes, epoch: int, index: int) -> RangeResult:
+        try:
+            return RangeResult.decode(raw)
+        except MessageError as e:  # never partial (written whole): not one of ours
+            raise CorruptFileError(name, f"range {index} of epoch {epoch}: {e}") from None
+
+    def _no_result(self, name: str, epoch: int, index: int, error: bytes | None) -> NoReturn:
+        """Fail the epoch uncommitted: the range's host failed to snapshot it (``error``, its
+        traceback) or wrote nothing within the result timeout."""
+        assert self.config is not None
+        why = (
+            f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
+            if error is not None
+            else f"no result within host.result-timeout={self.config.host_result_timeout:.0f}s "
+            "(state host gone?)"
+        )
+        raise CorruptFileError(name, f"range {index} of epoch {epoch}: {why}; not committing")
 
     def _owner_alive(self, index: int) -> bool:
         registry = self._registry

@@ -53,6 +53,7 @@ log = logging.getLogger("statetier.spark.registry")
 RangeKey = tuple[str, int, int]  # (pipeline, parallelism, index)
 PROBE_TIMEOUT_S = 2.0
 JOIN_WAIT_S = 2.0  # how long a new assignment waits for executors whose hosts have not joined
+MAX_WRITTEN = 4096  # result files held for the driver: a bound, far above ranges per epoch
 
 
 class RouteError(RuntimeError):
@@ -174,6 +175,7 @@ class HostRegistry:
         self.moves = 0  # ranges that changed owner (a host lost or unreachable)
         self.executors = 0  # executors the application has (the driver updates it each epoch)
         self.join_wait = JOIN_WAIT_S
+        self.written: dict[str, bytes] = {}  # result and error files the hosts said they wrote
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._server = Server(secret, self._connection, "statetier-registry")
@@ -223,12 +225,43 @@ class HostRegistry:
                 if not conn.poll(self.liveness_timeout):
                     why = f"no heartbeat for {self.liveness_timeout:.0f}s"
                     break
-                beat = json.loads(conn.recv_bytes(1 << 16))
+                beat = json.loads(conn.recv_bytes(1 << 20))
                 host.last_seen = time.monotonic()
-                host.rss = int(beat.get("rss", 0))
+                if "written" in beat:
+                    self._written(str(beat["written"]), str(beat.get("body", "")).encode())
+                else:
+                    host.rss = int(beat.get("rss", 0))
         except (EOFError, OSError, ValueError):
             pass
         self._lost(host, why)
+
+    def _written(self, path: str, body: bytes) -> None:
+        with self._lock:
+            if len(self.written) >= MAX_WRITTEN:  # results of epochs no driver waited for
+                self.written.pop(next(iter(self.written)))
+            self.written[path] = body
+            self._changed.notify_all()
+
+    def take_written(self, paths: tuple[str, ...], timeout: float) -> tuple[str, bytes] | None:
+        """The first of ``paths`` a host said it wrote, with its bytes, waiting at most
+        ``timeout`` seconds; None if none was (yet)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                for path in paths:
+                    if path in self.written:
+                        return path, self.written.pop(path)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    return None
+                self._changed.wait(left)
+
+    def discard_written(self, prefix: str) -> None:
+        """Forget the files under ``prefix`` no one took (an epoch's results after its
+        commit: those of attempts that lost)."""
+        with self._lock:
+            for path in [p for p in self.written if p.startswith(prefix)]:
+                del self.written[path]
 
     def _lost(self, host: HostInfo, why: str) -> None:
         with self._lock:
