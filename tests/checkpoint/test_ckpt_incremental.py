@@ -10,7 +10,13 @@ from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import SnapshotStore
-from statetier.backend.snapshot.format import DELTA, DataFileReader
+from statetier.backend.snapshot.format import (
+    BASE,
+    DELTA,
+    DataFileReader,
+    encode_data_file_columns,
+)
+from statetier.backend.snapshot.merge import merge_blocks
 from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import (
@@ -130,3 +136,22 @@ def test_readers_do_not_take_the_lease(location: Location) -> None:
     live.process(records(2))
     live.checkpoint()  # still the writer
     live.close()
+
+
+def test_a_delta_keeps_its_keys_in_touched_order_and_merges_sorted() -> None:
+    def header(kind: str) -> dict[str, Any]:
+        return {"state": "s", "key_groups": "0-0", "epoch": 1, "kind": kind, "max_parallelism": 1}
+
+    base = encode_data_file_columns(header(BASE), [(0, [b"k2", b"k1", b"k0"], [b"a", b"b", b"c"])])
+    touched = [b"k5", b"k1", b"k9", b"k0", b"k7"]
+    delta = encode_data_file_columns(
+        header(DELTA), [(0, touched, [b"v5", b"v1", b"v9", None, b"v7"])]
+    )
+    base_block = DataFileReader(base, "base").block(0)
+    delta_block = DataFileReader(delta, "delta").block(0)
+    assert base_block is not None and delta_block is not None
+    assert base_block.flat()[0::2] == [b"k0", b"k1", b"k2"]  # a base is sorted
+    assert delta_block.flat()[0::2] == touched  # a delta is as touched
+    merged = merge_blocks([base_block, delta_block])
+    expected = {b"k1": b"v1", b"k2": b"a", b"k5": b"v5", b"k7": b"v7", b"k9": b"v9"}
+    assert merged == [x for key in sorted(expected) for x in (key, expected[key])]
