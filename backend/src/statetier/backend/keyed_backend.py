@@ -121,8 +121,8 @@ class KeyedStateBackend:
         # key-group memo of the per-record path and as the change log of incremental snapshots:
         # every write happens under set_current_key, so a changed key is always in here.
         self._touched: dict[Any, int] = {}
-        # The keys of key batches made with their key groups, (keys, slots) per batch: touched
-        # too, logged apart (see key_batch).
+        # The key batches made with their key groups: their keys are touched too, logged
+        # apart (see key_batch).
         self._batches: list[KeyBatch] = []
         self._first = key_groups.start
         self._slots = len(key_groups)

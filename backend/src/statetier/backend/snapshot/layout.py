@@ -39,6 +39,7 @@ __all__ = [
     "manifest_name",
     "operator_file_name",
     "result_name",
+    "results_dir",
     "state_dir",
 ]
 
@@ -111,9 +112,14 @@ def attempt_prefix(output_prefix: str, job_id: str, attempt: int) -> str:
     return f"{output_prefix.rstrip('/')}/{job_id}-a{attempt}"
 
 
+def results_dir(epoch: int, owner: str) -> str:
+    """Where the Spark state hosts' results of ``owner``'s ``epoch`` are (see result_name)."""
+    return f"{_epoch_dir(DATA, epoch)}/{owner}/results"
+
+
 def result_name(epoch: int, owner: str, index: int, parallelism: int) -> str:
     """Where a Spark state host says which files it wrote for range ``index`` of ``epoch``."""
-    return f"{_epoch_dir(DATA, epoch)}/{owner}/results/{index}-of-{parallelism}.json"
+    return f"{results_dir(epoch, owner)}/{index}-of-{parallelism}.json"
 
 
 def error_name(result: str) -> str:

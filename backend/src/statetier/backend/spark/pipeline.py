@@ -59,7 +59,7 @@ from statetier.backend.snapshot import (
     WriterLease,
     commit_snapshot,
 )
-from statetier.backend.snapshot.layout import error_name, result_name
+from statetier.backend.snapshot.layout import error_name, result_name, results_dir
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
@@ -577,8 +577,7 @@ class StatefulPipeline:
         told = [self._result(epoch, index) for index in range(self.parallelism)]
         results = [result for result, _ in told]
         if self._registry is not None:  # what earlier attempts of the epoch's tasks sent
-            results_dir = result_name(epoch, self._lease.owner, 0, self.parallelism)
-            self._registry.discard_written(store.url(results_dir.rsplit("/", 1)[0] + "/"))
+            self._registry.discard_written(store.url(results_dir(epoch, self._lease.owner)) + "/")
         for r in results:
             self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
@@ -656,16 +655,16 @@ class StatefulPipeline:
         down could not tell), or at a quick backoff when there is no registry."""
         assert self._lease is not None and self.config is not None
         name = result_name(epoch, self._lease.owner, index, self.parallelism)
-        timeout = self.config.host_result_timeout
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.config.host_result_timeout
+        poll_every = RESULT_POLL_S if self._registry is not None else 0.0
+        next_poll = time.monotonic() + poll_every
+        files = {self.store.url(n): n for n in (name, error_name(name))}  # as a host tells them
         pause = 0.002
-        next_poll = time.monotonic() + (RESULT_POLL_S if self._registry else 0.0)
         while True:
-            told = self._told(name, pause)
-            found = told
-            if found is None and time.monotonic() >= next_poll:
+            found = told = self._told(files, pause)
+            if told is None and time.monotonic() >= next_poll:
                 found = self._read_result_files(name)
-                next_poll = time.monotonic() + (RESULT_POLL_S if self._registry else 0.0)
+                next_poll = time.monotonic() + poll_every
             if found is not None:
                 path, body = found
                 if path == name:
@@ -682,16 +681,16 @@ class StatefulPipeline:
                 self._no_result(name, epoch, index, None)
             pause = min(pause * 2, 0.1)
 
-    def _told(self, name: str, timeout: float) -> tuple[str, bytes] | None:
-        """The result or error file ``name`` a host told the registry it wrote, waiting at most
-        ``timeout``; None without a registry (after sleeping) or if none came."""
+    def _told(self, files: dict[str, str], timeout: float) -> tuple[str, bytes] | None:
+        """The first of ``files`` (URL: name) a host told the registry it wrote, as (name,
+        bytes), waiting at most ``timeout``; None without a registry (after sleeping) or if
+        none came."""
         registry = self._registry
         if registry is None:
             time.sleep(timeout)
             return None
-        urls = {self.store.url(name): name, self.store.url(error_name(name)): error_name(name)}
-        told = registry.take_written(tuple(urls), timeout)
-        return None if told is None else (urls[told[0]], told[1])
+        told = registry.take_written(tuple(files), timeout)
+        return None if told is None else (files[told[0]], told[1])
 
     def _read_result_files(self, name: str) -> tuple[str, bytes] | None:
         """The result file ``name`` or its error file, read from the store; None if neither
