@@ -45,7 +45,7 @@ from statetier.backend.snapshot.compaction import (
 from statetier.backend.snapshot.compaction_jobs import ErrorKind
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.layout import attempt_prefix
-from statetier.backend.snapshot.store import put_whole
+from statetier.backend.snapshot.store import put_whole, read_whole
 from statetier.compaction.paths import PathPolicy, RefusedPathError
 from statetier.compaction.validation import (
     Assignment,
@@ -105,11 +105,14 @@ class _JobFiles:
                 self.check()
                 time.sleep(min(0.05, due - now))
 
-    def cat_file(self, url: str) -> bytes:
+    def cat_file(self, url: str, start: int | None = None) -> bytes:
+        """The whole file at ``url`` (``start`` is what :func:`read_whole` passes: 0)."""
+        if start:
+            raise ValueError(f"{url}: a job reads its inputs whole, not from byte {start}")
         self.check()
         fs, path = fsspec.core.url_to_fs(url)
         if self.max_read_rate <= 0:
-            data: bytes = fs.cat_file(path)
+            data = read_whole(fs, path)
             self._add(len(data))
             return data
         parts = []

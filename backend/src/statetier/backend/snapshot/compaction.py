@@ -46,7 +46,7 @@ from statetier.backend.snapshot.layout import compacted_base_name
 from statetier.backend.snapshot.lazy import bulk_allocation
 from statetier.backend.snapshot.manifest import Chain, FileEntry
 from statetier.backend.snapshot.merge import live_chain, merge_blocks
-from statetier.backend.snapshot.store import put_whole
+from statetier.backend.snapshot.store import put_whole, read_whole
 from statetier.backend.snapshot.ttl_filter import FlatFilter, ttl_filter
 
 __all__ = [
@@ -255,7 +255,7 @@ class LocalCompactor:
 
     def _read_verified(self, item: CompactionInput) -> bytes:
         fs, path = self._fs(item.url)
-        data: bytes = fs.cat_file(path)
+        data = read_whole(fs, path, item.size)
         if len(data) != item.size or zlib.crc32(data) != item.crc32:
             raise CorruptFileError(item.url, "does not match the size and checksum requested")
         return data

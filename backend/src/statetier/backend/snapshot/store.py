@@ -9,9 +9,11 @@ errors (see retry).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -40,9 +42,20 @@ from statetier.backend.snapshot.retry import (
     storage_options_for,
 )
 
-__all__ = ["NoSnapshotError", "SnapshotStore", "WriterLease", "put_whole"]
+__all__ = [
+    "NoSnapshotError",
+    "SnapshotStore",
+    "WriterLease",
+    "put_whole",
+    "read_whole",
+    "whole_range",
+]
 
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
+# Above this size a read lets the filesystem fetch parts concurrently (s3fs's own threshold is
+# its block size, 50 MiB by default), which needs the size, so a HEAD, first.
+CONCURRENT_READ_BYTES = 50 * 2**20
+MANIFESTS_REMEMBERED = 16  # the retained epochs' and a few more (checkpoint.retained: 3)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -78,6 +91,31 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
     os.replace(temp, path)
 
 
+def read_whole(fs: Any, path: str, size: int | None = None) -> bytes:
+    """The bytes of the file at ``path`` (``size`` when the caller knows it), in one request.
+
+    s3fs asks an object's size (a HEAD) before every plain ``cat_file``, to decide whether to
+    download it in concurrent parts; on object storage that doubles the requests of every
+    small read (an epoch's manifests, results and deltas). A read from offset 0 is one GET.
+    """
+    try:
+        data: bytes = fs.cat_file(path, **whole_range(size))
+    except OSError as error:
+        if isinstance(error, FileNotFoundError) or error.errno != errno.EINVAL:
+            raise
+        data = fs.cat_file(path)  # an empty object: a range of it is not satisfiable (416)
+    return data
+
+
+def whole_range(size: int | None) -> dict[str, int]:
+    """``cat_file``'s arguments that read a whole file of ``size`` bytes without asking its size
+    first: from offset 0, unless it is empty (no range of it exists) or large enough that the
+    filesystem should fetch its parts concurrently, which needs the size."""
+    if size is not None and (size == 0 or size > CONCURRENT_READ_BYTES):
+        return {}
+    return {"start": 0}
+
+
 class SnapshotStore:
     """Reads and writes snapshot files under one URI."""
 
@@ -90,6 +128,10 @@ class SnapshotStore:
         self.root = root.rstrip("/")
         self.retry = retry or RetryPolicy()
         self._conditional: ConditionalOps | None = None
+        # manifests read or committed here, by epoch: an epoch is committed once, by one
+        # writer, and its manifest never changes (see commit), so each is read at most once
+        # (retention reads every retained manifest after every commit)
+        self._manifests: collections.OrderedDict[int, Manifest] = collections.OrderedDict()
 
     @property
     def conditional(self) -> ConditionalOps:
@@ -142,10 +184,9 @@ class SnapshotStore:
 
         def get() -> bytes:
             try:
-                data: bytes = self.fs.cat_file(path)
+                return read_whole(self.fs, path, entry.size)
             except FileNotFoundError:
-                data = self._read_named_again(path)
-            return data
+                return self._read_named_again(path, entry.size)
 
         data = call_with_retry(get, f"reading {self.url(entry.path)}", self.retry)
         return self.check(entry, data, checksum=checksum)
@@ -163,14 +204,14 @@ class SnapshotStore:
             )
         return data
 
-    def _read_named_again(self, path: str) -> bytes:
+    def _read_named_again(self, path: str, size: int) -> bytes:
         """A file a manifest names must exist, so a 404 is first taken as the storage lagging
         (SeaweedFS answers 404 for a moment for objects on a volume it has just grown): read
         again with backoff before calling the file missing."""
         for delay in NAMED_FILE_RETRY_DELAYS:
             time.sleep(delay)
             try:
-                data: bytes = self.fs.cat_file(path)
+                data = read_whole(self.fs, path, size)
             except FileNotFoundError:
                 continue
             log.warning("%s: found after a 404 (storage lagged)", path)
@@ -211,14 +252,15 @@ class SnapshotStore:
         there is read again on its own, with retries."""
         gate = asyncio.Semaphore(concurrency)
 
-        async def get(path: str) -> bytes:
+        async def get(entry: FileEntry) -> bytes:
             async with gate:
-                data: bytes = await self.fs._cat_file(path)
+                data: bytes = await self.fs._cat_file(
+                    self.full_path(entry.path), **whole_range(entry.size)
+                )
                 return data
 
         pending = {
-            asyncio.run_coroutine_threadsafe(get(self.full_path(e.path)), self.fs.loop): i
-            for i, e in enumerate(entries)
+            asyncio.run_coroutine_threadsafe(get(e), self.fs.loop): i for i, e in enumerate(entries)
         }
         results: dict[int, T] = {}
         try:
@@ -278,6 +320,9 @@ class SnapshotStore:
     def delete(self, names: Sequence[str]) -> None:
         for name in names:
             path = self.full_path(name)
+            epoch = layout.manifest_epoch(name)
+            if epoch is not None:
+                self._manifests.pop(epoch, None)
 
             def remove(path: str = path) -> None:
                 with contextlib.suppress(FileNotFoundError):
@@ -329,11 +374,12 @@ class SnapshotStore:
         )
         if created is None:
             existing = cond.get(path)
-            if existing is not None and existing[0] == data:
-                return  # our own earlier attempt went through, its answer was lost
-            raise FencedError(
-                f"epoch {manifest.epoch} is already committed at {self.uri} by another writer"
-            )
+            if existing is None or existing[0] != data:
+                raise FencedError(
+                    f"epoch {manifest.epoch} is already committed at {self.uri} by another writer"
+                )
+            # else our own earlier attempt went through, its answer was lost
+        self._remember(manifest)
 
     def _renew(self, lease: WriterLease, epoch: int) -> None:
         path = self.full_path(layout.LEASE)
@@ -378,14 +424,22 @@ class SnapshotStore:
             if not epochs:
                 raise NoSnapshotError(f"no committed snapshot under {self.uri}")
             epoch = epochs[-1]
+        if epoch in self._manifests:
+            return self._manifests[epoch]
         path = self.full_path(self.manifest_name(epoch))
 
         def get() -> bytes:
             try:
-                data: bytes = self.fs.cat_file(path)
+                return read_whole(self.fs, path)
             except FileNotFoundError:
                 raise NoSnapshotError(f"epoch {epoch} is not committed under {self.uri}") from None
-            return data
 
         data = call_with_retry(get, f"reading {self.url(self.manifest_name(epoch))}", self.retry)
-        return Manifest.from_json(data, path)
+        return self._remember(Manifest.from_json(data, path))
+
+    def _remember(self, manifest: Manifest) -> Manifest:
+        self._manifests[manifest.epoch] = manifest
+        self._manifests.move_to_end(manifest.epoch)
+        while len(self._manifests) > MANIFESTS_REMEMBERED:
+            self._manifests.popitem(last=False)
+        return manifest

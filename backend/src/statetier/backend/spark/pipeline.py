@@ -60,6 +60,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.layout import error_name, result_name, results_dir
+from statetier.backend.snapshot.store import read_whole
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
@@ -701,8 +702,7 @@ class StatefulPipeline:
         return None
 
     def _cat(self, name: str) -> bytes:
-        data: bytes = self.store.fs.cat_file(self.store.full_path(name))
-        return data
+        return read_whole(self.store.fs, self.store.full_path(name))
 
     @staticmethod
     def _decode_result(name: str, raw: bytes, epoch: int, index: int) -> RangeResult:

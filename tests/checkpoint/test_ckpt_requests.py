@@ -1,0 +1,96 @@
+"""What a checkpoint costs in requests on object storage (SeaweedFS here): each one is paid in
+the store's CPU and, on a cloud, in money. s3fs asks an object's size (a HEAD) before a plain
+read; statetier reads from offset 0, one GET a file."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from statetier.backend.config import load_config
+from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot.store import read_whole
+from statetier.tools.seaweed import BUCKET
+
+from tests.checkpoint.ckpt_support import Location, S3Server, records
+
+
+def s3_location(server: S3Server) -> Location:
+    root = f"{BUCKET}/{uuid.uuid4().hex}"
+    return Location("s3", f"s3://{root}", root, server.options)
+
+
+def requests_of(
+    store: SnapshotStore, monkeypatch: pytest.MonkeyPatch, keys: list[str] | None = None
+) -> list[str]:
+    """The S3 calls ``store`` makes from here on, by name (``get_object``, ``head_object``...);
+    with ``keys``, the object key of each call goes there too."""
+    calls: list[str] = []
+    call = store.fs._call_s3
+
+    async def counted(method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        if keys is not None:
+            keys.append(str(kwargs.get("Key", "")))
+        return await call(method, *args, **kwargs)
+
+    monkeypatch.setattr(store.fs, "_call_s3", counted)
+    return calls
+
+
+def test_reading_a_committed_epoch_takes_one_get_a_file(
+    seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = s3_location(seaweedfs)
+    runner = location.runner(2)
+    runner.process(records(1, n=400, keys=100))
+    committed = runner.checkpoint()
+    runner.close()
+    store = location.store(skip_instance_cache=True)  # a reader of its own, no listing cached
+    calls = requests_of(store, monkeypatch)
+
+    manifest = store.manifest(committed.epoch)
+    one = store.read(manifest.keyed_files[0])
+    many = store.read_many(manifest.keyed_files)
+
+    assert manifest == committed
+    assert many[0] == one
+    assert len(manifest.keyed_files) >= 2  # read_many goes the concurrent way
+    assert calls == ["get_object"] * (2 + len(manifest.keyed_files))
+
+
+def test_an_empty_object_reads_as_empty_and_a_missing_one_as_missing(
+    seaweedfs: S3Server,
+) -> None:
+    store = s3_location(seaweedfs).store()
+    store.put("empty", b"")
+    store.put("three", b"abc")
+    assert read_whole(store.fs, store.full_path("empty")) == b""
+    assert read_whole(store.fs, store.full_path("empty"), 0) == b""
+    assert read_whole(store.fs, store.full_path("three")) == b"abc"
+    with pytest.raises(FileNotFoundError):
+        read_whole(store.fs, store.full_path("absent"))
+
+
+def test_retention_reads_no_manifest_its_writer_committed(
+    seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention after each commit reads every retained manifest; an epoch's manifest never
+    changes once committed, so the writer's store keeps the ones it wrote or read."""
+    location = s3_location(seaweedfs)
+    runner = location.runner(2, config=load_config({"checkpoint.retained": 2}))
+    keys: list[str] = []
+    calls = requests_of(runner.checkpointer.store, monkeypatch, keys)
+    for epoch in range(1, 7):
+        runner.process(records(epoch, n=100, keys=50))
+        runner.checkpoint()
+    runner.close()  # retention has run after every commit
+    manifests = [(c, k) for c, k in zip(calls, keys, strict=True) if "/manifests/" in k]
+    deleted = [k for c, k in manifests if c == "delete_object"]
+    assert len(deleted) == 4  # epochs 1-4 fell out of retention
+    assert [c for c, _ in manifests if c in ("get_object", "head_object")] == []
+    assert runner.checkpointer.store.manifest(6).epoch == 6
+    assert SnapshotStore(location.uri, **location.options).manifest(6) == (
+        runner.checkpointer.store.manifest(6)
+    )
