@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from statetier.backend import StateTtlConfig, ValueStateDescriptor
+from statetier.backend import (
+    FunctionInitializationContext,
+    ListStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
 from statetier.backend.config import load_config
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
@@ -155,3 +161,60 @@ def test_a_delta_keeps_its_keys_in_touched_order_and_merges_sorted() -> None:
     merged = merge_blocks([base_block, delta_block])
     expected = {b"k1": b"v1", b"k2": b"a", b"k5": b"v5", b"k7": b"v7", b"k9": b"v9"}
     assert merged == [x for key in sorted(expected) for x in (key, expected[key])]
+
+
+class MarkedCount(KeyedProcessFunction[str, int, Any]):
+    """Counts per key; a value of -1 also marks the key in an operator list state, so the
+    operator state changes only in the epochs that carry a mark."""
+
+    def open(self, context: RuntimeContext) -> None:
+        self.count = context.get_state(ValueStateDescriptor[int]("count"))
+
+    def initialize_state(self, context: FunctionInitializationContext) -> None:
+        self.marks = context.operator_state_store.get_list_state(ListStateDescriptor[str]("marks"))
+
+    def process(self, key: str, value: int, context: RuntimeContext) -> Iterable[Any]:
+        self.count.update((self.count.value() or 0) + 1)
+        if value == -1:
+            self.marks.add(key)
+        return ()
+
+
+def test_an_unchanged_operator_state_is_named_again_not_uploaded(location: Location) -> None:
+    """A range per epoch uploading the same operator state (none at all, for most functions)
+    was a PUT and, after retention, a DELETE per range and epoch on object storage."""
+    cfg = load_config({"checkpoint.retained": 2})
+    live = LocalRunner(
+        MarkedCount,
+        1,
+        max_parallelism=MAX_P,
+        checkpoint_uri=location.uri,
+        storage_options=location.options,
+        config=cfg,
+    )
+    files = []
+    for epoch, batch in enumerate([[("a", -1)], [("b", 1)], [("c", 1)], [("d", -1)], [("e", 1)]]):
+        live.process(batch)
+        manifest = live.checkpoint()
+        (entry,) = manifest.operator_files
+        files.append((entry.path, entry.epoch))
+        assert manifest.epoch == epoch + 1
+    live.close()
+    # new bytes in epochs 1 and 4 only; epoch 1's file outlived retention while named
+    assert [e for _, e in files] == [1, 1, 1, 4, 4]
+    assert files[0][0] == files[2][0] != files[3][0] == files[4][0]
+
+    restored = LocalRunner(
+        MarkedCount,
+        1,
+        max_parallelism=MAX_P,
+        checkpoint_uri=location.uri,
+        storage_options=location.options,
+        config=cfg,
+    )
+    (instance,) = restored.instances
+    assert sorted(instance.operator_state.states["marks"].state.elements) == ["a", "d"]
+    restored.process([("f", 1)])  # a restore redistributes the state: its next file is new
+    (entry,) = restored.checkpoint().operator_files
+    assert entry.epoch == 6
+    restored.close()

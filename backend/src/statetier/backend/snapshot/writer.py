@@ -85,6 +85,8 @@ class SubtaskWriter:
         self.operator_state = operator_state
         self.incremental = incremental
         self._chains: dict[str, list[FileEntry]] = {}
+        # the operator state's last file and its bytes: named again while they do not change
+        self._operator_file: tuple[FileEntry, bytes] | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ chain bookkeeping
@@ -93,6 +95,7 @@ class SubtaskWriter:
         """The backend was just restored from ``manifest``: chains of its exact range carry on."""
         with self._lock:
             self._chains = {}
+            self._operator_file = None  # redistributed on restore: its next file is new
             if self.keyed is None:
                 return
             mine = str(self.keyed.key_groups)
@@ -102,9 +105,11 @@ class SubtaskWriter:
             self.keyed.drain_touched_keys()
 
     def reset(self) -> None:
-        """Forget the chains: the next snapshot writes full bases."""
+        """Forget the chains: the next snapshot writes full bases (and the operator state's
+        file anew)."""
         with self._lock:
             self._chains = {}
+            self._operator_file = None
 
     def cut(self, state: str) -> None:
         """Forget one state's chain: its next snapshot writes a full base (a chain compaction
@@ -173,19 +178,7 @@ class SubtaskWriter:
                     new_chains[name] = [entry]
                 self._chains = new_chains
                 keyed_files = [f for files in new_chains.values() for f in files]
-        operator_file = None
-        if self.operator_state is not None:
-            data = encode_operator_state(self.operator_state)
-            path = store.operator_file_name(
-                epoch, self.operator_state.index, self.operator_state.parallelism, owner
-            )
-            operator_file = dataclasses.replace(
-                keyed_entry(path, data, "", "", BASE, epoch),
-                state=None,
-                key_groups=None,
-                operator_index=self.operator_state.index,
-            )
-            uploads.append(PreparedFile(operator_file, data))
+            operator_file = self._prepare_operator_file(store, epoch, owner, uploads, incremental)
         snapshot = SubtaskSnapshot(
             key_groups=keyed.key_groups if keyed else None,
             max_parallelism=keyed.max_parallelism if keyed else None,
@@ -196,3 +189,34 @@ class SubtaskWriter:
             processing_time=now,
         )
         return PreparedSubtask(snapshot, uploads)
+
+    def _prepare_operator_file(
+        self,
+        store: SnapshotStore,
+        epoch: int,
+        owner: str,
+        uploads: list[PreparedFile],
+        incremental: bool,
+    ) -> FileEntry | None:
+        """The operator state's file: the last one again when its bytes are unchanged (a
+        function with no operator state, or one that did not touch it, uploads nothing: on
+        object storage a file a range per epoch, and its deletion later, is paid per request),
+        else a new one, appended to ``uploads``."""
+        if self.operator_state is None:
+            return None
+        data = encode_operator_state(self.operator_state)
+        last = self._operator_file
+        if incremental and last is not None and last[1] == data:
+            return last[0]
+        path = store.operator_file_name(
+            epoch, self.operator_state.index, self.operator_state.parallelism, owner
+        )
+        entry = dataclasses.replace(
+            keyed_entry(path, data, "", "", BASE, epoch),
+            state=None,
+            key_groups=None,
+            operator_index=self.operator_state.index,
+        )
+        uploads.append(PreparedFile(entry, data))
+        self._operator_file = (entry, data)
+        return entry
