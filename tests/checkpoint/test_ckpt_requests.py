@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from statetier.backend.config import load_config
-from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.snapshot import SnapshotStore, layout
 from statetier.backend.snapshot.store import read_whole
 from statetier.tools.seaweed import BUCKET
 
@@ -73,11 +73,12 @@ def test_an_empty_object_reads_as_empty_and_a_missing_one_as_missing(
         read_whole(store.fs, store.full_path("absent"))
 
 
-def test_retention_reads_no_manifest_its_writer_committed(
+def test_retention_reads_no_manifest_its_writer_committed_and_deletes_in_batches(
     seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Retention after each commit reads every retained manifest; an epoch's manifest never
-    changes once committed, so the writer's store keeps the ones it wrote or read."""
+    changes once committed, so the writer's store keeps the ones it wrote or read. And it
+    deletes the files that fell out in batches."""
     location = s3_location(seaweedfs)
     runner = location.runner(2, config=load_config({"checkpoint.retained": 2}))
     keys: list[str] = []
@@ -90,6 +91,15 @@ def test_retention_reads_no_manifest_its_writer_committed(
     deleted = [k for c, k in manifests if c == "delete_object"]
     assert len(deleted) == 4  # epochs 1-4 fell out of retention
     assert [c for c, _ in manifests if c in ("get_object", "head_object")] == []
+    # the other files went in one request per retention, not one a file
+    assert [k for c, k in zip(calls, keys, strict=True) if c == "delete_object"] == deleted
+    assert 1 <= calls.count("delete_objects") <= 4
+    store = location.store(skip_instance_cache=True)
+    # named by a retained manifest, or by the writers' next one (a compaction's late base)
+    named = {f.path for e in store.epochs() for f in store.manifest(e).files()}
+    named |= runner.checkpointer.protected()
+    assert store.epochs() == [5, 6]
+    assert not [n for n in store.list_files() if n not in named and layout.epoch_of(n) in (1, 2, 3)]
     assert runner.checkpointer.store.manifest(6).epoch == 6
     assert SnapshotStore(location.uri, **location.options).manifest(6) == (
         runner.checkpointer.store.manifest(6)

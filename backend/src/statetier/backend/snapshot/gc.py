@@ -4,7 +4,9 @@ A file is deleted only when no retained manifest names it *and* it belongs to an
 the oldest retained one (its directory says which). Files of newer epochs that no manifest names
 yet are uploads or compactions in flight, so they are left alone; a running writer also passes
 the files its next manifest will name (``protect``). Manifests go first, oldest first, so a crash
-in the middle never leaves a retained manifest naming a deleted file.
+in the middle never leaves a retained manifest naming a deleted file; the files follow in
+batches (on object storage a request deletes a batch, where a file a request was most of an
+epoch's deletions).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from statetier.backend.snapshot.layout import MANIFESTS, epoch_of
 from statetier.backend.snapshot.store import SnapshotStore
 
 __all__ = ["GcReport", "collect_garbage"]
+
+DELETE_BATCH = 1000  # files a delete call takes (one S3 DeleteObjects request)
 
 
 @dataclasses.dataclass
@@ -60,8 +64,9 @@ def collect_garbage(
             store.delete([name])
             if progress:
                 progress(1)
-        for name in garbage:
-            store.delete([name])
+        for start in range(0, len(garbage), DELETE_BATCH):
+            batch = garbage[start : start + DELETE_BATCH]
+            store.delete(batch)
             if progress:
-                progress(1)
+                progress(len(batch))
     return GcReport(keep, old_manifests, garbage, freed)

@@ -318,11 +318,23 @@ class SnapshotStore:
         return found
 
     def delete(self, names: Sequence[str]) -> None:
+        """Delete ``names`` (absent ones are not an error). An object store's filesystem
+        (async: s3fs, gcsfs, adlfs) deletes a list in batched requests (S3's DeleteObjects
+        takes 1,000 keys), where a file at a time is a request each."""
+        if len(names) > 1 and getattr(self.fs, "async_impl", False):
+            for name in names:
+                self._forget_manifest(name)
+            paths = [self.full_path(name) for name in names]
+            try:
+                call_with_retry(
+                    lambda: self.fs.rm(paths), f"deleting {len(paths)} files", self.retry
+                )
+                return
+            except FileNotFoundError:
+                pass  # a filesystem that wants every file present: one at a time
         for name in names:
+            self._forget_manifest(name)
             path = self.full_path(name)
-            epoch = layout.manifest_epoch(name)
-            if epoch is not None:
-                self._manifests.pop(epoch, None)
 
             def remove(path: str = path) -> None:
                 with contextlib.suppress(FileNotFoundError):
@@ -436,6 +448,11 @@ class SnapshotStore:
 
         data = call_with_retry(get, f"reading {self.url(self.manifest_name(epoch))}", self.retry)
         return self._remember(Manifest.from_json(data, path))
+
+    def _forget_manifest(self, name: str) -> None:
+        epoch = layout.manifest_epoch(name)
+        if epoch is not None:
+            self._manifests.pop(epoch, None)
 
     def _remember(self, manifest: Manifest) -> Manifest:
         self._manifests[manifest.epoch] = manifest
