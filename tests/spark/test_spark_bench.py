@@ -37,6 +37,9 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     assert set(pipelines) == {"statetier", "ceiling", "ceiling_uncapped", "ceiling_keyed"}
     statetier = pipelines["statetier"]
     assert statetier["counts_exact"] is True and statetier["warm_hit_rate"] == 1.0
+    # the hosts' heartbeats: the state by tier (no spill tier here)
+    assert statetier["state_heap_bytes"] > 50 * statetier["state_keys"] > 0
+    assert statetier["state_spilled_bytes"] == 0
     assert statetier["batches"] == 2 and statetier["warmup_epoch_seconds_with_host_start"] > 0
     for result in pipelines.values():
         rounds = result["rounds_records_per_s"]

@@ -34,3 +34,30 @@ def test_epochs_with_spilled_key_groups_restore_exactly(tmp_path: Path) -> None:
             assert spill.spilled_key_groups()
     runner.close()
     assert read_counts(uri, 3) == collections.Counter(words)
+
+
+def test_an_instance_reports_its_state_by_tier(tmp_path: Path) -> None:
+    """What a Spark state host tells the driver in its heartbeat: heap bytes (estimated, as
+    the spill tier weighs them) and spilled bytes, with the spill tier and without it."""
+    from statetier.backend.runtime import FunctionInstance
+
+    plain = FunctionInstance(WordCount, 0, 1, 16)
+    assert plain.state_bytes() == (0, 0)
+    plain.process((f"w{n}", 1) for n in range(5000))
+    heap, spilled = plain.state_bytes()
+    assert spilled == 0
+    assert 5000 * 50 < heap < 5000 * 1000  # a str key and an int count, with the dict's share
+    plain.process((f"v{n}", 1) for n in range(5000))
+    assert 1.5 * heap < plain.state_bytes()[0] < 2.5 * heap
+
+    config = load_config({"spill.enabled": True, "spill.dirs": str(tmp_path)}, env={})
+    tiered = FunctionInstance(WordCount, 0, 1, 16, config=config)
+    tiered.process((f"w{n}", 1) for n in range(5000))
+    assert tiered.spill is not None
+    on_heap = tiered.state_bytes()
+    assert on_heap[1] == 0 and 0.5 * heap < on_heap[0] < 2 * heap
+    for key_group in list(tiered.keyed.key_groups)[:8]:
+        tiered.spill.spill_key_group(key_group)
+    half, spilled = tiered.state_bytes()
+    assert 0.3 * on_heap[0] < half < 0.7 * on_heap[0] and spilled > 0
+    tiered.close()

@@ -104,6 +104,16 @@ class FunctionInstance:
             initialize(FunctionInitializationContext(restored, self.operator_state, self.keyed))
         self.function.open(self.context)
 
+    def state_bytes(self) -> tuple[int, int]:
+        """This instance's keyed state: (heap bytes, estimated as the spill tier weighs them;
+        bytes of its key groups spilled to disk). Call it where the instance is not in use."""
+        if self.spill is not None:
+            self.spill.refresh_accounting()
+            accounting = self.spill.accounting
+            return accounting.total_heap(), accounting.total_spilled()
+        keyed = self.keyed
+        return sum(keyed.estimate_size(kg) for kg in keyed.key_groups), 0
+
     def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
         """Run the function over ``(key, value)`` records, all of this instance's key groups."""
         out: list[Any] = []

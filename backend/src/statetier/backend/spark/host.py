@@ -108,6 +108,8 @@ class HostedRange:
     epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
     token: str | None = None  # the task attempt that produced it
     notified: int = 0  # the latest epoch the function was told is committed
+    # (heap, spilled) bytes of its keyed state after its latest snapshot (the heartbeat's)
+    state_bytes: tuple[int, int] = (0, 0)
 
     @property
     def lock(self) -> threading.RLock:
@@ -159,7 +161,13 @@ class StateHost:
             node=socket.gethostname(),
             endpoints=list(self.server.endpoints),
         )
-        self.link = RegistryLink(self.info, secret, self._order)
+        self.link = RegistryLink(self.info, secret, self._order, self.state_bytes)
+
+    def state_bytes(self) -> tuple[int, int]:
+        """(heap, spilled) bytes of the keyed state of every range here, as of their latest
+        snapshots."""
+        hosted = list(self.ranges.values())
+        return sum(h.state_bytes[0] for h in hosted), sum(h.state_bytes[1] for h in hosted)
 
     # ------------------------------------------------------------------ serving
 
@@ -451,6 +459,7 @@ class StateHost:
                 # finds the others done
                 instance.spill.settle()
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
+            hosted.state_bytes = instance.state_bytes()
             result = RangeResult(
                 index=index,
                 parallelism=parallelism,

@@ -3,12 +3,12 @@
 The host keeps one authenticated connection to the driver's registry: it registers (its id,
 endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
 connection (``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
-anonymous RSS, which the driver reports. When the host has written a range's result (or error)
-file it sends that file's bytes on the same connection (:meth:`RegistryLink.tell_written`), so
-the driver need not poll the checkpoint store for it. If the link breaks (a driver
-registry restarted), the host registers again when a task next tells it where the registry is
-(:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
-the registry gave.
+anonymous RSS and its keyed state's bytes by tier (heap, spilled), which the driver reports. When
+the host has written a range's result (or error) file it sends that file's bytes on the same
+connection (:meth:`RegistryLink.tell_written`), so the driver need not poll the checkpoint store
+for it. If the link breaks (a driver registry restarted), the host registers again when a task next
+tells it where the registry is (:meth:`RegistryLink.join`); until then it serves nothing new: tasks
+reach it only through routes the registry gave.
 """
 
 from __future__ import annotations
@@ -36,11 +36,16 @@ class RegistryLink:
     """The host's side of its registration; ``on_order`` gets each order the driver sends."""
 
     def __init__(
-        self, host: HostInfo, secret: bytes, on_order: Callable[[HostOrder], None]
+        self,
+        host: HostInfo,
+        secret: bytes,
+        on_order: Callable[[HostOrder], None],
+        state_bytes: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self.host = host
         self.secret = secret
         self.on_order = on_order
+        self.state_bytes = state_bytes  # (heap, spilled) bytes of the host's keyed state
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # the heartbeat's thread and the snapshots' send
         self._conn: Connection | None = None
@@ -67,10 +72,20 @@ class RegistryLink:
 
     def _heartbeat(self, conn: Connection) -> None:
         while not self._stopped.wait(HEARTBEAT_S):
+            heap, spilled = self._state()
             try:
-                self._send(conn, {"rss": read_rss()})
+                self._send(conn, {"rss": read_rss(), "state_heap": heap, "state_spilled": spilled})
             except OSError:
                 return
+
+    def _state(self) -> tuple[int, int]:
+        """The state's bytes for the heartbeat; a report that fails must not stop the
+        heartbeat (the driver would take the host for dead)."""
+        try:
+            return self.state_bytes()
+        except Exception:
+            log.exception("the state's size could not be read for the heartbeat")
+            return 0, 0
 
     def tell_written(self, url: str, body: bytes) -> None:
         """Tell the driver that the file at ``url`` is written, with its bytes (a range's

@@ -739,7 +739,7 @@ class StatefulPipeline:
 
     def state_hosts(self) -> list[HostInfo]:
         """The application's live state hosts as the driver's registry sees them (endpoints,
-        executor, RSS from their last heartbeat)."""
+        executor; RSS and keyed state bytes on heap and spilled from their last heartbeat)."""
         return self._registry.live_hosts() if self._registry is not None else []
 
     def release(self) -> None:

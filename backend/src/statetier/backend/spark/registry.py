@@ -73,6 +73,9 @@ class HostInfo:
     alive: bool = dataclasses.field(default=True, metadata=LOCAL)
     last_seen: float = dataclasses.field(default_factory=time.monotonic, metadata=LOCAL)
     rss: int = dataclasses.field(default=0, metadata=LOCAL)  # anonymous resident bytes (heartbeat)
+    # its keyed state's bytes on heap (the governor's estimate) and spilled (heartbeat)
+    state_heap: int = dataclasses.field(default=0, metadata=LOCAL)
+    state_spilled: int = dataclasses.field(default=0, metadata=LOCAL)
     link: Connection | None = dataclasses.field(default=None, repr=False, metadata=LOCAL)
 
     def tcp(self) -> Endpoint | None:
@@ -231,6 +234,8 @@ class HostRegistry:
                     self._written(str(beat["written"]), str(beat.get("body", "")).encode())
                 else:
                     host.rss = int(beat.get("rss", 0))
+                    host.state_heap = int(beat.get("state_heap", 0))
+                    host.state_spilled = int(beat.get("state_spilled", 0))
         except (EOFError, OSError, ValueError):
             pass
         self._lost(host, why)

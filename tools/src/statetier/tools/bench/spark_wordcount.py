@@ -208,6 +208,10 @@ def bench_statetier(
         "state_checkpoint_bytes": state_checkpoint_bytes(pipeline),
         "state_hosts": len(hosts),
         "state_hosts_rss_bytes": sum(h.rss for h in hosts),
+        # the keyed state by tier, as the hosts' memory governors estimate it (heap) and hold it
+        # on local disk (spilled)
+        "state_heap_bytes": sum(h.state_heap for h in hosts),
+        "state_spilled_bytes": sum(h.state_spilled for h in hosts),
         "checkpoint_bytes": sum(r.upload_bytes for r in reports),
         "rows_to_hosts": sum(r.rows for r in reports),  # after the combiner
         "epoch_seconds": [round(r.seconds, 2) for r in reports],
@@ -536,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         print(
             f"  state: {st_info['state_keys']:,} keys, "
             f"{st_info['state_checkpoint_bytes'] / 1e6:,.0f} MB in the checkpoint, "
+            f"{st_info['state_heap_bytes'] / 1e6:,.0f} MB on heap and "
+            f"{st_info['state_spilled_bytes'] / 1e6:,.0f} MB spilled (estimated), "
             f"{st_info['state_hosts_rss_bytes'] / 1e6:,.0f} MB RSS in "
             f"{st_info['state_hosts']} state hosts; restored per epoch (bytes): "
             f"{st_info['restored_bytes_per_epoch']}"
