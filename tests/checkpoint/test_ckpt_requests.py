@@ -82,7 +82,9 @@ def test_retention_reads_no_manifest_its_writer_committed_and_deletes_in_batches
     location = s3_location(seaweedfs)
     runner = location.runner(2, config=load_config({"checkpoint.retained": 2}))
     keys: list[str] = []
-    calls = requests_of(runner.checkpointer.store, monkeypatch, keys)
+    checkpointer = runner.checkpointer
+    assert checkpointer is not None
+    calls = requests_of(checkpointer.store, monkeypatch, keys)
     for epoch in range(1, 7):
         runner.process(records(epoch, n=100, keys=50))
         runner.checkpoint()
@@ -97,10 +99,10 @@ def test_retention_reads_no_manifest_its_writer_committed_and_deletes_in_batches
     store = location.store(skip_instance_cache=True)
     # named by a retained manifest, or by the writers' next one (a compaction's late base)
     named = {f.path for e in store.epochs() for f in store.manifest(e).files()}
-    named |= runner.checkpointer.protected()
+    named |= checkpointer.protected()
     assert store.epochs() == [5, 6]
     assert not [n for n in store.list_files() if n not in named and layout.epoch_of(n) in (1, 2, 3)]
-    assert runner.checkpointer.store.manifest(6).epoch == 6
+    assert checkpointer.store.manifest(6).epoch == 6
     assert SnapshotStore(location.uri, **location.options).manifest(6) == (
-        runner.checkpointer.store.manifest(6)
+        checkpointer.store.manifest(6)
     )
