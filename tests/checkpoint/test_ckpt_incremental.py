@@ -180,18 +180,22 @@ class MarkedCount(KeyedProcessFunction[str, int, Any]):
         return ()
 
 
-def test_an_unchanged_operator_state_is_named_again_not_uploaded(location: Location) -> None:
-    """A range per epoch uploading the same operator state (none at all, for most functions)
-    was a PUT and, after retention, a DELETE per range and epoch on object storage."""
-    cfg = load_config({"checkpoint.retained": 2})
-    live = LocalRunner(
+def marked_runner(location: Location) -> LocalRunner:
+    """A :class:`MarkedCount` runner of one instance, keeping 2 epochs."""
+    return LocalRunner(
         MarkedCount,
         1,
         max_parallelism=MAX_P,
         checkpoint_uri=location.uri,
         storage_options=location.options,
-        config=cfg,
+        config=load_config({"checkpoint.retained": 2}),
     )
+
+
+def test_an_unchanged_operator_state_is_named_again_not_uploaded(location: Location) -> None:
+    """A range per epoch uploading the same operator state (none at all, for most functions)
+    was a PUT and, after retention, a DELETE per range and epoch on object storage."""
+    live = marked_runner(location)
     files = []
     for epoch, batch in enumerate([[("a", -1)], [("b", 1)], [("c", 1)], [("d", -1)], [("e", 1)]]):
         live.process(batch)
@@ -204,14 +208,7 @@ def test_an_unchanged_operator_state_is_named_again_not_uploaded(location: Locat
     assert [e for _, e in files] == [1, 1, 1, 4, 4]
     assert files[0][0] == files[2][0] != files[3][0] == files[4][0]
 
-    restored = LocalRunner(
-        MarkedCount,
-        1,
-        max_parallelism=MAX_P,
-        checkpoint_uri=location.uri,
-        storage_options=location.options,
-        config=cfg,
-    )
+    restored = marked_runner(location)
     (instance,) = restored.instances
     assert sorted(instance.operator_state.states["marks"].state.elements) == ["a", "d"]
     restored.process([("f", 1)])  # a restore redistributes the state: its next file is new
