@@ -48,7 +48,6 @@ __all__ = [
     "WriterLease",
     "put_whole",
     "read_whole",
-    "whole_range",
 ]
 
 NAMED_FILE_RETRY_DELAYS = (0.1, 0.3, 0.6, 1.2)
@@ -99,7 +98,7 @@ def read_whole(fs: Any, path: str, size: int | None = None) -> bytes:
     small read (an epoch's manifests, results and deltas). A read from offset 0 is one GET.
     """
     try:
-        data: bytes = fs.cat_file(path, **whole_range(size))
+        data: bytes = fs.cat_file(path, **_whole_range(size))
     except OSError as error:
         if isinstance(error, FileNotFoundError) or error.errno != errno.EINVAL:
             raise
@@ -107,7 +106,7 @@ def read_whole(fs: Any, path: str, size: int | None = None) -> bytes:
     return data
 
 
-def whole_range(size: int | None) -> dict[str, int]:
+def _whole_range(size: int | None) -> dict[str, int]:
     """``cat_file``'s arguments that read a whole file of ``size`` bytes without asking its size
     first: from offset 0, unless it is empty (no range of it exists) or large enough that the
     filesystem should fetch its parts concurrently, which needs the size."""
@@ -255,7 +254,7 @@ class SnapshotStore:
         async def get(entry: FileEntry) -> bytes:
             async with gate:
                 data: bytes = await self.fs._cat_file(
-                    self.full_path(entry.path), **whole_range(entry.size)
+                    self.full_path(entry.path), **_whole_range(entry.size)
                 )
                 return data
 
@@ -321,9 +320,9 @@ class SnapshotStore:
         """Delete ``names`` (absent ones are not an error). An object store's filesystem
         (async: s3fs, gcsfs, adlfs) deletes a list in batched requests (S3's DeleteObjects
         takes 1,000 keys), where a file at a time is a request each."""
+        for name in names:
+            self._forget_manifest(name)
         if len(names) > 1 and getattr(self.fs, "async_impl", False):
-            for name in names:
-                self._forget_manifest(name)
             paths = [self.full_path(name) for name in names]
             try:
                 call_with_retry(
@@ -333,7 +332,6 @@ class SnapshotStore:
             except FileNotFoundError:
                 pass  # a filesystem that wants every file present: one at a time
         for name in names:
-            self._forget_manifest(name)
             path = self.full_path(name)
 
             def remove(path: str = path) -> None:
