@@ -105,10 +105,11 @@ class FunctionInstance:
         self.function.open(self.context)
 
     def state_bytes(self) -> tuple[int, int]:
-        """This instance's keyed state: (heap bytes, estimated as the spill tier weighs them;
-        bytes of its key groups spilled to disk). Call it where the instance is not in use."""
+        """This instance's keyed state: (heap bytes, estimated; bytes of its key groups spilled
+        to disk). With the spill tier, its accounting as the last check left it (the Spark host
+        settles each range before it asks: a refresh here would fold the hit rates again);
+        without, the backend's sampled estimate. Call it where the instance is not in use."""
         if self.spill is not None:
-            self.spill.refresh_accounting()
             accounting = self.spill.accounting
             return accounting.total_heap(), accounting.total_spilled()
         keyed = self.keyed

@@ -73,7 +73,7 @@ class HostInfo:
     alive: bool = dataclasses.field(default=True, metadata=LOCAL)
     last_seen: float = dataclasses.field(default_factory=time.monotonic, metadata=LOCAL)
     rss: int = dataclasses.field(default=0, metadata=LOCAL)  # anonymous resident bytes (heartbeat)
-    # its keyed state's bytes on heap (the governor's estimate) and spilled (heartbeat)
+    # its keyed state's bytes on heap (estimated) and spilled (heartbeat)
     state_heap: int = dataclasses.field(default=0, metadata=LOCAL)
     state_spilled: int = dataclasses.field(default=0, metadata=LOCAL)
     link: Connection | None = dataclasses.field(default=None, repr=False, metadata=LOCAL)

@@ -208,8 +208,8 @@ def bench_statetier(
         "state_checkpoint_bytes": state_checkpoint_bytes(pipeline),
         "state_hosts": len(hosts),
         "state_hosts_rss_bytes": sum(h.rss for h in hosts),
-        # the keyed state by tier, as the hosts' memory governors estimate it (heap) and hold it
-        # on local disk (spilled)
+        # the keyed state by tier, as the hosts report it: heap bytes (estimated) and bytes
+        # spilled to local disk (FunctionInstance.state_bytes)
         "state_heap_bytes": sum(h.state_heap for h in hosts),
         "state_spilled_bytes": sum(h.state_spilled for h in hosts),
         "checkpoint_bytes": sum(r.upload_bytes for r in reports),
