@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,7 +27,7 @@ from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.ttl import ManualClock
-from statetier.tools.seaweed import KEY, SECRET
+from statetier.tools.seaweed import BUCKET, KEY, SECRET
 
 from tests.checkpoint.ckpt_faults import FaultPlan
 
@@ -48,6 +49,12 @@ class Location:
     uri: str
     root: str
     options: dict[str, Any]
+
+    @classmethod
+    def on_s3(cls, server: S3Server) -> Location:
+        """A fresh location of its own in ``server``'s bucket."""
+        root = f"{BUCKET}/{uuid.uuid4().hex}"
+        return cls("s3", f"s3://{root}", root, server.options)
 
     def store(self, **kwargs: Any) -> SnapshotStore:
         return SnapshotStore(self.uri, **self.options, **kwargs)

@@ -8,12 +8,11 @@ parametrized so every checkpoint test runs on s3:// (SeaweedFS) and file:// alik
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statetier.tools.seaweed import BUCKET, SeaweedFS
+from statetier.tools.seaweed import SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.checkpoint.*
 
@@ -32,5 +31,4 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
         root = str(tmp_path / "ckpt")
         return Location("file", f"file://{root}", root, {})
     server: S3Server = request.getfixturevalue("seaweedfs")
-    root = f"{BUCKET}/{uuid.uuid4().hex}"
-    return Location("s3", f"s3://{root}", root, server.options)
+    return Location.on_s3(server)

@@ -4,21 +4,14 @@ read; statetier reads from offset 0, one GET a file."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 from statetier.backend.config import load_config
 from statetier.backend.snapshot import SnapshotStore, layout
 from statetier.backend.snapshot.store import read_whole
-from statetier.tools.seaweed import BUCKET
 
 from tests.checkpoint.ckpt_support import Location, S3Server, records
-
-
-def s3_location(server: S3Server) -> Location:
-    root = f"{BUCKET}/{uuid.uuid4().hex}"
-    return Location("s3", f"s3://{root}", root, server.options)
 
 
 def requests_of(
@@ -42,7 +35,7 @@ def requests_of(
 def test_reading_a_committed_epoch_takes_one_get_a_file(
     seaweedfs: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    location = s3_location(seaweedfs)
+    location = Location.on_s3(seaweedfs)
     runner = location.runner(2)
     runner.process(records(1, n=400, keys=100))
     committed = runner.checkpoint()
@@ -63,7 +56,7 @@ def test_reading_a_committed_epoch_takes_one_get_a_file(
 def test_an_empty_object_reads_as_empty_and_a_missing_one_as_missing(
     seaweedfs: S3Server,
 ) -> None:
-    store = s3_location(seaweedfs).store()
+    store = Location.on_s3(seaweedfs).store()
     store.put("empty", b"")
     store.put("three", b"abc")
     assert read_whole(store.fs, store.full_path("empty")) == b""
@@ -79,7 +72,7 @@ def test_retention_reads_no_manifest_its_writer_committed_and_deletes_in_batches
     """Retention after each commit reads every retained manifest; an epoch's manifest never
     changes once committed, so the writer's store keeps the ones it wrote or read. And it
     deletes the files that fell out in batches."""
-    location = s3_location(seaweedfs)
+    location = Location.on_s3(seaweedfs)
     runner = location.runner(2, config=load_config({"checkpoint.retained": 2}))
     keys: list[str] = []
     checkpointer = runner.checkpointer
