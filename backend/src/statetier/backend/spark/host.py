@@ -459,6 +459,7 @@ class StateHost:
                 # finds the others done
                 instance.spill.settle()
             spilled = len(instance.spill.spilled_key_groups()) if instance.spill else 0
+            hosted.state_bytes = instance.state_bytes()  # for the heartbeat
             result = RangeResult(
                 index=index,
                 parallelism=parallelism,
@@ -493,7 +494,6 @@ class StateHost:
             return
         self.link.tell_written(store.url(name), body)
         hosted.epoch, hosted.token = epoch, token
-        hosted.state_bytes = instance.state_bytes()  # for the heartbeat: after the driver's wait
         with self.lock:
             self.tasks += 1
             self.warm += run.state is RangeStart.WARM

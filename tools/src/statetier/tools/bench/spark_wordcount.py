@@ -192,7 +192,7 @@ def bench_statetier(
     pipeline.drain()
     counts = read_counts(pipeline)
     reports = pipeline.reports
-    hosts = pipeline.state_hosts()
+    hosts = hosts_heard_since(pipeline, time.monotonic())
     pipeline.release()  # the next run is another pipeline: this state is done with
     later = reports[1:]
     warm_later, restored_later = sum(r.warm for r in later), sum(r.restored for r in later)
@@ -220,6 +220,17 @@ def bench_statetier(
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
         "counts": counts,
     }
+
+
+def hosts_heard_since(pipeline: Any, since: float, timeout: float = 5.0) -> list[Any]:
+    """The pipeline's state hosts once each has sent a heartbeat after ``since`` (one a second),
+    so that their state figures cover the last epoch; as they are after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hosts = pipeline.state_hosts()
+        if all(h.last_seen > since for h in hosts) or time.monotonic() > deadline:
+            return list(hosts)
+        time.sleep(0.05)
 
 
 def state_checkpoint_bytes(pipeline: Any) -> int:
