@@ -25,7 +25,7 @@ from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.layout import epoch_of
-from statetier.backend.snapshot.process_compactor import ProcessCompactor
+from statetier.backend.snapshot.process_compactor import MERGE_NICENESS, ProcessCompactor
 from statetier.backend.snapshot.verify import verify_store
 from statetier.tools.compaction_launch import free_port
 
@@ -253,7 +253,8 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
     location: Location,
 ) -> None:
     """The Spark driver's local compactor: merges in a child process (the GIL stays with the
-    driver's own work); a child that dies fails that merge only, the next one starts anew."""
+    driver's own work) at a lower CPU priority; a child that dies fails that merge only, the
+    next one starts anew."""
     live = make(location, config={"compaction.delta-trigger": 2, "compaction.size-ratio": 100.0})
     assert live.checkpointer is not None
     store = live.checkpointer.store
@@ -269,6 +270,9 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
         assert any("/compacted/" in c.base.path for c in store.manifest().chains())
         assert restored(location) == dump_keyed(live)
         assert child.pid is not None
+        # background work: the merges yield the CPU to the executors a driver shares it with
+        expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + MERGE_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == expected
         os.kill(child.pid, signal.SIGKILL)  # the child is killed (out of memory, say)
         calls = counting.calls
         for epoch in range(5, 11):
