@@ -17,7 +17,8 @@ The child runs at a lower CPU priority (``MERGE_NICENESS``): a merge is backgrou
 driver often shares its cores with executors (``local-cluster``, a driver pod beside executor
 pods on a node). Measured on ``local-cluster[2,1,3072]``, a merge right after a commit took 0.5-0.8
 of a core from the next micro-batch's map tasks and stretched that stage by 0.8 s; at the lower
-priority it runs in the gaps the micro-batch leaves (docs/checkpoints.md, "Compaction").
+priority it takes about a tenth of a contended core and the rest in the micro-batch's gaps
+(docs/checkpoints.md, "Compaction").
 """
 
 from __future__ import annotations
