@@ -388,9 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
     parser.add_argument(
         "--warmup-words",
         type=int,
-        default=200_000,
-        help="words of the untimed warm-up run of every pipeline (one micro-batch's worth: the "
-        f"JIT then knows batches of that size; the pandas-state ones take {SLOW_WARMUP_WORDS:,})",
+        default=None,
+        help="words of the untimed warm-up run of every pipeline (default: one micro-batch's "
+        "worth, --words / --batches: the JIT then knows batches of that size; the pandas-state "
+        f"ones take at most {SLOW_WARMUP_WORDS:,})",
     )
     parser.add_argument(
         "--only",
@@ -406,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         parser.error(f"unknown pipelines: {', '.join(sorted(unknown))}")
     words = zipf_words(args.words, args.vocabulary)
     parts = batches(words, args.batches)
+    warmup_words = args.warmup_words or max(1, args.words // args.batches)
     work = Path(tempfile.mkdtemp(prefix="statetier-bench-spark-"))
     spark = spark_session(args.partitions, args.master)
     results: dict[str, dict[str, Any]] = {}
@@ -453,8 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         # from fresh state and checkpoints, in rounds that rotate the order (the JVM keeps
         # warming up, which favours whoever runs last); each figure is the median of its rounds.
         warm, warm_slow = work / "warm", work / "warm-slow"
-        write_input(spark, [words[: args.warmup_words]], warm)
-        write_input(spark, [words[: min(args.warmup_words, SLOW_WARMUP_WORDS)]], warm_slow)
+        write_input(spark, [words[:warmup_words]], warm)
+        write_input(spark, [words[: min(warmup_words, SLOW_WARMUP_WORDS)]], warm_slow)
         cold_host_epoch = 0.0
         for name, run in runs.items():
             _, info = run(warm_slow if name in SLOW else warm, work / f"w-{name}")
@@ -516,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         "words": args.words,
         "vocabulary": args.vocabulary,
         "batches": args.batches,
+        "warmup_words": warmup_words,
         "partitions": args.partitions,
         "master": args.master,
         "pipelines": results,
