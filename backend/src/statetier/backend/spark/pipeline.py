@@ -68,6 +68,7 @@ from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
+from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import RangeResult, RangeStart
@@ -305,12 +306,12 @@ class StatefulPipeline:
         spec = self._static_spec(df.sparkSession)
         keyed = self._keyed(df, spec)
         out = self._route(keyed, spec, epoch_spec, self._skips_exchange(keyed, epoch))
-        if _runs_no_task(out):
+        if runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
             # see through, gives every range its (empty) task.
             self._routing[epoch] = "exchange"
-            keyed = self._keyed(_opaque_empty(df, self.parallelism), spec)
+            keyed = self._keyed(opaque_empty(df, self.parallelism), spec)
             out = self._route(keyed, spec, epoch_spec, False)
         return out
 
@@ -462,8 +463,7 @@ class StatefulPipeline:
         assert self.config is not None
         mode = self.config.pipeline_exchange
         direct = self._chooses_per_batch() and (
-            mode == "never"
-            or (self._every_executor_hosts() and int(keyed._jdf.rdd().getNumPartitions()) == 1)
+            mode == "never" or (self._every_executor_hosts() and partition_count(keyed) == 1)
         )
         self._routing[epoch] = "direct" if direct else "exchange"
         return direct
@@ -764,24 +764,6 @@ class StatefulPipeline:
             while host.node == here and process_alive(host.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.hosts.clear()
-
-
-def _runs_no_task(out: DataFrame) -> bool:
-    """Whether the optimizer dropped the exchange into ranges because it proved the input empty
-    (``mapInArrow`` straight over an empty local relation: no task would run). Looks at the
-    optimized plan only: nothing is executed."""
-    plan = out._jdf.queryExecution().optimizedPlan()
-    if plan.nodeName() != "MapInArrow" or plan.children().size() != 1:
-        return False
-    child = plan.children().head()
-    return bool(child.nodeName() == "LocalRelation" and child.data().isEmpty())
-
-
-def _opaque_empty(df: DataFrame, partitions: int) -> DataFrame:
-    """No rows of ``df``'s schema, in ``partitions`` partitions the optimizer cannot see into."""
-    spark = df.sparkSession
-    empty: Any = spark.sparkContext.parallelize([], partitions)
-    return spark.createDataFrame(empty, df.schema)
 
 
 def _perf_counter() -> float:
