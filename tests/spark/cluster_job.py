@@ -107,6 +107,8 @@ def main() -> None:
     )
     query.awaitTermination(600)
     error = query.exception()
+    # a query planned once carries its route (the exchange and mapInArrow) in its own plan
+    planned_once = "MapInArrow" in query._jsq.streamingQuery().logicalPlan().toString()
     query.stop()
     report = {
         "error": str(error) if error else None,
@@ -125,6 +127,8 @@ def main() -> None:
             for r in pipeline.reports
         ],
         "hosts": len(pipeline.hosts),
+        "routing": [r.routing for r in pipeline.reports],
+        "planned_once": planned_once,
     }
     pipeline.stop_hosts()
     spark.stop()

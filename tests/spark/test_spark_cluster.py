@@ -57,6 +57,9 @@ def test_ranges_stay_warm_on_two_executors(tmp_path: Path) -> None:
     assert all(e["warm"] == 4 and e["restored_bytes"] == 0 for e in epochs[1:])
     assert report["hosts"] == 2  # both executors own ranges
     assert report["exact"]
+    # on a cluster, pipeline.exchange=auto plans the query once, with the exchange, even for
+    # micro-batches of one partition (a plan per micro-batch cost more than the exchange)
+    assert report["planned_once"] and report["routing"] == ["exchange"] * 6
 
 
 def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(tmp_path: Path) -> None:
