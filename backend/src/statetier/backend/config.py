@@ -618,11 +618,13 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "enum",
         parse_exchange,
         "auto",
-        "Spark: how a micro-batch's records reach their key-group ranges. auto: a micro-batch "
-        "read as one partition skips Spark's exchange (its one task sends each range's records "
-        "to the range's state host), a larger one goes through the exchange, one task per "
-        "range. always: the exchange every time. never: every micro-batch is read by one task "
-        "that sends every range (no shuffle; one task reads all of the micro-batch).",
+        "Spark: how a micro-batch's records reach their key-group ranges. auto: with one "
+        "executor (local[N]) a micro-batch read as one partition skips Spark's exchange (its "
+        "one task sends each range's records to the range's state host) and a larger one goes "
+        "through the exchange, one task per range; on a cluster a write_stream query is "
+        "planned once, with the exchange. always: the exchange every time. never: every "
+        "micro-batch is read by one task that sends every range (no shuffle; one task reads "
+        "all of the micro-batch).",
     ),
     Setting(
         "metrics.port",
