@@ -463,12 +463,6 @@ class StatefulPipeline:
         mode = self.config.pipeline_exchange
         return mode == "never" or (mode == "auto" and _one_executor(spark))
 
-    def _chooses_per_batch(self) -> bool:
-        """Whether the exchange is chosen per micro-batch (else the pipeline always takes it:
-        ``pipeline.exchange=always``)."""
-        assert self.config is not None
-        return self.config.pipeline_exchange != "always"
-
     def _skips_exchange(self, keyed: DataFrame, epoch: int) -> bool:
         """Whether ``epoch`` runs without Spark's exchange (``pipeline.exchange``): ``never``
         does; ``auto`` when the micro-batch is one partition (one task reads it all anyway: a
@@ -477,8 +471,8 @@ class StatefulPipeline:
         Remembered for the epoch's report."""
         assert self.config is not None
         mode = self.config.pipeline_exchange
-        direct = self._chooses_per_batch() and (
-            mode == "never" or (self._every_executor_hosts() and partition_count(keyed) == 1)
+        direct = mode == "never" or (
+            mode == "auto" and self._every_executor_hosts() and partition_count(keyed) == 1
         )
         self._routing[epoch] = "direct" if direct else "exchange"
         return direct
