@@ -213,7 +213,9 @@ def test_a_gateway_killed_mid_stream_falls_back_to_the_driver_and_nothing_is_los
     assert killed_at and killed_at[0] < BATCHES - 4, killed_at
     assert remote.fallbacks >= 1  # compacted in the driver after the kill
     assert stream.counts(2) == expected_counts(stream.batches)
-    assert stream.longest_chain <= 2 * TRIGGER, stream.longest_chain
+    # after the kill, the failure is found and a merge process starts in the driver (at a
+    # lower priority: on a busy machine it can take a few epochs); backpressure bounds the chain
+    assert stream.longest_chain <= CUT_FACTOR * TRIGGER, stream.longest_chain
 
 
 @pytest.mark.slow
