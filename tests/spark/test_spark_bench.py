@@ -35,6 +35,10 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     assert statetier["state_heap_bytes"] > 50 * statetier["state_keys"] > 0
     assert statetier["state_spilled_bytes"] == 0
     assert statetier["batches"] == 2 and statetier["warmup_epoch_seconds_with_host_start"] > 0
+    # Spark's time of each micro-batch holds the pipeline's (the function is called inside it)
+    spark_seconds, epoch_seconds = statetier["spark_batch_seconds"], statetier["epoch_seconds"]
+    assert len(spark_seconds) == len(epoch_seconds) == 2
+    assert all(s >= e - 0.01 for s, e in zip(spark_seconds, epoch_seconds, strict=True))
     for result in pipelines.values():
         rounds = result["rounds_records_per_s"]
         assert len(rounds) == 2 and min(rounds) <= result["records_per_s"] <= max(rounds)

@@ -101,6 +101,10 @@ class EpochReport:
     epoch: int
     adopted: bool  # already committed before: the committed manifest was kept
     records: int  # input records of the epoch
+    # from the call of the micro-batch's function (or of run_epoch) to the commit. Spark's
+    # work on a micro-batch before that call is not in it: its offsets, its planning and, for
+    # a write_stream query with AQE, stages it runs before it hands the micro-batch over (a
+    # query's progress, durationMs.triggerExecution, has the whole micro-batch)
     seconds: float
     ranges: int
     warm: int
