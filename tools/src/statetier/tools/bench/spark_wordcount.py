@@ -215,10 +215,8 @@ def bench_statetier(
         "checkpoint_bytes": sum(r.upload_bytes for r in reports),
         "rows_to_hosts": sum(r.rows for r in reports),  # after the combiner
         "epoch_seconds": [round(r.seconds, 2) for r in reports],
-        # Spark's whole micro-batch (triggerExecution): epoch_seconds starts only when the
-        # micro-batch reaches the pipeline's function, after Spark's offsets and planning and,
-        # with AQE, the stages it runs before the function gets the micro-batch
-        "spark_batch_seconds": batch_seconds(query),
+        # the same micro-batches as Spark times them whole (see EpochReport.seconds)
+        "spark_batch_seconds": batch_seconds(query, [r.epoch for r in reports]),
         "host_seconds": [round(r.host_seconds, 2) for r in reports],
         "host_process_seconds": round(sum(r.process_seconds for r in reports), 2),
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
@@ -226,13 +224,11 @@ def bench_statetier(
     }
 
 
-def batch_seconds(query: Any) -> list[float]:
-    """Each micro-batch's time as Spark measures it (``durationMs.triggerExecution``)."""
-    return [
-        round(progress["durationMs"]["triggerExecution"] / 1000, 2)
-        for progress in query.recentProgress
-        if progress["numInputRows"] > 0
-    ]
+def batch_seconds(query: Any, epochs: list[int]) -> list[float]:
+    """The time Spark measured for the micro-batch of each of ``epochs`` (epoch = batch id +
+    1; ``durationMs.triggerExecution`` of the query's progress)."""
+    progress = {p["batchId"]: p["durationMs"]["triggerExecution"] for p in query.recentProgress}
+    return [round(progress[epoch - 1] / 1000, 2) for epoch in epochs if epoch - 1 in progress]
 
 
 def hosts_heard_since(pipeline: Any, since: float, timeout: float = 5.0) -> list[Any]:
