@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable
-from types import TracebackType
 from typing import Any
 
 from statetier.backend.config import StatetierConfig
@@ -214,10 +213,5 @@ class FunctionHarness:
     def __enter__(self) -> FunctionHarness:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()

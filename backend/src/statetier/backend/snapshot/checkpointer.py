@@ -42,6 +42,9 @@ class CheckpointError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSettings:
+    """How a checkpoint uploads, what it keeps and when it compacts (the ``checkpoint.*`` and
+    ``compaction.*`` settings of StatetierConfig, for the local runner)."""
+
     upload_concurrency: int = 4
     retained: int = 3
     delta_trigger: int = 5

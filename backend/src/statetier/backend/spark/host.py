@@ -51,10 +51,7 @@ from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark.channel import Endpoint, Server
-from statetier.backend.spark.functions import (
-    SparkTask,
-    set_current_task,
-)
+from statetier.backend.spark.functions import SparkTask, set_current_task
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader

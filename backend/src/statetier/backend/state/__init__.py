@@ -12,6 +12,7 @@ import abc
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from statetier.backend.descriptors import IN, OUT, V  # a handle's type parameters: its descriptor's
 from statetier.backend.state.key_batch import KeyBatch
 
 __all__ = [
@@ -25,9 +26,6 @@ __all__ = [
     "check_not_none",
 ]
 
-V = TypeVar("V")
-IN = TypeVar("IN")
-OUT = TypeVar("OUT")
 UK = TypeVar("UK")
 UV = TypeVar("UV")
 

@@ -13,18 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from statetier.backend import state as handles  # the interfaces these handles implement
 from statetier.backend.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
     StateDescriptor,
-)
-from statetier.backend.state import (
-    AggregatingState,
-    ListState,
-    MapState,
-    ReducingState,
-    ValueState,
-    check_not_none,
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.heap import (
@@ -100,7 +93,7 @@ class _TtlHandle(KeyGroupHandle):
         super().clear()
 
 
-class TtlValueState(_TtlHandle, ValueState[Any]):
+class TtlValueState(_TtlHandle, handles.ValueState[Any]):
     __slots__ = ()
 
     def value(self) -> Any:
@@ -121,7 +114,7 @@ class TtlValueState(_TtlHandle, ValueState[Any]):
         batch.write_each(self._ctx, self.update, values)
 
 
-class TtlReducingState(_TtlHandle, ReducingState[Any]):
+class TtlReducingState(_TtlHandle, handles.ReducingState[Any]):
     __slots__ = ("_reduce",)
 
     def __init__(self, *args: Any, descriptor: ReducingStateDescriptor[Any]) -> None:
@@ -132,13 +125,13 @@ class TtlReducingState(_TtlHandle, ReducingState[Any]):
         return self._read_stamped(self._access())
 
     def add(self, value: Any) -> None:
-        check_not_none(value, "a reduced value")
+        handles.check_not_none(value, "a reduced value")
         now = self._access()
         current = self._visible(now)
         self._write(value if current is None else self._reduce(current, value), now)
 
 
-class TtlAggregatingState(_TtlHandle, AggregatingState[Any, Any]):
+class TtlAggregatingState(_TtlHandle, handles.AggregatingState[Any, Any]):
     __slots__ = ("_fn",)
 
     def __init__(self, *args: Any, descriptor: AggregatingStateDescriptor[Any, Any, Any]) -> None:
@@ -157,7 +150,7 @@ class TtlAggregatingState(_TtlHandle, AggregatingState[Any, Any]):
         self._write(self._fn.add(value, accumulator), now)
 
 
-class TtlListState(_TtlHandle, ListState[Any]):
+class TtlListState(_TtlHandle, handles.ListState[Any]):
     """Each element carries its own timestamp and expires on its own."""
 
     __slots__ = ()
@@ -193,7 +186,7 @@ class TtlListState(_TtlHandle, ListState[Any]):
         store_or_drop(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
 
 
-class TtlMapState(_TtlHandle, MapState[Any, Any]):
+class TtlMapState(_TtlHandle, handles.MapState[Any, Any]):
     """Each entry carries its own timestamp and expires on its own."""
 
     __slots__ = ()
