@@ -119,9 +119,8 @@ class SeaweedFS:
             f"-s3.localSocket={sockets / 's3.sock'}",
             f"-filer.localSocket={sockets / 'filer.sock'}",
         ]
-        grpc_sockets = [
-            path for path in _grpc_socket_paths(ports) if not path.exists()
-        ]  # one that is there already is not this server's to remove
+        # a gRPC socket that is there already is not this server's to remove
+        grpc_sockets = [path for path in _grpc_socket_paths(ports) if not path.exists()]
         env = {
             **os.environ,
             "AWS_ACCESS_KEY_ID": KEY,
