@@ -14,7 +14,7 @@ from tests.spark.conftest import REPO, spark_env
 
 def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     args = ["--words", "20000", "--vocabulary", "2000", "--batches", "2", "--partitions", "2"]
-    args += ["--rounds", "2", "--only", "ceiling,ceiling_uncapped,ceiling_keyed"]
+    args += ["--rounds", "2", "--only", "ceiling,ceiling_uncapped,ceiling_keyed", "--s3"]
     done = subprocess.run(
         [sys.executable, "-m", "statetier.backend", "bench", "spark-wordcount", *args, "--json"],
         capture_output=True,
@@ -28,9 +28,22 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     report = json.loads(done.stdout)
     assert report["warmup_words"] == 10_000  # one micro-batch's worth by default
     pipelines = report["pipelines"]
-    assert set(pipelines) == {"statetier", "ceiling", "ceiling_uncapped", "ceiling_keyed"}
-    statetier = pipelines["statetier"]
-    assert statetier["counts_exact"] is True and statetier["warm_hit_rate"] == 1.0
+    assert set(pipelines) == {
+        "statetier",
+        "statetier_s3",
+        "ceiling",
+        "ceiling_uncapped",
+        "ceiling_keyed",
+    }
+    statetier, on_s3 = pipelines["statetier"], pipelines["statetier_s3"]
+    for run in (statetier, on_s3):
+        assert run["counts_exact"] is True and run["warm_hit_rate"] == 1.0
+        # merges are counted with their CPU (the driver's merge process, read in clock ticks:
+        # a small merge may take less than one); without a merge there is none
+        assert run["merges"] >= 0 and run["merge_cpu_seconds"] >= 0
+        assert run["merges"] > 0 or run["merge_cpu_seconds"] == 0
+    # the SeaweedFS server served the checkpoints of the S3 run, on the same cores
+    assert on_s3["s3_server_cpu_seconds"] > 0 and "s3_server_cpu_seconds" not in statetier
     # the hosts' heartbeats: the state by tier (no spill tier here)
     assert statetier["state_heap_bytes"] > 50 * statetier["state_keys"] > 0
     assert statetier["state_spilled_bytes"] == 0

@@ -9,7 +9,8 @@ running count per word:
   committing each micro-batch) of the word count a user would write
   (``spark_functions.ArrowWordCount``: one Arrow pass per range; state warm in the executor's
   state host, one checkpoint per batch on local disk);
-- ``statetier_s3`` (with ``--s3``): the same, checkpointing to SeaweedFS started on 127.0.0.1;
+- ``statetier_s3`` (with ``--s3``): the same, checkpointing to SeaweedFS started on 127.0.0.1
+  (the server's CPU during each run is reported: it shares the cores with everything else);
 - ``spark_rocksdb_count``: ``groupBy("word").count()``, RocksDB state store, update mode;
 - ``apply_in_pandas_with_state`` and ``transform_with_state_in_pandas`` (ValueState);
 - ``ceiling``: a ``mapInPandas`` that only counts rows, over the same 8 partitions as every
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from statetier.backend.helptext import plain
-from statetier.tools.bench import print_table
+from statetier.tools.bench import cpu_seconds, print_table
 from statetier.tools.workloads import batches, zipf_words
 
 PIPELINES = (
@@ -220,8 +221,24 @@ def bench_statetier(
         "host_seconds": [round(r.host_seconds, 2) for r in reports],
         "host_process_seconds": round(sum(r.process_seconds for r in reports), 2),
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
+        # the merges of the run (the driver's, drain included): on a 2-core machine they share
+        # the cores with everything else, as on a cluster they would not (docs/spark.md)
+        "merges": pipeline.upkeep.compactions,
+        "merge_cpu_seconds": round(pipeline.upkeep.compaction_cpu_seconds, 2),
         "counts": counts,
     }
+
+
+def with_server_cpu(run: Run, pid: int) -> Run:
+    """``run``, reporting the CPU the S3 server (process ``pid``, on the same cores) spent
+    while it ran."""
+
+    def measured(source: Path, out: Path) -> tuple[float, dict[str, Any]]:
+        before = cpu_seconds(pid)
+        elapsed, info = run(source, out)
+        return elapsed, {**info, "s3_server_cpu_seconds": round(cpu_seconds(pid) - before, 2)}
+
+    return measured
 
 
 def batch_seconds(query: Any, epochs: list[int]) -> list[float]:
@@ -452,8 +469,11 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
 
             weed = SeaweedFS.start(work / "weed")
             store = weed
-            runs["statetier_s3"] = lambda src, out: bench_statetier(
-                spark, src, out, store.uri(out.name), args.partitions, store.options, pipelines
+            runs["statetier_s3"] = with_server_cpu(
+                lambda src, out: bench_statetier(
+                    spark, src, out, store.uri(out.name), args.partitions, store.options, pipelines
+                ),
+                weed.process.pid,
             )
         for name in PIPELINES:
             if name in only:
