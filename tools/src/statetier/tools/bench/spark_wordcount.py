@@ -194,6 +194,11 @@ def bench_statetier(
     counts = read_counts(pipeline)
     reports = pipeline.reports
     hosts = hosts_heard_since(pipeline, time.monotonic())
+    # the merges of the run (the driver's, drain included), read before release() stops them:
+    # on a 2-core machine they share the cores with everything else, as on a cluster they
+    # would not (docs/spark.md)
+    merges = pipeline.upkeep.compactions
+    merge_cpu = pipeline.upkeep.compaction_cpu_seconds
     pipeline.release()  # the next run is another pipeline: this state is done with
     later = reports[1:]
     warm_later, restored_later = sum(r.warm for r in later), sum(r.restored for r in later)
@@ -221,10 +226,8 @@ def bench_statetier(
         "host_seconds": [round(r.host_seconds, 2) for r in reports],
         "host_process_seconds": round(sum(r.process_seconds for r in reports), 2),
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
-        # the merges of the run (the driver's, drain included): on a 2-core machine they share
-        # the cores with everything else, as on a cluster they would not (docs/spark.md)
-        "merges": pipeline.upkeep.compactions,
-        "merge_cpu_seconds": round(pipeline.upkeep.compaction_cpu_seconds, 2),
+        "merges": merges,
+        "merge_cpu_seconds": round(merge_cpu, 2),
         "counts": counts,
     }
 
@@ -241,11 +244,14 @@ def with_server_cpu(run: Run, pid: int) -> Run:
     return measured
 
 
-def batch_seconds(query: Any, epochs: list[int]) -> list[float]:
+def batch_seconds(query: Any, epochs: list[int]) -> list[float | None]:
     """The time Spark measured for the micro-batch of each of ``epochs`` (epoch = batch id +
-    1; ``durationMs.triggerExecution`` of the query's progress)."""
+    1; ``durationMs.triggerExecution`` of the query's progress), None where the progress no
+    longer holds it (Spark keeps the last ``numRecentProgressUpdates``): in step with
+    ``epoch_seconds`` either way."""
     progress = {p["batchId"]: p["durationMs"]["triggerExecution"] for p in query.recentProgress}
-    return [round(progress[epoch - 1] / 1000, 2) for epoch in epochs if epoch - 1 in progress]
+    ms = [progress.get(epoch - 1) for epoch in epochs]
+    return [None if m is None else round(m / 1000, 2) for m in ms]
 
 
 def hosts_heard_since(pipeline: Any, since: float, timeout: float = 5.0) -> list[Any]:
