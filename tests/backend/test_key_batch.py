@@ -24,6 +24,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
     restore_keyed_state,
 )
+from statetier.backend.snapshot.format import DataFileReader
 from statetier.backend.spill import SpillManager, SpillStorage
 from statetier.backend.ttl import ManualClock
 
@@ -175,7 +176,9 @@ def test_bulk_writes_are_in_the_next_delta_and_restore_exactly(tmp_path: Path) -
     count.update_all(later, [None if i < 10 else -i for i in range(50)])
     delta = checkpoint(2)[0]
     assert [f.entry.kind for f in delta.uploads] == ["delta"]
-    assert delta.upload_bytes < base.upload_bytes / 5  # only the 50 touched keys
+    (delta_file,), (base_file,) = delta.uploads, base.uploads
+    assert DataFileReader(delta_file.data, "delta").verify() == 50  # only the touched keys
+    assert DataFileReader(base_file.data, "base").verify() == 500
     restored, restored_count = _backend()
     restore_keyed_state(store, restored, 2)
     expected = [None if i < 10 else (-i if i < 50 else i) for i in range(500)]

@@ -46,7 +46,12 @@ from statetier.backend.snapshot import (
     restore_operator_state,
     snapshot_subtask,
 )
-from statetier.backend.snapshot.format import FORMAT_VERSION, DataFileReader
+from statetier.backend.snapshot.format import (
+    COMPRESSED_FORMAT_VERSION,
+    FORMAT_VERSION,
+    READABLE_VERSION,
+    DataFileReader,
+)
 from statetier.backend.ttl import ManualClock
 
 P = 128
@@ -482,7 +487,9 @@ def test_snapshot_files_restore_cleanly(tmp_path: Path) -> None:
     _restore_everything(store)
     for entry in manifest.keyed_files:
         reader = DataFileReader(store.read(entry), entry.path)
-        assert reader.header["format_version"] == FORMAT_VERSION
+        # the writer's default compresses blocks (checkpoint.compression=zstd): version 3
+        assert reader.header["format_version"] == COMPRESSED_FORMAT_VERSION
+        assert reader.codec == "zstd"
         assert reader.header["state"] == entry.state
         assert reader.verify() == sum(e.entries for e in reader.index.values())
 
@@ -550,7 +557,7 @@ def test_damaged_index_footer_and_header(tmp_path: Path) -> None:
         (lambda d: d[:-1], "footer"),  # truncated
         (lambda d: d[: len(d) - 30] + bytes([d[-30] ^ 1]) + d[len(d) - 29 :], "index"),
         (lambda d: b"NOTSTATE" + d[8:], "not a statetier data file"),
-        (lambda d: d[:8] + (FORMAT_VERSION + 1).to_bytes(2, "little") + d[10:], "newer"),
+        (lambda d: d[:8] + (READABLE_VERSION + 1).to_bytes(2, "little") + d[10:], "newer"),
         (lambda d: d[:20], "too short"),
     ]
     for damage, fragment in cases:

@@ -32,8 +32,9 @@ def _backend(values: dict[str, object]) -> KeyedStateBackend:
     return backend
 
 
+@pytest.mark.parametrize("codec", ["none", "zstd"])
 @pytest.mark.parametrize("delta", [False, True])
-def test_bulk_encoding_writes_what_the_checked_encoders_write(delta: bool) -> None:
+def test_bulk_encoding_writes_what_the_checked_encoders_write(delta: bool, codec: str) -> None:
     backend = _backend({f"k{i}": [i, (i, "x"), {"n": i * 1.5}] for i in range(300)})
     table = backend.tables["v"]
     touched: dict[int, list[Any]] | None = backend.drain_touched_keys() if delta else None
@@ -45,9 +46,9 @@ def test_bulk_encoding_writes_what_the_checked_encoders_write(delta: bool) -> No
         )
         for kg, keys in sorted(groups.items())
     ]
-    header = serialize._header("v", backend.key_groups, 1, DELTA if delta else BASE, P)
+    header = serialize._header("v", backend.key_groups, 1, DELTA if delta else BASE, P, codec)
     expected = encode_data_file(header, checked)
-    assert serialize.encode_table(backend, table, 1, touched) == expected
+    assert serialize.encode_table(backend, table, 1, touched, codec) == expected
 
 
 def _nested(depth: int) -> list[Any]:

@@ -74,8 +74,10 @@ class FunctionInstance:
         self.operator_state = OperatorStateBackend(index, parallelism)
         self.store = store
         # Snapshots of this instance: full, or deltas on the chains of its own range.
-        incremental = config.checkpoint_incremental if config is not None else True
-        self.writer = SubtaskWriter(self.keyed, self.operator_state, incremental=incremental)
+        self.writer = SubtaskWriter(self.keyed, self.operator_state)
+        if config is not None:
+            self.writer.incremental = config.checkpoint_incremental
+            self.writer.codec = config.checkpoint_compression
         restored = store is not None and restore_epoch is not None
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:

@@ -222,6 +222,10 @@ class LocalCompactor:
         except (ValueError, KeyError, TypeError) as exc:
             raise CompactionError(f"the request's TTL settings are unusable: {exc}") from None
         datas = self._read_inputs(request.inputs)
+        files = [
+            DataFileReader(d, i.url, verified=True)
+            for i, d in zip(request.inputs, datas, strict=True)
+        ]
         header = {
             "state": request.state,
             "key_groups": request.key_groups,
@@ -229,11 +233,10 @@ class LocalCompactor:
             "kind": BASE,
             "max_parallelism": request.max_parallelism,
             "compacted_from": len(request.inputs),
+            # as the newest input: the writer's current setting (checkpoint.compression),
+            # which a service that merges for many pipelines cannot know otherwise
+            "codec": files[-1].codec,
         }
-        files = [
-            DataFileReader(d, i.url, verified=True)
-            for i, d in zip(request.inputs, datas, strict=True)
-        ]
         builder = DataFileBuilder(header)
         key_groups = KeyGroupRange.parse(request.key_groups)
         parts = merge_chain(builder, key_groups, files, self.check, expired)
@@ -291,6 +294,8 @@ def merge_chain(
                 flat = expired(flat)
         elif base is not None and (block := base.block(key_group)) is not None:
             live = _filtered(block, expired)
+            if live is None and block.codec != builder.codec:  # stored otherwise: re-encode
+                live = block.flat()
             if live is None:  # nothing to change: the block as it is
                 entry = base.index[key_group]
                 yield builder.add_raw(key_group, block.data, entry.crc32, entry.entries)

@@ -12,8 +12,11 @@ Layout (integers little-endian)::
     footer   index offset u64 | index length u32 | index crc32 u32 | END_MAGIC (8 bytes)
 
 The header says what the file is: ``kind`` ("base": every entry of the range at ``epoch``;
-"delta": only the keys touched since the previous epoch), ``state``, ``key_groups``, ``epoch``.
-Version 1 files (bases only, no ``kind``) are still read.
+"delta": only the keys touched since the previous epoch), ``state``, ``key_groups``, ``epoch``,
+and ``codec`` when each block is compressed (see codec; a block's crc32 is of its stored,
+compressed bytes). Files with compressed blocks are format version 3, so that a reader from
+before compression refuses them by their version instead of failing on their blocks; files
+without stay version 2. Version 1 files (bases only, no ``kind``) are still read.
 
 A reader opens the footer, checks the index checksum, and then reads only the blocks of the key
 groups it needs, checking each block's crc32 (the whole-file checksum of the manifest does not
@@ -32,13 +35,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
+from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.crc import Crc32
 
 __all__ = [
     "BASE",
+    "COMPRESSED_FORMAT_VERSION",
     "DELTA",
     "Block",
     "FORMAT_VERSION",
+    "READABLE_VERSION",
     "CorruptFileError",
     "DataFileBuilder",
     "DataFileReader",
@@ -51,7 +57,9 @@ __all__ = [
 
 MAGIC = b"STTRDAT\x00"
 END_MAGIC = b"STTREND\x00"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # of manifests, compaction requests and data files with plain blocks
+COMPRESSED_FORMAT_VERSION = 3  # data files whose header names a codec
+READABLE_VERSION = COMPRESSED_FORMAT_VERSION  # the newest data file this reader reads
 BASE = "base"
 DELTA = "delta"
 _PREAMBLE = struct.Struct("<8sHI")
@@ -84,6 +92,7 @@ def encode_data_file(
     """The bytes of a data file holding ``key_groups``: (key group, [(key, value)]) pairs.
 
     A value of None is a tombstone; only delta files (``header["kind"] == "delta"``) hold them.
+    ``header["codec"]``, when there, compresses each block (see codec).
     """
     return encode_data_file_columns(
         header,
@@ -129,15 +138,20 @@ class DataFileBuilder:
 
     Write :attr:`head`, then what each ``add_*`` returns (in key-group order; empty key groups
     are simply not added), then :meth:`tail`. One builder per file and thread: it owns a msgpack
-    Packer, which keeps a buffer between calls.
+    Packer, which keeps a buffer between calls, and the header's codec's compressor.
     """
 
     def __init__(self, header: dict[str, object]) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack
-        header_bytes: bytes = self._pack({**header, "format_version": FORMAT_VERSION})
+        self.codec = str(header.get("codec", codecs.NONE))
+        self._compress = codecs.compressor(self.codec)
+        if self._compress is None:
+            header = {k: v for k, v in header.items() if k != "codec"}  # version 2, as before
+        version = FORMAT_VERSION if self._compress is None else COMPRESSED_FORMAT_VERSION
+        header_bytes: bytes = self._pack({**header, "format_version": version})
         self.head = b"".join(
             (
-                _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
+                _PREAMBLE.pack(MAGIC, version, len(header_bytes)),
                 _HEADER_CRC.pack(zlib.crc32(header_bytes)),
                 header_bytes,
             )
@@ -149,14 +163,16 @@ class DataFileBuilder:
         self._crc.add(self.head)
 
     def encode_flat(self, flat: Sequence[bytes | None]) -> bytes:
-        """A block of entries already laid out as stored: [key, value, key, value, ...]."""
+        """A block of entries already laid out as stored: [key, value, key, value, ...],
+        compressed with the file's codec."""
         block: bytes = self._pack(flat)
-        return block
+        return block if self._compress is None else self._compress(block)
 
     def add_raw(
         self, key_group: int, block: bytes | memoryview, crc32: int, entries: int
     ) -> bytes | memoryview:
-        """A block as stored in another file (its CRC-32 and entry count from that index)."""
+        """A block as stored in another file of the same codec (its CRC-32 and entry count
+        from that index)."""
         self._index.append([key_group, self._offset, len(block), crc32, entries])
         self._offset += len(block)
         self.entries += entries
@@ -193,6 +209,7 @@ class Block:
     entries: int
     kind: str
     data: memoryview | bytes
+    codec: str = codecs.NONE
 
     def fail(self, problem: str) -> CorruptFileError:
         where = f"block of key group {self.key_group} at offset {self.offset}"
@@ -207,8 +224,11 @@ class Block:
         """Decode the block as stored: [key, value, key, value, ...], a value of None a
         tombstone (the cheapest decode: no pair is built). The one block decoder: restore,
         compaction (see merge) and verification all read blocks through it."""
+        stored = self.data
         try:
-            flat = msgpack.unpackb(self.data)
+            if self.codec != codecs.NONE:
+                stored = codecs.decompress(self.codec, stored)
+            flat = msgpack.unpackb(stored)
         except (ValueError, msgpack.UnpackException) as exc:
             raise self.fail(f"is unreadable: {exc}") from None
         if not isinstance(flat, list) or len(flat) != 2 * self.entries:
@@ -245,9 +265,9 @@ class DataFileReader:
         magic, version, header_len = _PREAMBLE.unpack_from(data)
         if magic != MAGIC:
             raise self._fail(f"not a statetier data file (magic {magic!r})")
-        if version > FORMAT_VERSION:
+        if version > READABLE_VERSION:
             raise self._fail(
-                f"format version {version} is newer than this reader ({FORMAT_VERSION}); "
+                f"format version {version} is newer than this reader ({READABLE_VERSION}); "
                 "upgrade statetier"
             )
         if version < 1:
@@ -265,6 +285,12 @@ class DataFileReader:
             raise self._fail(f"header is unreadable: {exc}") from None
         if not isinstance(header, dict):
             raise self._fail("header is not a map")
+        self.codec: str = header.get("codec", codecs.NONE)
+        if self.codec not in codecs.CODECS:
+            raise self._fail(
+                f"blocks are compressed with {self.codec!r}, a codec this reader does not "
+                "know; upgrade statetier"
+            )
         self._blocks_start = start + header_len
         return header
 
@@ -304,7 +330,9 @@ class DataFileReader:
         if entry is None:
             return None
         view = self._view[entry.offset : entry.offset + entry.length]
-        found = Block(self.path, key_group, entry.offset, entry.entries, self.kind, view)
+        found = Block(
+            self.path, key_group, entry.offset, entry.entries, self.kind, view, self.codec
+        )
         if not self._blocks_checked and zlib.crc32(view) != entry.crc32:
             raise found.fail("fails its checksum")
         return found
@@ -394,7 +422,7 @@ def checks_every_part(data: bytes) -> bool:
     if len(data) < _PREAMBLE.size or data[:8] != MAGIC:
         return False
     version: int = _PREAMBLE.unpack_from(data)[1]
-    return 2 <= version <= FORMAT_VERSION
+    return 2 <= version <= READABLE_VERSION
 
 
 def diagnose(data: bytes, path: str) -> str | None:

@@ -23,6 +23,7 @@ from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.serializers import bulk_dumps
+from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
@@ -69,7 +70,12 @@ def keyed_entry(
 
 
 def _header(
-    state: str, key_groups: KeyGroupRange | str, epoch: int, kind: str, max_parallelism: int
+    state: str,
+    key_groups: KeyGroupRange | str,
+    epoch: int,
+    kind: str,
+    max_parallelism: int,
+    codec: str,
 ) -> dict[str, Any]:
     return {
         "state": state,
@@ -77,6 +83,7 @@ def _header(
         "epoch": epoch,
         "kind": kind,
         "max_parallelism": max_parallelism,
+        "codec": codec,
     }
 
 
@@ -85,11 +92,13 @@ def encode_table(
     table: StateTable,
     epoch: int,
     touched: dict[int, list[Any]] | None = None,
+    codec: str = codecs.NONE,
 ) -> bytes:
-    """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys."""
+    """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys, its blocks
+    compressed with ``codec``."""
     key_dumps = bulk_dumps(backend.key_serializer)
     kind = BASE if touched is None else DELTA
-    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism)
+    header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism, codec)
     try:
         blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.bulk_encoder())
     except (TypeError, OverflowError, ValueError):
@@ -171,11 +180,16 @@ def _delta_block(
 
 
 def encode_restored_base(
-    key_groups: KeyGroupRange, name: str, restored: RestoredState, epoch: int, max_p: int
+    key_groups: KeyGroupRange,
+    name: str,
+    restored: RestoredState,
+    epoch: int,
+    max_p: int,
+    codec: str = codecs.NONE,
 ) -> bytes:
-    """A base of a state restored but not registered again: its bytes, as they were read."""
+    """A base of a state restored but not registered again: its entries, as they were read."""
     blocks = [(kg, list(restored.entries.get(kg, []))) for kg in key_groups]
-    return encode_data_file(_header(name, key_groups, epoch, BASE, max_p), blocks)
+    return encode_data_file(_header(name, key_groups, epoch, BASE, max_p, codec), blocks)
 
 
 def encode_operator_state(backend: OperatorStateBackend) -> bytes:

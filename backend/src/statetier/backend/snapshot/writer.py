@@ -21,6 +21,7 @@ from typing import Any
 
 from statetier.backend.keyed_backend import KeyedStateBackend, state_meta
 from statetier.backend.operator_state import OperatorStateBackend
+from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.format import BASE, DELTA
 from statetier.backend.snapshot.manifest import FileEntry, Manifest
 from statetier.backend.snapshot.serialize import (
@@ -80,10 +81,12 @@ class SubtaskWriter:
         operator_state: OperatorStateBackend | None,
         *,
         incremental: bool = True,
+        codec: str = codecs.ZSTD,
     ) -> None:
         self.keyed = keyed
         self.operator_state = operator_state
         self.incremental = incremental
+        self.codec = codec  # of the keyed data files' blocks (checkpoint.compression)
         self._chains: dict[str, list[FileEntry]] = {}
         # the operator state's last file and its bytes: named again while they do not change
         self._operator_file: tuple[FileEntry, bytes] | None = None
@@ -158,7 +161,7 @@ class SubtaskWriter:
                         new_chains[name] = list(chain)
                         continue
                     kind = DELTA if chain is not None else BASE
-                    data = encode_table(keyed, table, epoch, touched if chain else None)
+                    data = encode_table(keyed, table, epoch, touched if chain else None, self.codec)
                     path = store.keyed_file_name(epoch, name, keyed.key_groups, kind, owner)
                     entry = keyed_entry(path, data, name, keyed.key_groups, kind, epoch)
                     uploads.append(PreparedFile(entry, data))
@@ -170,7 +173,7 @@ class SubtaskWriter:
                         new_chains[name] = list(chain)
                         continue
                     data = encode_restored_base(
-                        keyed.key_groups, name, restored, epoch, keyed.max_parallelism
+                        keyed.key_groups, name, restored, epoch, keyed.max_parallelism, self.codec
                     )
                     path = store.keyed_file_name(epoch, name, keyed.key_groups, BASE, owner)
                     entry = keyed_entry(path, data, name, keyed.key_groups, BASE, epoch)
