@@ -60,14 +60,17 @@ class RuntimeContext:
 
     @property
     def index(self) -> int:
+        """This instance's index among the function's parallel instances, from 0."""
         return self.operator_state.index
 
     @property
     def parallelism(self) -> int:
+        """How many parallel instances the function runs as."""
         return self.operator_state.parallelism
 
     @property
     def current_key(self) -> Any:
+        """The key the state handles are scoped to (see :meth:`set_current_key`)."""
         return self.keyed_state.current_key
 
     def set_current_key(self, key: Any) -> None:
