@@ -70,4 +70,4 @@ def _nested(depth: int) -> list[Any]:
 def test_an_unwritable_value_is_named_when_snapshotting(value: object, named: str) -> None:
     backend = _backend({"ok": 1, "bad": value})
     with pytest.raises(SerializationError, match=named):
-        serialize.encode_table(backend, backend.tables["v"], 1)
+        serialize.encode_table(backend, backend.tables["v"], 1, None, "none")

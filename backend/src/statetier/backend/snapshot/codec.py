@@ -38,7 +38,11 @@ def compressor(codec: str) -> Callable[[bytes], bytes] | None:
         return None
     if codec == ZSTD:
         return zstandard.ZstdCompressor(level=_ZSTD_LEVEL, write_content_size=True).compress
-    raise UnknownCodecError(f"unknown block codec {codec!r} (one of {', '.join(CODECS)})")
+    raise _unknown(codec)
+
+
+def _unknown(codec: str) -> UnknownCodecError:
+    return UnknownCodecError(f"unknown block codec {codec!r} (one of {', '.join(CODECS)})")
 
 
 _local = threading.local()
@@ -48,7 +52,7 @@ def decompress(codec: str, data: bytes | memoryview) -> bytes:
     """The stored bytes of a block compressed with ``codec`` (one decompressor per thread); a
     ValueError when they do not decompress."""
     if codec != ZSTD:
-        raise UnknownCodecError(f"unknown block codec {codec!r} (one of {', '.join(CODECS)})")
+        raise _unknown(codec)
     decompressor = getattr(_local, "zstd", None)
     if decompressor is None:
         decompressor = _local.zstd = zstandard.ZstdDecompressor()

@@ -23,7 +23,6 @@ from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.serializers import bulk_dumps
-from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
@@ -91,8 +90,8 @@ def encode_table(
     backend: KeyedStateBackend,
     table: StateTable,
     epoch: int,
-    touched: dict[int, list[Any]] | None = None,
-    codec: str = codecs.NONE,
+    touched: dict[int, list[Any]] | None,
+    codec: str,
 ) -> bytes:
     """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys, its blocks
     compressed with ``codec``."""
@@ -185,7 +184,7 @@ def encode_restored_base(
     restored: RestoredState,
     epoch: int,
     max_p: int,
-    codec: str = codecs.NONE,
+    codec: str,
 ) -> bytes:
     """A base of a state restored but not registered again: its entries, as they were read."""
     blocks = [(kg, list(restored.entries.get(kg, []))) for kg in key_groups]
