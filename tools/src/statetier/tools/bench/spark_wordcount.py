@@ -224,6 +224,7 @@ def bench_statetier(
         # the same micro-batches as Spark times them whole (see EpochReport.seconds)
         "spark_batch_seconds": batch_seconds(query, [r.epoch for r in reports]),
         "host_seconds": [round(r.host_seconds, 2) for r in reports],
+        "commit_seconds": [round(r.commit_seconds, 2) for r in reports],
         "host_process_seconds": round(sum(r.process_seconds for r in reports), 2),
         "host_snapshot_seconds": round(sum(r.snapshot_seconds for r in reports), 2),
         "merges": merges,
