@@ -92,6 +92,15 @@ class ReducingState(State, Generic[V]):
     def add(self, value: V) -> None:
         """Fold ``value`` into the current key's value."""
 
+    @abc.abstractmethod
+    def add_each(self, batch: KeyBatch, values: Iterable[V]) -> list[V]:
+        """Fold each value of ``values`` (an iterable or an Arrow array as long as the batch)
+        into the value of the key at its position in ``batch``: what ``add(value)`` does under
+        each key in turn, in one loop. Returns each key's reduced value right after its add, in
+        the batch's order (a repeated key's later positions see its earlier adds), which is
+        what an update-mode output emits: reading them back with a second loop would visit
+        every key's entry twice."""
+
 
 class AggregatingState(State, Generic[IN, OUT]):
     """An accumulator per key; inputs go in, ``get_result`` comes out."""

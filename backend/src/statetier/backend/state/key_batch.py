@@ -85,9 +85,15 @@ class KeyBatch:
     ) -> None:
         """``write(value)`` under each key in turn: the bulk write of a handle without a
         faster one."""
+        self.map_each(context, write, values)
+
+    def map_each(
+        self, context: KeyContext, call: Callable[[Any], Any], values: Iterable[Any]
+    ) -> list[Any]:
+        """``call(value)`` under each key in turn, and what each call returned: the bulk
+        read-modify-write of a handle without a faster one."""
         new = self.checked_values(context, values)
-        for _, value in zip(self.scoped(), new, strict=True):
-            write(value)
+        return [call(value) for _, value in zip(self.scoped(), new, strict=True)]
 
 
 def _slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:

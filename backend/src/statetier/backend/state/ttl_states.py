@@ -125,10 +125,19 @@ class TtlReducingState(_TtlHandle, handles.ReducingState[Any]):
         return self._read_stamped(self._access())
 
     def add(self, value: Any) -> None:
+        self._fold(value)
+
+    def add_each(self, batch: KeyBatch, values: Iterable[Any]) -> list[Any]:
+        return batch.map_each(self._ctx, self._fold, values)
+
+    def _fold(self, value: Any) -> Any:
+        """``add(value)``; the reduced value it stored."""
         handles.check_not_none(value, "a reduced value")
         now = self._access()
         current = self._visible(now)
-        self._write(value if current is None else self._reduce(current, value), now)
+        reduced = value if current is None else self._reduce(current, value)
+        self._write(reduced, now)
+        return reduced
 
 
 class TtlAggregatingState(_TtlHandle, handles.AggregatingState[Any, Any]):

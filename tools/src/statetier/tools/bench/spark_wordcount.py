@@ -283,7 +283,6 @@ def read_counts(pipeline: Any) -> dict[str, int]:
 def checkpoint_counts(store: Any, parallelism: int | None = None) -> dict[str, int]:
     """The word counts of ``store``'s latest checkpoint, restored at ``parallelism`` (default:
     the checkpoint's own)."""
-    from statetier.backend.descriptors import ValueStateDescriptor
     from statetier.backend.runtime import FunctionInstance
     from statetier.tools.bench.spark_functions import ArrowWordCount
 
@@ -299,10 +298,10 @@ def checkpoint_counts(store: Any, parallelism: int | None = None) -> dict[str, i
             store=store,
             restore_epoch=manifest.epoch,
         )
-        state = instance.keyed.get_state(ValueStateDescriptor[int]("count"))
+        state = cast(ArrowWordCount, instance.function).count  # the state as it registered it
         for key in instance.keyed.keys("count"):
             instance.keyed.set_current_key(key)
-            counts[key] = state.value() or 0
+            counts[key] = state.get() or 0
     return counts
 
 
