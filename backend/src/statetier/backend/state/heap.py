@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 from statetier.backend.descriptors import AggregatingStateDescriptor, ReducingStateDescriptor
@@ -154,8 +154,9 @@ class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
 
     def add_each(self, batch: KeyBatch, values: Iterable[Any]) -> list[Any]:
         # Read, reduce and write each entry in one step: the write finds the entry the read
-        # just brought into cache. On a state host's 2M keys that took half the time of a
-        # values() pass, a reduce pass and an update_all() pass, each a cache miss per key.
+        # just brought into cache. Over one range's 0.9M keys, a batch of 180k took 0.10-0.11 s
+        # against 0.145 s for a values() pass, a reduce pass and an update_all() pass (each
+        # read and each write a cache miss per key).
         new = batch.checked_values(self._ctx, values)
         if any(map(operator.is_, new, itertools.repeat(None))):
             check_not_none(None, "a reduced value")
@@ -174,7 +175,7 @@ def _fold_into(
     kg_map: MutableMapping[Any, Any],
     keys: list[Any],
     values: list[Any],
-    reduce: Any,
+    reduce: Callable[[Any, Any], Any],
     out: list[Any],
 ) -> None:
     """Reduce each value into its key's entry of ``kg_map`` (the value itself where the key has
