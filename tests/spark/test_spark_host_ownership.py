@@ -215,6 +215,7 @@ def test_a_host_whose_executor_died_serves_nothing_more_and_leaves_at_once(
         (info,) = registry.live_hosts()
         tcp = next(e for e in info.endpoints if e.kind == "tcp")
         executor.kill()  # not reaped yet: a zombie, as a JVM is until its worker reaps it
+        _wait_until_zombie(executor.pid)  # SIGKILL lands asynchronously: the task comes after
         try:
             with contextlib.closing(connect(tcp, registry.secret)) as conn:
                 conn.send_bytes(b'{"op": "ping"}')
@@ -263,3 +264,14 @@ def test_a_host_writes_its_threads_stacks_to_its_log_on_sigusr1(
     finally:
         registry.shutdown_hosts(5)
         host.wait(10)
+
+
+def _wait_until_zombie(pid: int, timeout: float = 10.0) -> None:
+    """Wait until ``pid`` has died (its state in /proc is Z, not yet reaped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not die within {timeout} s of SIGKILL")
