@@ -26,7 +26,7 @@ from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.messages import EpochTime, StateSpec, TaskHeader
-from statetier.backend.spark.protocol import ERROR, host_file, socket_path
+from statetier.backend.spark.protocol import ERROR, host_file, process_alive, socket_path
 from statetier.backend.spark.registry import HostRegistry, ask_route
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task import stream
@@ -267,11 +267,9 @@ def test_a_host_writes_its_threads_stacks_to_its_log_on_sigusr1(
 
 
 def _wait_until_zombie(pid: int, timeout: float = 10.0) -> None:
-    """Wait until ``pid`` has died (its state in /proc is Z, not yet reaped)."""
+    """Wait until ``pid`` has died (a zombie, not yet reaped), as the host's watch tells it."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not die within {timeout} s of SIGKILL")
         time.sleep(0.005)
-    raise AssertionError(f"process {pid} did not die within {timeout} s of SIGKILL")
