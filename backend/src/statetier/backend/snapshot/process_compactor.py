@@ -9,7 +9,7 @@ compaction, serving the following ones over its standard input and output. Not
 ``multiprocessing``: its ``spawn`` runs the parent's main script again in the child (a user's
 driver script without an ``if __name__ == "__main__"`` guard would start a second Spark job
 there), and ``fork`` would copy the JVM and event-loop threads of the driver half-way. The child
-ignores Ctrl-C (its parent stops it) and exits when its parent is gone; the request and result
+never sees the terminal's Ctrl-C (its parent stops it) and exits when its parent is gone; the request and result
 are the same JSON objects a compaction service takes, the compactor (its filesystem, which
 fsspec pickles as its constructor arguments) travels pickled, parent to child only.
 
@@ -64,6 +64,10 @@ class _Child:
             stdout=subprocess.PIPE,
             env=env,
             close_fds=True,
+            # a process group of its own: the terminal's Ctrl-C goes to the parent's group
+            # and never reaches the child, not even while it still imports (main() ignores
+            # SIGINT only once its imports are done, and Arrow's take a while)
+            process_group=0,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
         self.requests = Connection(os.dup(self.process.stdin.fileno()), readable=False)
