@@ -20,6 +20,7 @@ from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.compaction import LocalCompactor, make_request
 from statetier.backend.snapshot.format import (
     BASE,
+    COLUMNS_FORMAT_VERSION,
     COMPRESSED_FORMAT_VERSION,
     FORMAT_VERSION,
     CorruptFileError,
@@ -66,7 +67,7 @@ def test_a_chain_that_changes_codec_restores_and_compacts_exactly(tmp_path: Path
     plain.checkpoint()
     plain.process([("k2", 4), ("k3", 0)])  # 0 clears k3: a tombstone
     plain.checkpoint()
-    assert {(c, v) for _, c, v in _codecs(plain)} == {("none", FORMAT_VERSION)}
+    assert {(c, v) for _, c, v in _codecs(plain)} == {("none", COLUMNS_FORMAT_VERSION)}
     plain.close()
 
     compressed = _runner(uri, "zstd")  # restores the plain chain, then adds compressed deltas
@@ -74,8 +75,8 @@ def test_a_chain_that_changes_codec_restores_and_compacts_exactly(tmp_path: Path
     compressed.checkpoint()
     expected = dump(compressed)
     kinds = _codecs(compressed)
-    assert ("delta", "zstd", COMPRESSED_FORMAT_VERSION) in kinds
-    assert ("base", "none", FORMAT_VERSION) in kinds
+    assert ("delta", "zstd", COLUMNS_FORMAT_VERSION) in kinds
+    assert ("base", "none", COLUMNS_FORMAT_VERSION) in kinds
     store = compressed.store
     assert store is not None
     manifest = store.manifest()
@@ -99,32 +100,70 @@ def test_a_chain_that_changes_codec_restores_and_compacts_exactly(tmp_path: Path
         assert len(base.index) > 2  # untouched blocks, taken from the plain base
 
 
-def _file_with_block(block: bytes, codec: str = "zstd") -> bytes:
-    builder = DataFileBuilder({**HEADER, "codec": codec})
+def _file_with_block(block: bytes, layout: str, codec: str = "zstd") -> bytes:
+    builder = DataFileBuilder({**HEADER, "codec": codec, "layout": layout})
     parts = [builder.head, builder.add_raw(2, block, zlib.crc32(block), 1), builder.tail()]
     return b"".join(bytes(p) for p in parts)
 
 
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(data)
+
+
+_ONE = struct.pack("<IBBB", 1, 1, 1, 0) + b"\x01\x02kvv"  # a good columns block: k -> vv
+
+
 @pytest.mark.parametrize(
-    "block",
+    ("layout", "block", "problem"),
     [
-        b"\x28\xb5\x2f\xfd not a frame",  # zstd's magic, then nothing zstd can read
-        zstandard.ZstdCompressor().compress(b"\xc1"),  # a frame of bytes msgpack never uses
-        zstandard.ZstdCompressor().compress(msgpack.packb([b"k", b"v", b"k2", b"v2"])),  # 2, not 1
+        ("msgpack", b"\x28\xb5\x2f\xfd not a frame", "unreadable: zstd"),  # zstd's magic only
+        ("columns", b"\x28\xb5\x2f\xfd not a frame", "unreadable: zstd"),
+        ("msgpack", _zstd(b"\xc1"), "unreadable"),  # bytes msgpack never uses
+        (
+            "msgpack",
+            _zstd(msgpack.packb([b"k", b"v", b"k2", b"v2"])),
+            "holds 2 entries, index says 1",
+        ),
+        ("columns", _zstd(_ONE[:3]), "shorter than a block's head"),
+        ("columns", _zstd(struct.pack("<IBBB", 3, 1, 1, 0) + b"\x01\x01kv"), "too short"),
+        ("columns", _zstd(_ONE[:-1]), "add up to 12 bytes, not its 11"),  # a byte lost
+        ("columns", _zstd(_ONE + b"x"), "add up to 12 bytes, not its 13"),
+        ("columns", _zstd(_ONE[:4] + b"\x03" + _ONE[5:]), "unknown length width"),
+        ("columns", _zstd(_ONE[:6] + b"\x02" + _ONE[7:]), "unknown length width or flag"),
+        (  # two entries of which one is the index's
+            "columns",
+            _zstd(struct.pack("<IBBB", 2, 1, 1, 0) + b"\x01\x01\x01\x01abxy"),
+            "holds 2 entries, index says 1",
+        ),
+        (  # a tombstone, in a base
+            "columns",
+            _zstd(struct.pack("<IBBB", 1, 1, 1, 1) + b"\x01\x00\x01k"),
+            "holds a tombstone, but this is not a delta file",
+        ),
+        (  # a tombstone column that is not 0s and 1s
+            "columns",
+            _zstd(struct.pack("<IBBB", 1, 1, 1, 1) + b"\x01\x00\x02k"),
+            "not 0s and 1s",
+        ),
     ],
 )
 @pytest.mark.parametrize("verified", [False, True])
 def test_a_damaged_compressed_block_names_its_file_and_key_group(
-    block: bytes, verified: bool
+    layout: str, block: bytes, problem: str, verified: bool
 ) -> None:
     # the block's crc32 is right (a writer damaged it before checksumming), so only decoding
     # can tell; ``verified`` is how compaction reads (no block checksums)
-    reader = DataFileReader(_file_with_block(block), "ckpt/7.kgd", verified=verified)
+    data = _file_with_block(block, layout)
+    assert _file_with_block(_zstd(_ONE), "columns") != data  # the good block decodes:
+    good = DataFileReader(_file_with_block(_zstd(_ONE), "columns"), "ckpt/ok.kgd").block(2)
+    assert good is not None and good.flat() == [b"k", b"vv"]
+    reader = DataFileReader(data, "ckpt/7.kgd", verified=verified)
     found = reader.block(2)
     assert found is not None
     with pytest.raises(CorruptFileError, match=r"block of key group 2 at offset \d+") as err:
         found.flat()
     assert err.value.path == "ckpt/7.kgd"
+    assert problem in str(err.value)
 
 
 def test_a_codec_this_reader_lacks_is_refused_by_name() -> None:
@@ -138,16 +177,27 @@ def test_a_codec_this_reader_lacks_is_refused_by_name() -> None:
         DataFileReader(bytes(data), "ckpt/8.kgd")
 
 
-def test_none_writes_the_format_from_before_compression() -> None:
+@pytest.mark.parametrize(
+    ("layout", "plain_version", "compressed_version"),
+    [
+        ("columns", COLUMNS_FORMAT_VERSION, COLUMNS_FORMAT_VERSION),
+        ("msgpack", FORMAT_VERSION, COMPRESSED_FORMAT_VERSION),  # the formats from before
+    ],
+)
+def test_none_leaves_the_codec_out_and_zstd_compresses(
+    layout: str, plain_version: int, compressed_version: int
+) -> None:
     pairs: list[tuple[int, list[tuple[bytes, bytes | None]]]] = [
         (kg, [(b"w%d" % (kg * 1000 + i), b"\x01") for i in range(500)]) for kg in range(4)
     ]
-    plain = encode_data_file({**HEADER, "codec": "none"}, pairs)
-    assert plain == encode_data_file(HEADER, pairs)  # no codec in the header, version 2
-    assert DataFileReader(plain, "p").version == FORMAT_VERSION
-    compressed = encode_data_file({**HEADER, "codec": "zstd"}, pairs)
+    header = {**HEADER, "layout": layout}
+    plain = encode_data_file({**header, "codec": "none"}, pairs)
+    assert plain == encode_data_file(header, pairs)  # no codec in the header
+    assert DataFileReader(plain, "p").version == plain_version
+    assert DataFileReader(plain, "p").layout == layout
+    compressed = encode_data_file({**header, "codec": "zstd"}, pairs)
     reader = DataFileReader(compressed, "z")
-    assert reader.version == COMPRESSED_FORMAT_VERSION
+    assert reader.version == compressed_version
     assert all(reader.read_block(kg) == sorted(pairs[kg][1]) for kg in range(4))  # a base
     assert len(compressed) < len(plain) / 2
 

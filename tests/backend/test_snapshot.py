@@ -47,7 +47,7 @@ from statetier.backend.snapshot import (
     snapshot_subtask,
 )
 from statetier.backend.snapshot.format import (
-    COMPRESSED_FORMAT_VERSION,
+    COLUMNS_FORMAT_VERSION,
     FORMAT_VERSION,
     READABLE_VERSION,
     DataFileReader,
@@ -487,9 +487,9 @@ def test_snapshot_files_restore_cleanly(tmp_path: Path) -> None:
     _restore_everything(store)
     for entry in manifest.keyed_files:
         reader = DataFileReader(store.read(entry), entry.path)
-        # the writer's default compresses blocks (checkpoint.compression=zstd): version 3
-        assert reader.header["format_version"] == COMPRESSED_FORMAT_VERSION
-        assert reader.codec == "zstd"
+        # the writer's default: columnar blocks, compressed (checkpoint.compression=zstd)
+        assert reader.header["format_version"] == COLUMNS_FORMAT_VERSION
+        assert (reader.codec, reader.layout) == ("zstd", "columns")
         assert reader.header["state"] == entry.state
         assert reader.verify() == sum(e.entries for e in reader.index.values())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -108,3 +109,15 @@ def chain_requests(
     ]
     r.close()
     return requests
+
+
+def odd_block(pairs: list[tuple[bytes, bytes | None]]) -> bytes:
+    """A valid columns block (format version 4, no codec) with 4-byte lengths where the
+    encoder would pick 1-byte ones: copied as-is it keeps these bytes, decoded and re-encoded
+    it would not."""
+    assert all(value is not None for _, value in pairs)
+    head = struct.pack("<IBBB", len(pairs), 4, 4, 0)
+    key_lengths = b"".join(struct.pack("<I", len(k)) for k, _ in pairs)
+    value_lengths = b"".join(struct.pack("<I", len(v or b"")) for _, v in pairs)
+    keys, values = b"".join(k for k, _ in pairs), b"".join(v or b"" for _, v in pairs)
+    return head + key_lengths + value_lengths + keys + values

@@ -9,7 +9,6 @@ restores the compacted checkpoint at another parallelism.
 from __future__ import annotations
 
 import random
-import struct
 import sys
 import uuid
 import zlib
@@ -40,7 +39,7 @@ from statetier.tools.compaction_launch import Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 
-from tests.compaction.compaction_support import SumAndLast, dump
+from tests.compaction.compaction_support import SumAndLast, dump, odd_block
 
 Pairs = list[tuple[bytes, bytes | None]]
 MANY = 128  # key groups in the one range of a parallelism-1 runner
@@ -211,21 +210,12 @@ def test_the_new_base_is_what_decode_merge_encode_gives(
     assert result.entries == out.verify()
 
 
-def _odd_block(pairs: list[tuple[bytes, bytes]]) -> bytes:
-    """A valid block in a msgpack encoding the encoder never picks (32-bit array and bin
-    headers): copied as-is it keeps these bytes, decoded and re-encoded it would not."""
-    out = [b"\xdd" + struct.pack(">I", 2 * len(pairs))]
-    for item in (x for pair in pairs for x in pair):
-        out.append(b"\xc6" + struct.pack(">I", len(item)) + item)
-    return b"".join(out)
-
-
 def test_untouched_blocks_are_copied_without_decoding(seaweed: SeaweedFS, prefix: str) -> None:
     builder = DataFileBuilder({"state": "s", "key_groups": "0-7", "epoch": 1, "kind": BASE})
     parts: list[bytes | memoryview] = [builder.head]
     odd = {}
     for kg in range(8):
-        odd[kg] = _odd_block([(f"k{kg}-{i}".encode(), b"v%d" % i) for i in range(50)])
+        odd[kg] = odd_block([(f"k{kg}-{i}".encode(), b"v%d" % i) for i in range(50)])
         parts.append(builder.add_raw(kg, odd[kg], zlib.crc32(odd[kg]), 50))
     base = b"".join(parts) + builder.tail()
     header = {"state": "s", "key_groups": "0-7", "epoch": 2, "kind": DELTA}
@@ -249,7 +239,7 @@ def test_a_merge_failing_half_way_leaves_nothing(seaweed: SeaweedFS, prefix: str
     kind, last = files[-1]
     reader = DataFileReader(last, "last")
     entry = reader.index[max(reader.index)]  # the last key group: the rest is merged already
-    broken = last[: entry.offset] + b"\xc1" + last[entry.offset + 1 :]  # never-used msgpack byte
+    broken = last[: entry.offset] + b"\xc1" + last[entry.offset + 1 :]  # its count, damaged
     files[-1] = (kind, broken)  # the file's checksum is the broken file's: only decoding fails
     request = CompactionRequest(
         "broken", "s", "0-39", _upload(seaweed, prefix, files), f"{prefix}/broken"

@@ -13,7 +13,6 @@ older service accepts.
 from __future__ import annotations
 
 import json
-import struct
 import threading
 import zlib
 from collections.abc import Iterable
@@ -47,6 +46,8 @@ from statetier.backend.state.codec import StateCodec
 from statetier.backend.ttl import ManualClock
 from statetier.compaction.validation import InvalidRequestError, Limits, parse_job
 from statetier.tools.compaction_launch import Processes, SeaweedFS
+
+from tests.compaction.compaction_support import odd_block
 
 T0 = 1_000_000
 TTL_MS = 1000
@@ -275,16 +276,6 @@ def test_without_a_clock_or_the_cleanup_setting_nothing_is_filtered() -> None:
     assert live(flat) is flat  # nothing expired: the same list, so a block is copied as-is
 
 
-def _odd_block(pairs: list[tuple[bytes, bytes | None]]) -> bytes:
-    """A valid block in a msgpack encoding the encoder never picks (32-bit array and bin
-    headers): copied as-is it keeps these bytes, decoded and re-encoded it would not."""
-    out = [b"\xdd" + struct.pack(">I", 2 * len(pairs))]
-    for item in (x for pair in pairs for x in pair):
-        assert item is not None
-        out.append(b"\xc6" + struct.pack(">I", len(item)) + item)
-    return b"".join(out)
-
-
 def _raw_block(reader: DataFileReader, data: bytes, key_group: int) -> bytes:
     entry = reader.index[key_group]
     return data[entry.offset : entry.offset + entry.length]
@@ -300,7 +291,7 @@ def test_untouched_blocks_without_expired_entries_are_still_copied_as_they_are(
         return [(b"k%d-%03d" % (kg, i), codec.encode((f"v{i}", stamp))) for i in range(40)]
 
     builder = DataFileBuilder({"state": "v", "key_groups": "0-3", "epoch": 1, "kind": "base"})
-    alive = _odd_block(entries(0, now))  # re-encoded, these bytes would change
+    alive = odd_block(entries(0, now))  # re-encoded, these bytes would change
     parts = [builder.head, builder.add_raw(0, alive, zlib.crc32(alive), 40)]
     half = entries(1, now)[:20] + entries(1, T0)[20:]  # half of key group 1 expired at ``now``
     for kg, pairs in ((1, half), (2, entries(2, now))):

@@ -45,7 +45,7 @@ from statetier.backend.snapshot.format import (
 from statetier.backend.snapshot.layout import compacted_base_name
 from statetier.backend.snapshot.lazy import bulk_allocation
 from statetier.backend.snapshot.manifest import Chain, FileEntry
-from statetier.backend.snapshot.merge import live_chain, merge_blocks
+from statetier.backend.snapshot.merge import live_chain, merge_blocks, merge_columns
 from statetier.backend.snapshot.store import put_whole, read_whole
 from statetier.backend.snapshot.ttl_filter import FlatFilter, ttl_filter
 
@@ -234,8 +234,10 @@ class LocalCompactor:
             "max_parallelism": request.max_parallelism,
             "compacted_from": len(request.inputs),
             # as the newest input: the writer's current setting (checkpoint.compression),
-            # which a service that merges for many pipelines cannot know otherwise
+            # which a service that merges for many pipelines cannot know otherwise, and the
+            # layout its writer reads (an older writer reads no columns, see format)
             "codec": files[-1].codec,
+            "layout": files[-1].layout,
         }
         builder = DataFileBuilder(header)
         key_groups = KeyGroupRange.parse(request.key_groups)
@@ -289,12 +291,17 @@ def merge_chain(
             check()
         if key_group in touched:
             blocks = [b for reader in chain if (b := reader.block(key_group)) is not None]
-            flat = merge_blocks(blocks)
-            if expired is not None:
-                flat = expired(flat)
+            if expired is None:  # Arrow's merge, no Python object per entry (see columns)
+                merged = merge_columns(blocks)
+                if len(merged):
+                    block_bytes = builder.encode_columns(merged)
+                    yield builder.add_block(key_group, block_bytes, len(merged))
+                continue
+            flat = expired(merge_blocks(blocks))
         elif base is not None and (block := base.block(key_group)) is not None:
             live = _filtered(block, expired)
-            if live is None and block.codec != builder.codec:  # stored otherwise: re-encode
+            stored_otherwise = block.codec != builder.codec or block.layout != builder.layout
+            if live is None and stored_otherwise:  # re-encode
                 live = block.flat()
             if live is None:  # nothing to change: the block as it is
                 entry = base.index[key_group]

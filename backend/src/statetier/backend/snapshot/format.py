@@ -4,10 +4,12 @@ Layout (integers little-endian)::
 
     header   MAGIC (8 bytes) | format version u16 | header length u32 | header crc32 u32 (from
              version 2 on) | header (msgpack map)
-    blocks   one per non-empty key group: msgpack array [key, value, key, value, ...] of bytes;
-             a base's entries sorted by key bytes, a delta's in the order the epoch touched
-             their keys (each key once; the merge sorts them, see merge); in a delta file a
-             value of nil is a tombstone (the key was removed since the previous epoch)
+    blocks   one per non-empty key group, each key once: a base's entries sorted by key
+             bytes, a delta's in the order the epoch touched their keys (the merge sorts
+             them, see merge); in a delta a value of nil is a tombstone (the key was removed
+             since the previous epoch). Laid out as the header's ``layout`` says: ``columns``
+             (format version 4: a keys column and a values column, see columns), or, in
+             files of versions 1-3, a msgpack array [key, value, key, value, ...] of bytes
     index    msgpack array of [key group, offset, length, crc32, entry count]
     footer   index offset u64 | index length u32 | index crc32 u32 | END_MAGIC (8 bytes)
 
@@ -16,7 +18,10 @@ The header says what the file is: ``kind`` ("base": every entry of the range at 
 and ``codec`` when each block is compressed (see codec; a block's crc32 is of its stored,
 compressed bytes). Files with compressed blocks are format version 3, so that a reader from
 before compression refuses them by their version instead of failing on their blocks; files
-without stay version 2. Version 1 files (bases only, no ``kind``) are still read.
+without stay version 2. Files with columnar blocks are version 4 and say ``layout: columns``;
+writers write them, and compaction writes the layout of its newest input, so a deployment whose
+writers are older keeps files they can read. Version 1 files (bases only, no ``kind``) are
+still read.
 
 A reader opens the footer, checks the index checksum, and then reads only the blocks of the key
 groups it needs, checking each block's crc32 (the whole-file checksum of the manifest does not
@@ -36,14 +41,19 @@ from typing import Any
 
 import msgpack
 from statetier.backend.snapshot import codec as codecs
+from statetier.backend.snapshot import columns as block_columns
+from statetier.backend.snapshot.columns import Columns
 from statetier.backend.snapshot.crc import Crc32
 
 __all__ = [
     "BASE",
+    "COLUMNS",
+    "COLUMNS_FORMAT_VERSION",
     "COMPRESSED_FORMAT_VERSION",
     "DELTA",
     "Block",
     "FORMAT_VERSION",
+    "MSGPACK",
     "READABLE_VERSION",
     "CorruptFileError",
     "DataFileBuilder",
@@ -58,10 +68,14 @@ __all__ = [
 MAGIC = b"STTRDAT\x00"
 END_MAGIC = b"STTREND\x00"
 FORMAT_VERSION = 2  # of manifests, compaction requests and data files with plain blocks
-COMPRESSED_FORMAT_VERSION = 3  # data files whose header names a codec
-READABLE_VERSION = COMPRESSED_FORMAT_VERSION  # the newest data file this reader reads
+COMPRESSED_FORMAT_VERSION = 3  # data files of msgpack blocks whose header names a codec
+COLUMNS_FORMAT_VERSION = 4  # data files of columnar blocks, compressed or not
+READABLE_VERSION = COLUMNS_FORMAT_VERSION  # the newest data file this reader reads
 BASE = "base"
 DELTA = "delta"
+COLUMNS = "columns"  # a block's layout: see columns
+MSGPACK = "msgpack"  # a block's layout in format versions 1-3
+LAYOUTS = (COLUMNS, MSGPACK)
 _PREAMBLE = struct.Struct("<8sHI")
 _HEADER_CRC = struct.Struct("<I")
 _FOOTER = struct.Struct("<QII8s")
@@ -118,6 +132,15 @@ def encode_data_file_columns(
     for key_group, keys, values in key_groups:
         if not keys:
             continue
+        if builder.layout == COLUMNS and ordered:
+            columns = block_columns.sort_by_key(block_columns.from_lists(keys, values))
+            parts.append(builder.add_block(key_group, builder.encode_columns(columns), len(keys)))
+            continue
+        if builder.layout == COLUMNS:
+            parts.append(
+                builder.add_block(key_group, builder.encode_lists(keys, values), len(keys))
+            )
+            continue
         flat: list[bytes | None] = [None] * (2 * len(keys))
         if ordered:
             order = sorted(range(len(keys)), key=keys.__getitem__)
@@ -139,15 +162,26 @@ class DataFileBuilder:
     Write :attr:`head`, then what each ``add_*`` returns (in key-group order; empty key groups
     are simply not added), then :meth:`tail`. One builder per file and thread: it owns a msgpack
     Packer, which keeps a buffer between calls, and the header's codec's compressor.
+
+    The header's ``layout`` (default ``columns``) says how blocks are laid out; ``msgpack``
+    writes the files of format versions 2 and 3, as writers before columns did.
     """
 
     def __init__(self, header: dict[str, object]) -> None:
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.codec = str(header.get("codec", codecs.NONE))
+        self.layout = str(header.get("layout", COLUMNS))
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown block layout {self.layout!r} (one of {', '.join(LAYOUTS)})")
         self._compress = codecs.compressor(self.codec)
+        header = {k: v for k, v in header.items() if k != "layout"}
         if self._compress is None:
             header = {k: v for k, v in header.items() if k != "codec"}  # version 2, as before
-        version = FORMAT_VERSION if self._compress is None else COMPRESSED_FORMAT_VERSION
+        if self.layout == COLUMNS:
+            header["layout"] = COLUMNS
+            version = COLUMNS_FORMAT_VERSION
+        else:
+            version = FORMAT_VERSION if self._compress is None else COMPRESSED_FORMAT_VERSION
         header_bytes: bytes = self._pack({**header, "format_version": version})
         self.head = b"".join(
             (
@@ -163,9 +197,29 @@ class DataFileBuilder:
         self._crc.add(self.head)
 
     def encode_flat(self, flat: Sequence[bytes | None]) -> bytes:
-        """A block of entries already laid out as stored: [key, value, key, value, ...],
-        compressed with the file's codec."""
+        """A block of entries laid out [key, value, key, value, ...] in the order to store
+        them, in the file's layout, compressed with the file's codec."""
+        if self.layout == COLUMNS:
+            return self.encode_columns(block_columns.from_flat(flat))
         block: bytes = self._pack(flat)
+        return block if self._compress is None else self._compress(block)
+
+    def encode_lists(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+        """A block of ``keys`` and their ``values`` in the order given, in the file's layout,
+        compressed with the file's codec."""
+        if self.layout != COLUMNS:
+            flat: list[bytes | None] = [None] * (2 * len(keys))
+            flat[0::2], flat[1::2] = keys, values
+            return self.encode_flat(flat)
+        block = block_columns.encode_lists(keys, values)
+        return block if self._compress is None else self._compress(block)
+
+    def encode_columns(self, columns: Columns) -> bytes:
+        """A block of ``columns`` in the order to store them, in the file's layout, compressed
+        with the file's codec."""
+        if self.layout != COLUMNS:
+            return self.encode_flat(columns.to_flat())
+        block = block_columns.encode(columns)
         return block if self._compress is None else self._compress(block)
 
     def add_raw(
@@ -210,6 +264,7 @@ class Block:
     kind: str
     data: memoryview | bytes
     codec: str = codecs.NONE
+    layout: str = MSGPACK
 
     def fail(self, problem: str) -> CorruptFileError:
         where = f"block of key group {self.key_group} at offset {self.offset}"
@@ -222,8 +277,11 @@ class Block:
 
     def flat(self) -> list[bytes | None]:
         """Decode the block as stored: [key, value, key, value, ...], a value of None a
-        tombstone (the cheapest decode: no pair is built). The one block decoder: restore,
-        compaction (see merge) and verification all read blocks through it."""
+        tombstone (the cheapest decode: no pair is built). With :meth:`columns`, the one block
+        decoder: restore, compaction (see merge) and verification all read blocks through
+        them."""
+        if self.layout == COLUMNS:
+            return self.columns().to_flat()
         stored = self.data
         try:
             if self.codec != codecs.NONE:
@@ -238,6 +296,24 @@ class Block:
             # all() first: a much cheaper scan than looking for None, which compares each value
             raise self.fail("holds a tombstone, but this is not a delta file")
         return flat
+
+    def columns(self) -> Columns:
+        """Decode the block into columns: without a Python object per entry when the block
+        is stored as columns (a merge's input), through :meth:`flat` when it is not."""
+        if self.layout != COLUMNS:
+            return block_columns.from_flat(self.flat())
+        try:
+            stored = self.data
+            if self.codec != codecs.NONE:
+                stored = codecs.decompress(self.codec, stored)
+            found = block_columns.decode(stored)
+        except ValueError as exc:
+            raise self.fail(f"is unreadable: {exc}") from None
+        if len(found) != self.entries:
+            raise self.fail(f"holds {len(found)} entries, index says {self.entries}")
+        if self.kind != DELTA and found.values.null_count:
+            raise self.fail("holds a tombstone, but this is not a delta file")
+        return found
 
 
 class DataFileReader:
@@ -291,6 +367,9 @@ class DataFileReader:
                 f"blocks are compressed with {self.codec!r}, a codec this reader does not "
                 "know; upgrade statetier"
             )
+        self.layout: str = header.get("layout", MSGPACK)
+        if (self.layout == COLUMNS) != (version >= COLUMNS_FORMAT_VERSION):
+            raise self._fail(f"format version {version} does not hold {self.layout} blocks")
         self._blocks_start = start + header_len
         return header
 
@@ -331,7 +410,14 @@ class DataFileReader:
             return None
         view = self._view[entry.offset : entry.offset + entry.length]
         found = Block(
-            self.path, key_group, entry.offset, entry.entries, self.kind, view, self.codec
+            self.path,
+            key_group,
+            entry.offset,
+            entry.entries,
+            self.kind,
+            view,
+            self.codec,
+            self.layout,
         )
         if not self._blocks_checked and zlib.crc32(view) != entry.crc32:
             raise found.fail("fails its checksum")
