@@ -48,8 +48,8 @@ __all__ = [
 
 _HEAD = struct.Struct("<IBBB")
 # Arrow's default pool (mimalloc) keeps freed memory for later allocations, which the memory
-# governor would read in RSS as state (tests/spill/test_governor.py saw 29 MiB more at peak):
-# columns live in the allocator Python's objects use, which gives large blocks back at once.
+# governor reads in RSS as if it were state (the eight ranges of tests/spill/test_governor.py
+# peaked 4 MiB higher with it): columns live in the allocator Python's objects use.
 _POOL = pa.system_memory_pool()
 # Arrays are built from buffers: ``pa.array`` and ``pa.repeat`` import pandas (23 MiB of RSS
 # that a state host has no use for), as does ``to_numpy`` of a boolean array.
