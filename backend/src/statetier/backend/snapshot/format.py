@@ -132,24 +132,12 @@ def encode_data_file_columns(
     for key_group, keys, values in key_groups:
         if not keys:
             continue
-        if builder.layout == COLUMNS and ordered:
+        if ordered:  # Arrow's sort, whichever layout the builder writes
             columns = block_columns.sort_by_key(block_columns.from_lists(keys, values))
-            parts.append(builder.add_block(key_group, builder.encode_columns(columns), len(keys)))
-            continue
-        if builder.layout == COLUMNS:
-            parts.append(
-                builder.add_block(key_group, builder.encode_lists(keys, values), len(keys))
-            )
-            continue
-        flat: list[bytes | None] = [None] * (2 * len(keys))
-        if ordered:
-            order = sorted(range(len(keys)), key=keys.__getitem__)
-            flat[0::2] = [keys[i] for i in order]
-            flat[1::2] = [values[i] for i in order]
+            block = builder.encode_columns(columns)
         else:
-            flat[0::2] = keys
-            flat[1::2] = values
-        parts.append(builder.add_block(key_group, builder.encode_flat(flat), len(keys)))
+            block = builder.encode_lists(keys, values)
+        parts.append(builder.add_block(key_group, block, len(keys)))
     parts.append(builder.tail())
     return b"".join(parts)
 
@@ -200,7 +188,7 @@ class DataFileBuilder:
         """A block of entries laid out [key, value, key, value, ...] in the order to store
         them, in the file's layout, compressed with the file's codec."""
         if self.layout == COLUMNS:
-            return self.encode_columns(block_columns.from_flat(flat))
+            return self.encode_lists(flat[0::2], flat[1::2])  # type: ignore[arg-type]
         block: bytes = self._pack(flat)
         return block if self._compress is None else self._compress(block)
 

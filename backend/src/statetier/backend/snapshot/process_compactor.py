@@ -9,9 +9,10 @@ compaction, serving the following ones over its standard input and output. Not
 ``multiprocessing``: its ``spawn`` runs the parent's main script again in the child (a user's
 driver script without an ``if __name__ == "__main__"`` guard would start a second Spark job
 there), and ``fork`` would copy the JVM and event-loop threads of the driver half-way. The child
-never sees the terminal's Ctrl-C (its parent stops it) and exits when its parent is gone; the request and result
-are the same JSON objects a compaction service takes, the compactor (its filesystem, which
-fsspec pickles as its constructor arguments) travels pickled, parent to child only.
+never sees the terminal's Ctrl-C (its parent stops it) and exits when its parent is gone; the
+request and result are the same JSON objects a compaction service takes, the compactor (its
+filesystem, which fsspec pickles as its constructor arguments) travels pickled, parent to child
+only.
 
 The child runs at a lower CPU priority (``MERGE_NICENESS``): a merge is background work, and a
 driver often shares its cores with executors (``local-cluster``, a driver pod beside executor
