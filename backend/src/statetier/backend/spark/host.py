@@ -50,20 +50,14 @@ from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
 from statetier.backend.snapshot.layout import error_name, result_name
+from statetier.backend.spark import protocol
 from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.functions import SparkTask, set_current_task
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
 from statetier.backend.spark.processing import as_batches, count_records, process
-from statetier.backend.spark.protocol import (
-    BATCH,
-    ERROR,
-    RESULT,
-    ProcessWatch,
-    read_batch,
-    write_batch,
-)
+from statetier.backend.spark.protocol import ProcessWatch, read_batch, write_batch
 from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
@@ -236,25 +230,25 @@ class StateHost:
             op = request.text("op")
             registry = Endpoint.from_json(request.items("registry")) if op == "join" else None
         except (ValueError, TypeError) as e:  # a MessageError, bad JSON, a bad endpoint
-            conn.send_bytes(ERROR + f"a malformed request: {e}".encode())
+            conn.send_bytes(protocol.ERROR + f"a malformed request: {e}".encode())
             return
         if self._orphaned() and op != "stats":
             # a task or the registry's probe must find this host gone, not half-alive
-            conn.send_bytes(ERROR + f"state host {self.host_id} is stopping".encode())
+            conn.send_bytes(protocol.ERROR + f"state host {self.host_id} is stopping".encode())
             return
         if op == "task":
             self._task(conn, request.data)
         elif registry is not None:
             self.link.join(registry)
-            conn.send_bytes(RESULT + json.dumps(self.info.to_json()).encode())
+            conn.send_bytes(protocol.RESULT + json.dumps(self.info.to_json()).encode())
         elif op in ("ping", "shutdown"):
-            conn.send_bytes(RESULT + json.dumps({"pid": os.getpid()}).encode())
+            conn.send_bytes(protocol.RESULT + json.dumps({"pid": os.getpid()}).encode())
             if op == "shutdown":
                 self.stopping.set()
         elif op == "stats":
-            conn.send_bytes(RESULT + json.dumps(self.stats()).encode())
+            conn.send_bytes(protocol.RESULT + json.dumps(self.stats()).encode())
         else:
-            conn.send_bytes(ERROR + f"unknown request {op!r}".encode())
+            conn.send_bytes(protocol.ERROR + f"unknown request {op!r}".encode())
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -285,18 +279,18 @@ class StateHost:
         try:
             header = TaskHeader.decode(raw)
         except MessageError as e:  # a task of another version, or not a task at all
-            conn.send_bytes(ERROR + str(e).encode())
+            conn.send_bytes(protocol.ERROR + str(e).encode())
             return
         try:
             outputs, finish = self.start_task(header, function_bytes, batches)
         except Exception:
-            conn.send_bytes(ERROR + traceback.format_exc().encode())
+            conn.send_bytes(protocol.ERROR + traceback.format_exc().encode())
             return
         try:
             for batch in outputs:
-                conn.send_bytes(BATCH + write_batch(batch))
+                conn.send_bytes(protocol.BATCH + write_batch(batch))
             # The task is done; the snapshot follows while Spark runs the next tasks.
-            conn.send_bytes(RESULT + json.dumps({"deferred": True}).encode())
+            conn.send_bytes(protocol.RESULT + json.dumps({"deferred": True}).encode())
         finally:
             finish()
 

@@ -42,7 +42,7 @@ from statetier.backend.helptext import plain
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import SpillManager
-from statetier.backend.spill.monitor import read_rss
+from statetier.backend.spill.monitor import GcPauseTracker, read_rss
 from statetier.backend.state import ListState
 from statetier.tools.bench import print_table, run_child
 from statetier.tools.wordcount import WordCount
@@ -62,32 +62,18 @@ INPUT_SLICE = 100_000
 BATCHES = 10  # micro-batches, as in the reference figures of the design
 
 
-class _PauseLog:
-    """Every gen-2 pause of this process: (when it ended, seconds)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float]] = []
-        self._started = 0.0
-        gc.callbacks.append(self._on_gc)
-
-    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.pauses.append((time.monotonic(), time.perf_counter() - self._started))
-
-    def stats(self, after: float = 0.0) -> dict[str, Any]:
-        chosen = sorted(p for at, p in self.pauses if at >= after)
-        if not chosen:
-            return {"count": 0, "max_ms": 0.0, "p99_ms": 0.0}
-        p99 = chosen[min(len(chosen) - 1, int(0.99 * len(chosen)))]
-        return {
-            "count": len(chosen),
-            "max_ms": round(chosen[-1] * 1000, 1),
-            "p99_ms": round(p99 * 1000, 1),
-        }
+def pause_stats(pauses: GcPauseTracker, after: float = 0.0) -> dict[str, Any]:
+    """The count, longest and 99th percentile of the gen-2 pauses that ended after ``after``
+    (the spill monitor's own record of them: each mode runs in a child process of its own)."""
+    chosen = sorted(pauses.since(after))
+    if not chosen:
+        return {"count": 0, "max_ms": 0.0, "p99_ms": 0.0}
+    p99 = chosen[min(len(chosen) - 1, int(0.99 * len(chosen)))]
+    return {
+        "count": len(chosen),
+        "max_ms": round(chosen[-1] * 1000, 1),
+        "p99_ms": round(p99 * 1000, 1),
+    }
 
 
 def state_bytes(instance: FunctionInstance) -> tuple[int, int, int]:
@@ -146,7 +132,7 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             },
             env={},
         )
-    pauses = _PauseLog()
+    pauses = GcPauseTracker.acquire()
     gc.collect()
     baseline = read_rss()  # the runtime and the input: the governor's allowance, about
     instance = FunctionInstance(WordCount, 0, 1, MAX_PARALLELISM, config=config)
@@ -172,7 +158,7 @@ def _wordcount(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "spilled_bytes": spilled,
         "usage_bytes": usage,
         "spill_ratio": round(spilled_kgs / MAX_PARALLELISM, 3),
-        "gc": pauses.stats(),
+        "gc": pause_stats(pauses),
         "counts_ok": counts == expected,
     }
     if instance.spill is not None:
@@ -259,7 +245,7 @@ def _gc_case(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             },
             env={},
         )
-    pauses = _PauseLog()
+    pauses = GcPauseTracker.acquire()
     gc.collect()
     instance = FunctionInstance(Sessions, 0, 1, MAX_PARALLELISM, config=config)
     started = time.perf_counter()
@@ -278,8 +264,8 @@ def _gc_case(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         result["moves"] = len(decisions)
         result["first_spill_reason"] = decisions[0].reason if decisions else None
         result["spill_ratio"] = round(len(instance.spill.spilled) / MAX_PARALLELISM, 3)
-    result["gc_all"] = pauses.stats()
-    result["gc_after_first_spill"] = pauses.stats(after=first_spill) if first_spill else None
+    result["gc_all"] = pause_stats(pauses)
+    result["gc_after_first_spill"] = pause_stats(pauses, after=first_spill) if first_spill else None
     state = instance.keyed.get_state(ListStateDescriptor[list[int]]("events"))
     sample = [0, keys // 2, keys - 7 if (keys - 7) % 7 == 0 else keys - 1]
     ok = True
