@@ -515,7 +515,11 @@ ROUND_TRIP_VALUES: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize("value", ROUND_TRIP_VALUES, ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    ROUND_TRIP_VALUES,
+    ids=[f"{i}-{type(v).__name__}" for i, v in enumerate(ROUND_TRIP_VALUES)],
+)
 def test_msgpack_round_trip_keeps_types(value: Any) -> None:
     s = MsgpackSerializer()
     back = s.loads(s.dumps(value))
