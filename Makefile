@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (0: one process): much of the suite waits on Spark, servers
+# and subprocesses rather than computing, so workers overlap those waits
+PYTEST_WORKERS ?= 2
 
 .PHONY: all install test demo lint bench docs clean
 
@@ -25,7 +28,7 @@ $(STAMP): requirements-dev.txt $(DISTRIBUTIONS:%=%/pyproject.toml)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/statetier demo
