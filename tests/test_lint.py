@@ -1,5 +1,5 @@
 """``make lint``'s checks, run by ``make test`` too: CI runs only ``make test``, and a ruff
-failure once stayed on main for four commits. The import contracts have their own test
+failure once stayed on main for six commits. The import contracts have their own test
 (test_import_contracts.py)."""
 
 from __future__ import annotations
