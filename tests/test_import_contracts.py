@@ -1,7 +1,7 @@
 """The import contracts of .importlinter hold for the tree, and a forbidden import breaks them.
 
-`make lint` runs `lint-imports` on the tree; CI runs the tests, so the first test checks the same
-there. The others copy the five packages to a temporary directory, add one import that the
+The first test runs `lint-imports` on the tree (`make lint` runs it, and `make test` with every
+other test). The others copy the five packages to a temporary directory, add one import that the
 layers described in docs/architecture.md forbid, and run `lint-imports` with the project's own
 contracts on the copy (first on the import path, so it shadows the installed packages): the
 contract that names that rule must break and name the import.

@@ -1,6 +1,6 @@
-"""``make lint``'s checks, run by ``make test`` too: CI runs only ``make test``, and a ruff
-failure once stayed on main for six commits. The import contracts have their own test
-(test_import_contracts.py)."""
+"""ruff and mypy --strict hold for the tree: ``make lint`` runs these tests (with the import
+contracts' tree test in test_import_contracts.py), and ``make test`` runs them too, since CI runs
+only ``make test`` (a ruff failure once stayed on main for six commits)."""
 
 from __future__ import annotations
 
