@@ -130,6 +130,43 @@ def test_a_key_group_column_out_of_step_with_the_keys_is_refused() -> None:
         backend.key_batch(keys, cast(list[int], [float(g) for g in groups]))
 
 
+@pytest.mark.parametrize("order", ["as hashed", "by key group"])
+@pytest.mark.parametrize("column", ["arrow", "chunked", "numpy", "list"])
+def test_a_key_group_column_gives_the_slots_and_runs_hashing_gives(order: str, column: str) -> None:
+    """Whatever form the column takes, the batch is the one the per-key hashing makes: the
+    same slots, and the same runs (None when the keys are not sorted by key group)."""
+    backend, _ = _backend()
+    keys = _ordered(_keys_in(HALF, 300), order)
+    groups = [assign_to_key_group(k, MAX_P) for k in keys]
+    given: Any = {
+        "arrow": pa.array(groups, pa.int32()),
+        "chunked": pa.chunked_array([groups[:100], groups[100:]], pa.int64()),
+        "numpy": np.array(groups, np.uint16),
+        "list": groups,
+    }[column]
+    batch, hashed = backend.key_batch(keys, given), backend.key_batch(keys)
+    assert batch.slots == hashed.slots == [g - HALF.start for g in groups]
+    assert batch.runs == hashed.runs
+    assert (batch.runs is None) == (order == "as hashed")
+    assert backend.key_batch([], pa.array([], pa.int32())).runs == []
+
+
+def test_a_key_group_column_of_another_type_or_with_nulls_is_refused() -> None:
+    backend, _ = _backend()
+    keys = _keys_in(HALF, 3)
+    groups = [assign_to_key_group(k, MAX_P) for k in keys]
+    with pytest.raises(TypeError, match=r"must be ints .* not double"):
+        backend.key_batch(keys, pa.array(groups, pa.float64()))
+    with pytest.raises(TypeError, match="not int32 with nulls"):
+        backend.key_batch(keys, pa.array([groups[0], None, groups[2]], pa.int32()))
+    with pytest.raises(TypeError, match="must be ints, not bool"):
+        backend.key_batch(keys, np.array([True, False, True]))
+    with pytest.raises(TypeError, match="must be ints"):
+        backend.key_batch(keys, [groups[0], True, groups[2]])
+    with pytest.raises(KeyGroupOutOfRangeError, match="outside"):
+        backend.key_batch(keys, [groups[0], 2**70, groups[2]])
+
+
 def test_keys_hashing_would_refuse_are_refused_though_not_hashed() -> None:
     backend, _ = _backend()
     keys: list[Any] = _keys_in(HALF, 40)
@@ -229,6 +266,12 @@ def test_a_batch_counts_one_request_per_key_and_polls_the_spill_tier_once() -> N
         expected[assign_to_key_group(key, MAX_P) - HALF.start] += 1
     assert hits == expected
     assert polls == [1]
+    # sorted by key group with the pipeline's column: counted a run at a time, the same counts
+    ranked = _ordered(keys + keys[:10], "by key group")
+    batch = backend.key_batch(ranked, [assign_to_key_group(k, MAX_P) for k in ranked])
+    assert batch.runs is not None
+    assert hits == [2 * n for n in expected]
+    assert polls == [1, 1]
 
 
 def test_a_key_touched_by_several_batches_and_per_key_is_drained_once() -> None:

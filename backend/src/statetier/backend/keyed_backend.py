@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+import numpy as np
+import pyarrow as pa
 from statetier.backend.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -229,10 +231,10 @@ class KeyedStateBackend:
         if key_groups is None:
             memo, slot_of = self._touched.get, self._slot_of
             slots = [s if (s := memo(key)) is not None else slot_of(key) for key in batch_keys]
+            batch = KeyBatch(batch_keys, slots, self.context)
         else:
-            slots = self._given_slots(batch_keys, as_list(key_groups))
-        batch = KeyBatch(batch_keys, slots, self.context)
-        if key_groups is not None:
+            given = self._given_slots(batch_keys, key_group_array(key_groups))
+            batch = KeyBatch.from_slot_array(batch_keys, given, self.context)
             # logged as they are: inserting every key into _touched, a dict of the whole
             # epoch's keys, costs a cache miss per key; drain_touched_keys groups them later
             self._batches.append(batch)
@@ -241,24 +243,32 @@ class KeyedStateBackend:
                 for hook in self.context.record_hooks:
                     hook()
         if self._counting:
-            hits = self._hits
-            for slot in slots:
-                hits[slot] += 1
+            self._count_hits(batch)
             self._on_poll()
         return batch
 
-    def _given_slots(self, keys: list[Any], key_groups: list[Any]) -> list[int]:
+    def _count_hits(self, batch: KeyBatch) -> None:
+        """Count ``batch``'s keys as requests of their key groups (a run at a time when it is
+        sorted by key group)."""
+        hits = self._hits
+        if batch.runs is not None:
+            for slot, start, stop in batch.runs:
+                hits[slot] += stop - start
+            return
+        for slot in batch.slots:
+            hits[slot] += 1
+
+    def _given_slots(self, keys: list[Any], key_groups: np.ndarray) -> np.ndarray:
         """The slots of ``key_groups``, checked against the keys' own key groups: for string,
         bytes and int keys those of a sample (every 1/16th) and of the smallest and largest
         int (an int must fit in 64 bits); keys of any other type (None, bool, tuples, ...)
-        are hashed one by one, as ``set_current_key`` would refuse or place them."""
+        are hashed one by one, as ``set_current_key`` would refuse or place them. The checks
+        of the whole column are numpy's: no Python step per key."""
         if len(key_groups) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(key_groups)} key groups")
         if not keys:
-            return []
-        if not set(map(type, key_groups)) <= {int}:
-            raise TypeError("key groups must be ints (the pipeline's key-group column)")
-        low, high = min(key_groups), max(key_groups)
+            return key_groups
+        low, high = int(key_groups.min()), int(key_groups.max())
         if low < self.key_groups.start or high > self.key_groups.end:
             bad = low if low < self.key_groups.start else high
             raise KeyGroupOutOfRangeError(
@@ -267,15 +277,14 @@ class KeyedStateBackend:
         types = set(map(type, keys))
         checked = range(len(keys)) if types - {str, bytes, int} else self._sample(keys, types)
         for i in checked:
-            key, given = keys[i], key_groups[i]
+            key, given = keys[i], int(key_groups[i])
             hashed = self._first + self._slot_of(key)
             if hashed != given:
                 raise ValueError(
                     f"key {key!r} is in key group {hashed}, but its key group was given as "
                     f"{given}: the key-group column is not in step with the keys"
                 )
-        first = self._first
-        return [group - first for group in key_groups] if first else key_groups
+        return key_groups - self._first
 
     @staticmethod
     def _sample(keys: list[Any], types: set[type]) -> list[int]:
@@ -456,6 +465,31 @@ def check_restored_compatible(meta: dict[str, Any], descriptor: StateDescriptor)
             f"state {name!r} was checkpointed with serializers {meta['serializers']} but is "
             f"registered with {descriptor.serializer_ids()}"
         )
+
+
+def key_group_array(key_groups: Any) -> np.ndarray:
+    """A key-group column (Arrow, numpy or any iterable of ints) as a numpy int64 array; a
+    column of another type, or with nulls, is refused."""
+    if isinstance(key_groups, (pa.Array, pa.ChunkedArray)):
+        if not pa.types.is_integer(key_groups.type) or key_groups.null_count:
+            raise TypeError(
+                f"key groups must be ints (the pipeline's key-group column), not "
+                f"{key_groups.type}{' with nulls' if key_groups.null_count else ''}"
+            )
+        return np.asarray(key_groups.to_numpy(), np.int64)
+    if isinstance(key_groups, np.ndarray):
+        if key_groups.dtype.kind not in "iu":
+            raise TypeError(f"key groups must be ints, not {key_groups.dtype}")
+        return key_groups.astype(np.int64, copy=False)
+    groups = as_list(key_groups)
+    if not set(map(type, groups)) <= {int}:
+        raise TypeError("key groups must be ints (the pipeline's key-group column)")
+    try:
+        return np.array(groups, np.int64)
+    except OverflowError:
+        raise KeyGroupOutOfRangeError(
+            f"a key group of {max(groups, key=abs)} is outside any backend's range"
+        ) from None
 
 
 def _file_by_slot(batch: KeyBatch, groups: list[list[Any]]) -> None:

@@ -19,6 +19,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 from statetier.backend.state.context import KeyContext
 
 __all__ = ["KeyBatch", "as_list"]
@@ -42,6 +43,17 @@ class KeyBatch:
         # and the change log then take a key group's keys in one C-level call on its map
         # instead of one Python step per key
         self.runs = _slot_runs(slots)
+
+    @classmethod
+    def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
+        """A batch whose slots come as a numpy array (from a key-group column): its runs found
+        by numpy, where ``__init__`` takes a Python step per key to find them."""
+        batch = cls.__new__(cls)
+        batch.keys = keys
+        batch.slots = slots.tolist()
+        batch.context = context
+        batch.runs = _array_runs(slots)
+        return batch
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -109,6 +121,18 @@ def _slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
         runs.append((slot, start, stop))
         start = stop
     return runs
+
+
+def _array_runs(slots: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """:func:`_slot_runs` of a numpy array of slots."""
+    if not len(slots):
+        return []
+    steps = np.diff(slots)
+    if (steps < 0).any():
+        return None
+    starts = np.concatenate(([0], np.flatnonzero(steps) + 1))
+    stops = np.append(starts[1:], len(slots))
+    return list(zip(slots[starts].tolist(), starts.tolist(), stops.tolist(), strict=True))
 
 
 def as_list(values: Any) -> list[Any]:
