@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import msgpack
+import numpy as np
 
 __all__ = [
     "MsgpackSerializer",
@@ -25,7 +26,9 @@ __all__ = [
     "RawBytesSerializer",
     "Serializer",
     "SerializationError",
+    "PackMany",
     "bulk_dumps",
+    "pack_many",
     "register_serializer",
     "serializer_by_id",
 ]
@@ -46,6 +49,14 @@ class Serializer(Protocol):
 
     def loads(self, data: bytes) -> Any: ...
 
+
+# msgpack's header bytes of a str by its UTF-8 length (fixstr, str8, str16, str32) and the size
+# of an int (fixint, int8/uint8, 16, 32, 64 bits) by its value, as searchsorted tables: the
+# limits are the last length or value of each size
+_STR_LIMITS = np.array([31, 255, 65535])
+_STR_HEADS = np.array([1, 2, 3, 5])
+_INT_LIMITS = np.array([-(1 << 31) - 1, -32769, -129, -33, 127, 255, 65535, (1 << 32) - 1])
+_INT_SIZES = np.array([9, 5, 3, 2, 1, 2, 3, 5, 9])
 
 _EXT_TUPLE = 1
 _EXT_SET = 2
@@ -109,6 +120,34 @@ class MsgpackSerializer:
         pack: Callable[[Any], bytes] = self._packer.pack
         return pack
 
+    def pack_many(self, items: list[Any]) -> tuple[np.ndarray, memoryview] | None:
+        """``items`` written end to end in one call, and each one's length: the bytes of
+        ``dumps`` of each, joined, without a bytes object per item (a snapshot's keys and values;
+        half the time of one call per item and a join). For a list of ``str`` or of ``int``
+        (as its first item says); None for any other, which the caller then writes item by item.
+
+        The lengths are worked out from the items (a str's characters, an int's magnitude), and
+        checked against what the packer wrote. No item is shorter than worked out (a str is at
+        least as long in UTF-8 as in characters; any other sized item, a float or a bool in an
+        int's place, packs to at least as many bytes), so a total that matches means every
+        length does; else None."""
+        count = len(items)
+        try:
+            if count and type(items[0]) is str:
+                lengths = np.fromiter(map(len, items), np.int64, count)
+                lengths += _STR_HEADS[np.searchsorted(_STR_LIMITS, lengths)]
+            elif count and type(items[0]) is int:
+                lengths = _INT_SIZES[np.searchsorted(_INT_LIMITS, np.fromiter(items, np.int64))]
+            else:
+                return None
+        except (TypeError, ValueError, OverflowError):  # an item of another kind, a big int
+            return None
+        packed: bytes = self._packer.pack(items)
+        head = 1 if count < 16 else 3 if count < 1 << 16 else 5  # the array's header
+        if int(lengths.sum()) != len(packed) - head:
+            return None
+        return lengths, memoryview(packed)[head:]
+
     def direct_codec(self) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         """``(encode, decode)`` writing and reading this serializer's bytes without its per-call
         wrapper (a property and a thread-local lookup per write: a fifth of a spilled
@@ -158,6 +197,17 @@ def bulk_dumps(serializer: Serializer) -> Callable[[Any], bytes]:
     its ``dumps``."""
     fast = getattr(serializer, "bulk_dumps", None)
     return fast() if callable(fast) else serializer.dumps
+
+
+# a serializer's pack_many (see MsgpackSerializer.pack_many)
+PackMany = Callable[[list[Any]], "tuple[np.ndarray, memoryview] | None"]
+
+
+def pack_many(serializer: Serializer) -> PackMany | None:
+    """The serializer's way to write many items in one call, if it has one (see
+    :meth:`MsgpackSerializer.pack_many`), else None."""
+    many = getattr(serializer, "pack_many", None)
+    return many if callable(many) else None
 
 
 def _ordered(items: set[Any] | frozenset[Any]) -> list[Any]:

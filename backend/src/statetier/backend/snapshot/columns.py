@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 __all__ = [
     "Columns",
+    "Packed",
     "decode",
     "encode",
     "encode_lists",
@@ -77,7 +78,30 @@ class Columns:
         return flat
 
 
-def from_lists(keys: Sequence[bytes], values: Sequence[bytes | None]) -> Columns:
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """Items already written end to end, and each one's length: a column as a block stores it,
+    made without a bytes object per item (a serializer's ``pack_many``)."""
+
+    lengths: np.ndarray
+    data: bytes | memoryview
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def to_list(self) -> list[bytes]:
+        """Each item's bytes (for the msgpack layout, which stores items one by one)."""
+        data = bytes(self.data)
+        ends = np.cumsum(self.lengths).tolist()
+        return [data[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+# A column's items: their bytes one by one (None a tombstone, in a value column), or packed
+Items = Sequence[bytes] | Packed
+ValueItems = Sequence[bytes | None] | Packed
+
+
+def from_lists(keys: Items, values: ValueItems) -> Columns:
     """Columns of ``keys`` and their ``values`` (None a tombstone), copied once into Arrow."""
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
@@ -94,10 +118,13 @@ def from_flat(flat: Sequence[bytes | None]) -> Columns:
 _Raw = tuple[np.ndarray, "bytes | memoryview", "np.ndarray | None"]
 
 
-def _raw(items: Sequence[bytes | None], nullable: bool = True) -> _Raw:
+def _raw(items: ValueItems, nullable: bool = True) -> _Raw:
     """The raw column of ``items``, from one join and their lengths: a tenth of the time
     ``pa.array`` takes over a list of bytes (it inspects every object). Keys are never None,
-    so their column skips the scan for nulls (``nullable`` False)."""
+    so their column skips the scan for nulls (``nullable`` False). Packed items are one
+    already, without nulls."""
+    if isinstance(items, Packed):
+        return items.lengths, items.data, None
     count = len(items)
     nulls = None
     present = cast("Sequence[bytes]", items)
@@ -107,7 +134,7 @@ def _raw(items: Sequence[bytes | None], nullable: bool = True) -> _Raw:
     return np.fromiter(map(len, present), np.int64, count), b"".join(present), nulls
 
 
-def _binary(items: Sequence[bytes | None], nullable: bool = True) -> pa.LargeBinaryArray:
+def _binary(items: ValueItems, nullable: bool = True) -> pa.LargeBinaryArray:
     lengths, data, nulls = _raw(items, nullable)
     valid = None if nulls is None else pa.py_buffer(np.packbits(~nulls, bitorder="little"))
     return _array(len(items), lengths, pa.py_buffer(data), valid)
@@ -168,7 +195,7 @@ def encode(columns: Columns) -> bytes:
     return _pack(len(columns), _column(columns.keys), _column(values))
 
 
-def encode_lists(keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+def encode_lists(keys: Items, values: ValueItems) -> bytes:
     """:func:`encode` of :func:`from_lists` without the Arrow arrays in between: a delta's
     block, which is stored in the order given (a third less time than through the arrays)."""
     if len(keys) != len(values):

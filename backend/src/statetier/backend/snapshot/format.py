@@ -42,7 +42,7 @@ from typing import Any
 import msgpack
 from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot import columns as block_columns
-from statetier.backend.snapshot.columns import Columns
+from statetier.backend.snapshot.columns import Columns, Items, Packed, ValueItems
 from statetier.backend.snapshot.crc import Crc32
 
 __all__ = [
@@ -116,7 +116,7 @@ def encode_data_file(
 
 def encode_data_file_columns(
     header: dict[str, Any],
-    key_groups: Iterable[tuple[int, Sequence[bytes], Sequence[bytes | None]]],
+    key_groups: Iterable[tuple[int, Items, ValueItems]],
 ) -> bytes:
     """:func:`encode_data_file` of (key group, keys, values) with the keys and their values in
     two lists, in any order: the form a snapshot builds, with no tuple per entry (each one an
@@ -192,10 +192,12 @@ class DataFileBuilder:
         block: bytes = self._pack(flat)
         return block if self._compress is None else self._compress(block)
 
-    def encode_lists(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+    def encode_lists(self, keys: Items, values: ValueItems) -> bytes:
         """A block of ``keys`` and their ``values`` in the order given, in the file's layout,
         compressed with the file's codec."""
         if self.layout != COLUMNS:
+            keys = keys.to_list() if isinstance(keys, Packed) else keys
+            values = values.to_list() if isinstance(values, Packed) else values
             flat: list[bytes | None] = [None] * (2 * len(keys))
             flat[0::2], flat[1::2] = keys, values
             return self.encode_flat(flat)

@@ -16,13 +16,14 @@ import dataclasses
 import itertools
 import operator
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
-from statetier.backend.serializers import bulk_dumps
+from statetier.backend.serializers import PackMany, bulk_dumps, pack_many
+from statetier.backend.snapshot.columns import Items, Packed, ValueItems
 from statetier.backend.snapshot.format import (
     BASE,
     DELTA,
@@ -42,8 +43,8 @@ __all__ = [
     "keyed_entry",
 ]
 
-# (key group, keys, values): two lists, no tuple per entry (see encode_data_file_columns)
-Blocks = list[tuple[int, Sequence[bytes], Sequence[bytes | None]]]
+# (key group, keys, values): two columns, no tuple per entry (see encode_data_file_columns)
+Blocks = list[tuple[int, Items, ValueItems]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,21 @@ def _header(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class ColumnWriter:
+    """Writes a column of keys or values: all in one call where the serializer can
+    (``pack_many``: no bytes object per item), else item by item with ``dumps``."""
+
+    dumps: Callable[[Any], bytes | None]
+    many: PackMany | None = None
+
+    def column(self, items: list[Any]) -> Items:
+        packed = self.many(items) if self.many is not None else None
+        if packed is not None:
+            return Packed(*packed)
+        return cast(list[bytes], list(map(self.dumps, items)))
+
+
 def encode_table(
     backend: KeyedStateBackend,
     table: StateTable,
@@ -95,15 +111,17 @@ def encode_table(
 ) -> bytes:
     """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys, its blocks
     compressed with ``codec``."""
-    key_dumps = bulk_dumps(backend.key_serializer)
+    serializer, values = backend.key_serializer, table.codec
     kind = BASE if touched is None else DELTA
     header = _header(table.name, backend.key_groups, epoch, kind, backend.max_parallelism, codec)
     try:
-        blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.bulk_encoder())
+        keys_out = ColumnWriter(bulk_dumps(serializer), pack_many(serializer))
+        values_out = ColumnWriter(values.bulk_encoder(), values.bulk_packer())
+        blocks = _table_blocks(backend, table, touched, keys_out, values_out)
     except (TypeError, OverflowError, ValueError):
         # the bulk encoders' errors are raw; the checked ones name the value that failed
-        key_dumps = backend.key_serializer.dumps
-        blocks = _table_blocks(backend, table, touched, key_dumps, table.codec.encode)
+        keys_out, values_out = ColumnWriter(serializer.dumps), ColumnWriter(values.encode)
+        blocks = _table_blocks(backend, table, touched, keys_out, values_out)
     return encode_data_file_columns(header, blocks)
 
 
@@ -111,40 +129,37 @@ def _table_blocks(
     backend: KeyedStateBackend,
     table: StateTable,
     touched: dict[int, list[Any]] | None,
-    key_dumps: Callable[[Any], bytes],
-    encode: Callable[[Any], bytes],
+    keys_out: ColumnWriter,
+    values_out: ColumnWriter,
 ) -> Blocks:
-    """Each key group's keys and values as bytes, in two lists; a delta writes None for a
+    """Each key group's keys and values as bytes, in two columns; a delta writes None for a
     cleared key."""
     ttl = table.descriptor.ttl
     if ttl is not None and ttl.cleanup_full_snapshot:
         kind, now = table.descriptor.kind, backend.clock.now_ms()
-        plain = encode
+        plain = values_out.dumps
 
         def encode_live(stored: Any) -> bytes | None:
             live = purge_expired(kind, stored, ttl, now)
             return None if live is None else plain(live)
 
-        encode = cast(Callable[[Any], bytes], encode_live)
+        values_out = ColumnWriter(encode_live)
     if touched is None:
-        return [_base_block(kg, table, key_dumps, encode) for kg in backend.key_groups]
-    return [_delta_block(kg, touched[kg], table, key_dumps, encode) for kg in sorted(touched)]
+        return [_base_block(kg, table, keys_out, values_out) for kg in backend.key_groups]
+    return [_delta_block(kg, touched[kg], table, keys_out, values_out) for kg in sorted(touched)]
 
 
 def _base_block(
-    key_group: int,
-    table: StateTable,
-    key_dumps: Callable[[Any], bytes],
-    encode: Callable[[Any], bytes | None],
-) -> tuple[int, list[bytes], list[bytes | None]]:
+    key_group: int, table: StateTable, keys_out: ColumnWriter, values_out: ColumnWriter
+) -> tuple[int, Items, ValueItems]:
     """Every entry of ``key_group``; one whose value ``encode`` drops (expired) is not written."""
     keys, stored = _keys_and_values(table.map_for(key_group))
-    values = list(map(encode, stored))
-    if any(map(operator.is_, values, itertools.repeat(None))):
+    values: ValueItems = values_out.column(stored)
+    if not isinstance(values, Packed) and any(map(operator.is_, values, itertools.repeat(None))):
         live = list(map(operator.is_not, values, itertools.repeat(None)))
         keys = list(itertools.compress(keys, live))
         values = list(itertools.compress(values, live))
-    return key_group, list(map(key_dumps, keys)), values
+    return key_group, keys_out.column(keys), values
 
 
 def _keys_and_values(kg_map: Mapping[Any, Any]) -> tuple[list[Any], list[Any]]:
@@ -165,17 +180,19 @@ def _delta_block(
     key_group: int,
     keys: list[Any],
     table: StateTable,
-    key_dumps: Callable[[Any], bytes],
-    encode: Callable[[Any], bytes | None],
-) -> tuple[int, list[bytes], list[bytes | None]]:
+    keys_out: ColumnWriter,
+    values_out: ColumnWriter,
+) -> tuple[int, Items, ValueItems]:
     """The touched ``keys`` of ``key_group``: their values, or None (a tombstone) where a key
     has none any more."""
     stored = list(map(table.map_for(key_group).get, keys))
+    values: ValueItems
     if any(map(operator.is_, stored, itertools.repeat(None))):
+        encode = values_out.dumps
         values = [None if value is None else encode(value) for value in stored]
     else:
-        values = list(map(encode, stored))
-    return key_group, list(map(key_dumps, keys)), values
+        values = values_out.column(stored)
+    return key_group, keys_out.column(keys), values
 
 
 def encode_restored_base(

@@ -13,7 +13,13 @@ from typing import Any
 
 import msgpack
 from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
-from statetier.backend.serializers import SerializationError, Serializer, bulk_dumps
+from statetier.backend.serializers import (
+    PackMany,
+    SerializationError,
+    Serializer,
+    bulk_dumps,
+    pack_many,
+)
 from statetier.backend.ttl import StateTtlConfig
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -64,6 +70,13 @@ class StateCodec:
         if self.kind in (StateKind.LIST, StateKind.MAP) or self.ttl:
             return self.encode
         return bulk_dumps(self._values)
+
+    def bulk_packer(self) -> PackMany | None:
+        """The serializer's ``pack_many`` for plain values (the bytes of :meth:`encode` of
+        each, in one call), None for lists, maps and TTL values."""
+        if self.kind in (StateKind.LIST, StateKind.MAP) or self.ttl:
+            return None
+        return pack_many(self._values)
 
     def decode(self, data: bytes) -> Any:
         loads = self._values.loads
