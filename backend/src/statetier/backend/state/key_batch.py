@@ -13,9 +13,6 @@ handles of the backend that made it.
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -42,17 +39,17 @@ class KeyBatch:
         # (as a function sorts it to keep each key group's map in cache), else None: handles
         # and the change log then take a key group's keys in one C-level call on its map
         # instead of one Python step per key
-        self.runs = _slot_runs(slots)
+        self.runs = _slot_runs(np.asarray(slots, np.int64))
 
     @classmethod
     def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
         """A batch whose slots come as a numpy array (from a key-group column): its runs found
-        by numpy, where ``__init__`` takes a Python step per key to find them."""
+        from the array itself, with no list to convert first."""
         batch = cls.__new__(cls)
         batch.keys = keys
         batch.slots = slots.tolist()
         batch.context = context
-        batch.runs = _array_runs(slots)
+        batch.runs = _slot_runs(slots)
         return batch
 
     def __len__(self) -> int:
@@ -108,23 +105,9 @@ class KeyBatch:
         return [call(value) for _, value in zip(self.scoped(), new, strict=True)]
 
 
-def _slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
-    """``(slot, start, stop)`` of each run of equal slots when ``slots`` never decreases (one
-    binary search per run); None otherwise."""
-    if not all(map(operator.le, slots, itertools.islice(slots, 1, None))):
-        return None
-    runs = []
-    start, end = 0, len(slots)
-    while start < end:
-        slot = slots[start]
-        stop = bisect.bisect_right(slots, slot, start, end)
-        runs.append((slot, start, stop))
-        start = stop
-    return runs
-
-
-def _array_runs(slots: np.ndarray) -> list[tuple[int, int, int]] | None:
-    """:func:`_slot_runs` of a numpy array of slots."""
+def _slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """``(slot, start, stop)`` of each run of equal slots when ``slots`` never decreases; None
+    otherwise."""
     if not len(slots):
         return []
     steps = np.diff(slots)
