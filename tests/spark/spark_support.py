@@ -138,8 +138,10 @@ def latest(outputs: dict[str, int], rows: Iterable[Any]) -> None:
             outputs[word] = count
 
 
-def host_pids() -> set[int]:
-    """Running state hosts (processes of ``statetier.backend.spark.host``)."""
+def host_pids(environ: str | None = None) -> set[int]:
+    """Running state hosts (processes of ``statetier.backend.spark.host``); with ``environ``
+    (``NAME=value``), only those whose environment has it: the hosts of one test's own Spark,
+    not those of a test running beside it in another pytest worker."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -147,10 +149,15 @@ def host_pids() -> set[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read()
+            if b"statetier.backend.spark.host" not in cmdline:
+                continue
+            if environ is not None:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if environ.encode() not in f.read().split(b"\0"):
+                        continue
         except OSError:
             continue
-        if b"statetier.backend.spark.host" in cmdline:
-            found.add(int(entry))
+        found.add(int(entry))
     return found
 
 
