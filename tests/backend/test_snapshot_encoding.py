@@ -66,8 +66,8 @@ def test_bulk_encoding_writes_what_the_checked_encoders_write(
             backend.get_state(ValueStateDescriptor[object]("v")).update(value_of(i + 1))
         backend.set_current_key(key_of(3))
         backend.get_state(ValueStateDescriptor[object]("v")).clear()
-    touched: dict[int, list[Any]] | None = backend.drain_touched_keys() if delta else None
-    groups = touched if touched is not None else {kg: list(table.map_for(kg)) for kg in range(P)}
+    touched = backend.drain_touched() if delta else None
+    groups = touched.by_group if touched else {kg: list(table.map_for(kg)) for kg in range(P)}
 
     def encoded(kg: int, key: Any) -> bytes | None:
         stored = table.map_for(kg)

@@ -61,6 +61,7 @@ __all__ = [
     "KeyGroupOutOfRangeError",
     "KeyedStateBackend",
     "StateRegistrationError",
+    "TouchedKeys",
 ]
 
 T = TypeVar("T")
@@ -202,6 +203,12 @@ class KeyedStateBackend:
 
     def _slot_of(self, key: Any) -> int:
         """Compute and memoize the slot of a key not seen yet (the per-record miss path)."""
+        slot = self._hashed_slot(key)
+        self._touched[key] = slot
+        return slot
+
+    def _hashed_slot(self, key: Any) -> int:
+        """The slot of ``key``'s key group, hashed; KeyGroupOutOfRangeError outside the range."""
         if type(key) is str:  # most keys are strings
             key_group = assign_str_to_key_group(key, self.max_parallelism)
         else:
@@ -214,7 +221,6 @@ class KeyedStateBackend:
                 f"{self.key_groups} (max parallelism {self.max_parallelism}); records must be "
                 "partitioned by key group before they reach the backend"
             )
-        self._touched[key] = slot
         return slot
 
     def key_batch(self, keys: Iterable[Any], key_groups: Iterable[int] | None = None) -> KeyBatch:
@@ -278,7 +284,7 @@ class KeyedStateBackend:
         checked = range(len(keys)) if types - {str, bytes, int} else self._sample(keys, types)
         for i in checked:
             key, given = keys[i], int(key_groups[i])
-            hashed = self._first + self._slot_of(key)
+            hashed = self._first + self._hashed_slot(key)  # logged with the batch
             if hashed != given:
                 raise ValueError(
                     f"key {key!r} is in key group {hashed}, but its key group was given as "
@@ -406,23 +412,35 @@ class KeyedStateBackend:
         A superset of the changed keys: every key set as current (read or written), plus keys
         removed by TTL cleanup. Incremental snapshots write these keys' values or tombstones.
         """
+        return self.drain_touched().by_group
+
+    def drain_touched(self) -> TouchedKeys:
+        """:meth:`drain_touched_keys`, and for each key group whose keys all came from one key
+        batch (each once, nothing else touched it) where they are in that batch: a table the
+        batch wrote last holds the values the batch recorded (``TouchedKeys.written``)."""
         groups: list[list[Any]] = [[] for _ in range(self._slots)]
         appends = [group.append for group in groups]
         for key, slot in self._touched.items():
             appends[slot](key)
-        if self._batches:
-            for batch in self._batches:
+        batches, first = self._batches, self.key_groups.start
+        if batches:
+            for batch in batches:
                 _file_by_slot(batch, groups)
             # a key may be in several batches and in _touched: once each, first seen first
             groups = [list(dict.fromkeys(group)) for group in groups]
             self._batches = []
-        first = self.key_groups.start
+        from_batch: dict[int, tuple[KeyBatch, int, int]] = {}
+        if len(batches) == 1 and batches[0].written and batches[0].runs is not None:
+            by_key = set(self._touched.values())
+            for slot, start, stop in batches[0].runs:
+                if slot not in by_key and len(groups[slot]) == stop - start:
+                    from_batch[first + slot] = (batches[0], start, stop)
         by_group = {first + slot: keys for slot, keys in enumerate(groups) if keys}
         self._touched = {}
         ctx = self.context
         if ctx.index >= 0:  # the current key stays valid for the handles
             self._touched[ctx.key] = ctx.index
-        return by_group
+        return TouchedKeys(by_group, from_batch)
 
     def _touched_by_cleanup(self, key: Any, slot: int) -> None:
         self._touched[key] = slot
@@ -440,6 +458,27 @@ class KeyedStateBackend:
     def estimate_size(self, key_group: int) -> int:
         """Approximate heap bytes of ``key_group`` over all states."""
         return sum(table.estimate_size(key_group) for table in self.tables.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class TouchedKeys:
+    """One epoch's change log, as an incremental snapshot reads it: the keys touched, by key
+    group, and where a key group's keys are one run of a key batch (``from_batch``: the batch,
+    start and stop), so that the values its last bulk write left need not be looked up key by
+    key (a third of a delta's time, in a word count of 76k touched keys a range)."""
+
+    by_group: dict[int, list[Any]]
+    from_batch: dict[int, tuple[KeyBatch, int, int]]
+
+    def written(self, maps: KeyGroupMaps, key_group: int) -> list[Any] | None:
+        """The values of ``by_group[key_group]``, in order, in the table of ``maps``, as a key
+        batch's bulk write recorded them; None when they must be looked up."""
+        found = self.from_batch.get(key_group)
+        if found is None:
+            return None
+        batch, start, stop = found
+        values = batch.written_to(maps)
+        return None if values is None else values[start:stop]
 
 
 def state_meta(descriptor: StateDescriptor) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState
+from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState, TouchedKeys
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
 from statetier.backend.serializers import PackMany, bulk_dumps, pack_many
@@ -106,7 +106,7 @@ def encode_table(
     backend: KeyedStateBackend,
     table: StateTable,
     epoch: int,
-    touched: dict[int, list[Any]] | None,
+    touched: TouchedKeys | None,
     codec: str,
 ) -> bytes:
     """A base of ``table`` (``touched`` None) or a delta of the ``touched`` keys, its blocks
@@ -128,7 +128,7 @@ def encode_table(
 def _table_blocks(
     backend: KeyedStateBackend,
     table: StateTable,
-    touched: dict[int, list[Any]] | None,
+    touched: TouchedKeys | None,
     keys_out: ColumnWriter,
     values_out: ColumnWriter,
 ) -> Blocks:
@@ -146,7 +146,11 @@ def _table_blocks(
         values_out = ColumnWriter(encode_live)
     if touched is None:
         return [_base_block(kg, table, keys_out, values_out) for kg in backend.key_groups]
-    return [_delta_block(kg, touched[kg], table, keys_out, values_out) for kg in sorted(touched)]
+    by_group, maps = touched.by_group, table.maps
+    return [
+        _delta_block(kg, by_group[kg], touched.written(maps, kg), table, keys_out, values_out)
+        for kg in sorted(by_group)
+    ]
 
 
 def _base_block(
@@ -179,13 +183,14 @@ def _keys_and_values(kg_map: Mapping[Any, Any]) -> tuple[list[Any], list[Any]]:
 def _delta_block(
     key_group: int,
     keys: list[Any],
+    written: list[Any] | None,
     table: StateTable,
     keys_out: ColumnWriter,
     values_out: ColumnWriter,
 ) -> tuple[int, Items, ValueItems]:
     """The touched ``keys`` of ``key_group``: their values, or None (a tombstone) where a key
-    has none any more."""
-    stored = list(map(table.map_for(key_group).get, keys))
+    has none any more; ``written`` when a key batch's bulk write recorded them."""
+    stored = list(map(table.map_for(key_group).get, keys)) if written is None else written
     values: ValueItems
     if any(map(operator.is_, stored, itertools.repeat(None))):
         encode = values_out.dumps

@@ -151,13 +151,13 @@ class SubtaskWriter:
         with self._lock:
             incremental = self.incremental and not full
             if keyed is not None:
-                touched = keyed.drain_touched_keys()
+                touched = keyed.drain_touched()
                 new_chains: dict[str, list[FileEntry]] = {}
                 for table in keyed.tables.values():
                     name = table.name
                     states[name] = state_meta(table.descriptor)
                     chain = self._chains.get(name) if incremental else None
-                    if chain is not None and not touched:
+                    if chain is not None and not touched.by_group:
                         new_chains[name] = list(chain)
                         continue
                     kind = DELTA if chain is not None else BASE

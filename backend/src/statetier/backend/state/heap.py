@@ -95,10 +95,12 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
     def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
         new = batch.checked_values(self._ctx, values)
         maps, keys = self._maps, batch.keys
+        batch.forget_written(maps)
         # no key to clear (`is`, not `in`: a value's == may be elementwise): one update each
         if batch.runs is not None and not any(map(operator.is_, new, itertools.repeat(None))):
             for slot, start, stop in batch.runs:
                 maps[slot].update(zip(keys[start:stop], new[start:stop], strict=True))
+            batch.record_written(maps, new)  # a copy of the caller's values (checked_values)
             return
         for key, slot, value in zip(keys, batch.slots, new, strict=True):
             if value is None:
@@ -162,12 +164,15 @@ class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
             check_not_none(None, "a reduced value")
         out: list[Any] = []
         maps, keys = self._maps, batch.keys
+        batch.forget_written(maps)
         if batch.runs is None:
             for key, slot, value in zip(keys, batch.slots, new, strict=True):
                 _fold_into(maps[slot], [key], [value], self._reduce, out)
             return out
         for slot, start, stop in batch.runs:
             _fold_into(maps[slot], keys[start:stop], new[start:stop], self._reduce, out)
+        # what the keys now hold, for the snapshot (a copy: the caller may change the list)
+        batch.record_written(maps, out.copy())
         return out
 
 

@@ -29,7 +29,7 @@ class KeyBatch:
     applies its values in order (the last write of a repeated key wins).
     """
 
-    __slots__ = ("context", "keys", "runs", "slots")
+    __slots__ = ("context", "keys", "runs", "slots", "written")
 
     def __init__(self, keys: list[Any], slots: list[int], context: KeyContext) -> None:
         self.keys = keys
@@ -40,6 +40,7 @@ class KeyBatch:
         # and the change log then take a key group's keys in one C-level call on its map
         # instead of one Python step per key
         self.runs = _slot_runs(np.asarray(slots, np.int64))
+        self.written: list[tuple[object, list[Any]]] | None = []
 
     @classmethod
     def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
@@ -50,14 +51,44 @@ class KeyBatch:
         batch.slots = slots.tolist()
         batch.context = context
         batch.runs = _slot_runs(slots)
+        batch.written = []
         return batch
 
     def __len__(self) -> int:
         return len(self.keys)
 
+    def forget_written(self, maps: object) -> None:
+        """A bulk write into the table of ``maps`` begins: what an earlier one recorded there
+        stops being true as its first key is written (and stays untrue if it fails half-way)."""
+        if self.written:
+            self.written = [(m, v) for m, v in self.written if m is not maps]
+
+    def record_written(self, maps: object, values: list[Any]) -> None:
+        """A handle's bulk write left its keys with ``values`` (None where it removed one) in
+        the table whose key-group maps are ``maps``: an incremental snapshot can write them
+        without looking each key up again (``written_to``). ``values`` must be the handle's
+        own list, one the caller cannot change."""
+        if self.written is not None:
+            self.forget_written(maps)
+            self.written.append((maps, values))
+
+    def written_to(self, maps: object) -> list[Any] | None:
+        """The values the last bulk write with this batch left in the table of ``maps``, one
+        per key; None when none was recorded or when the per-key path (``scoped``) may have
+        written since. Valid only while nothing else touched the keys' key groups, which the
+        backend's change log tells (``KeyedStateBackend.drain_touched``)."""
+        for written_maps, values in self.written or ():
+            if written_maps is maps:
+                return values
+        return None
+
     def scoped(self) -> Iterator[Any]:
         """Each key in turn as the current key (the per-key path of any handle); the key that
-        was current before is current again when the iteration ends or is abandoned."""
+        was current before is current again when the iteration ends or is abandoned.
+
+        Handles may then write any table under these keys without the change log knowing of
+        each write, so the batch forgets what bulk writes recorded, for good."""
+        self.written = None
         ctx = self.context
         before = ctx.key, ctx.index
         try:
