@@ -26,7 +26,7 @@ def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     )
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size
     report = json.loads(done.stdout)
-    assert report["warmup_words"] == 10_000  # one micro-batch's worth by default
+    assert report["warmup_words"] == 20_000  # a whole untimed round by default
     pipelines = report["pipelines"]
     assert set(pipelines) == {
         "statetier",
