@@ -42,7 +42,7 @@ class _Run:
 
     def check(self, touched: TouchedKeys) -> None:
         """Each table's delta is byte for byte what looking every touched key up writes."""
-        looked_up = TouchedKeys(touched.by_group, {})
+        looked_up = TouchedKeys(touched.by_group)
         for state in ("sum", "last"):
             assert self.delta(touched, state) == self.delta(looked_up, state), state
 
@@ -139,5 +139,5 @@ def test_a_batch_not_sorted_by_key_group_is_looked_up() -> None:
     run = _Run(list(reversed(KEYS)))
     run.sums.add_each(run.batch(), [1] * len(KEYS))
     touched = run.backend.drain_touched()
-    assert touched.from_batch == {}
+    assert touched.runs == {}
     run.check(touched)

@@ -23,11 +23,12 @@ DEMO = [sys.executable, "-m", "statetier.backend", "demo"]
 
 # marks the demos' processes, down to their state hosts: another pytest worker's Spark tests
 # start hosts of their own meanwhile
-DEMO_MARK = ("STATETIER_TEST_DEMO", f"{os.getpid()}-{time.time_ns()}")
+DEMO_MARK = f"{os.getpid()}-{time.time_ns()}"
+MARKED = f"STATETIER_TEST_DEMO={DEMO_MARK}"  # as host_pids finds it in a process's environment
 
 
 def demo_env() -> dict[str, str]:
-    return {**os.environ, **spark_env(), DEMO_MARK[0]: DEMO_MARK[1]}
+    return {**os.environ, **spark_env(), "STATETIER_TEST_DEMO": DEMO_MARK}
 
 
 class Running:
@@ -80,7 +81,7 @@ class Running:
 def hosts_gone(before: set[int], timeout: float = 15) -> bool:
     """Whether every state host started since ``before`` exited (they may take a moment)."""
     deadline = time.monotonic() + timeout
-    while host_pids("=".join(DEMO_MARK)) - before:
+    while host_pids(MARKED) - before:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.3)
@@ -151,7 +152,7 @@ def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) ->
         assert demo.process.poll() is None, demo.seen
         assert time.monotonic() < deadline, "no micro-batch was committed"
         time.sleep(0.2)
-    assert host_pids("=".join(DEMO_MARK)) - before, "hosts_gone would not see the demo's hosts"
+    assert host_pids(MARKED) - before, "hosts_gone would not see the demo's hosts"
     after = demo.ctrl_c()
     assert demo.process.returncode == 130, after
     assert len(after) < 10, after

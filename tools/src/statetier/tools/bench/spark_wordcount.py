@@ -492,10 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915 (one run, i
         # 0.74-0.80x its median in two runs, the executors' JIT still compiling). Timed runs start
         # from fresh state and checkpoints, in rounds that rotate the order (the JVM keeps
         # warming up, which favours whoever runs last); each figure is the median of its rounds.
-        warm, warm_slow = work / "warm", work / "warm-slow"
-        if warmup_words == len(words):
-            warm = full  # a whole untimed round, micro-batch by micro-batch
-        else:
+        # all the words: a whole untimed round over the timed runs' own micro-batches
+        warm, warm_slow = full, work / "warm-slow"
+        if warmup_words < len(words):
+            warm = work / "warm"
             write_input(spark, [words[:warmup_words]], warm)
         write_input(spark, [words[: min(warmup_words, SLOW_WARMUP_WORDS)]], warm_slow)
         cold_host_epoch = 0.0
