@@ -1,7 +1,8 @@
 """A driver that dies before it commits: run as ``python -m tests.spark.crash_driver URI OUT``.
 
 Epochs 1 and 2 are committed; epoch 3 runs its job and its sink (the outputs are written to OUT),
-then the process kills itself before the commit.
+then the process kills itself before the commit. OUT also names the state hosts' pids, so that
+the test can watch those hosts, and not the hosts of a test running beside it, exit.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main() -> None:
             continue
         rows = pipeline.transform(df, epoch).collect()  # the job and the sink ran...
         with open(out_path, "w") as f:
-            json.dump({"rows": [[r.word, r["count"]] for r in rows]}, f)
+            rows_out = [[r.word, r["count"]] for r in rows]
+            json.dump({"rows": rows_out, "hosts": sorted(pipeline.hosts.values())}, f)
         os.kill(os.getpid(), signal.SIGKILL)  # ...and the driver dies before the commit
 
 
