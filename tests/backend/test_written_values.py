@@ -141,3 +141,38 @@ def test_a_batch_not_sorted_by_key_group_is_looked_up() -> None:
     touched = run.backend.drain_touched()
     assert touched.runs == {}
     run.check(touched)
+
+
+def _touched_keys(touched: TouchedKeys) -> set[str]:
+    return {key for keys in touched.by_group.values() for key in keys}
+
+
+KEPT_USES: dict[str, Callable[[_Run, KeyBatch], object]] = {
+    "a bulk write": lambda run, batch: run.sums.add_each(batch, [2] * len(KEYS)),
+    "a bulk read": lambda run, batch: run.last.values(batch),
+    "the per-key path": lambda run, batch: [run.sums.add(2) for _ in batch.scoped()],
+}
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["key-group column", "hashed"])
+@pytest.mark.parametrize("use", list(KEPT_USES))
+def test_a_batch_kept_past_a_snapshot_logs_its_keys_again_and_forgets_its_record(
+    use: str, hashed: bool
+) -> None:
+    """A function may keep a batch across epochs: its keys must be in the next delta too, and
+    what its bulk write recorded in the earlier epoch (before a per-key write changed a key)
+    must not be written as this epoch's values."""
+    run = _Run()
+    batch = run.backend.key_batch(KEYS) if hashed else run.batch()
+    run.sums.add_each(batch, [1] * len(KEYS))
+    _per_key_write_to_first_key(run, batch)  # after the record: the record is stale there
+    run.backend.set_current_key(KEYS[-1])  # (the current key stays logged: another key group)
+    assert _touched_keys(run.backend.drain_touched()) == set(KEYS)
+    KEPT_USES[use](run, batch)
+    touched = run.backend.drain_touched()
+    assert _touched_keys(touched) == set(KEYS)
+    run.check(touched)
+    KEPT_USES[use](run, batch)  # logged once per epoch, however often it is used
+    KEPT_USES[use](run, batch)
+    assert len(run.backend.context.batch_log) == 1
+    run.check(run.backend.drain_touched())

@@ -124,9 +124,8 @@ class KeyedStateBackend:
         # key-group memo of the per-record path and as the change log of incremental snapshots:
         # every write happens under set_current_key, so a changed key is always in here.
         self._touched: dict[Any, int] = {}
-        # The key batches made with their key groups: their keys are touched too, logged
-        # apart (see key_batch).
-        self._batches: list[KeyBatch] = []
+        # The key batches made with their key groups, and batches used again after a drain,
+        # are in self.context.batch_log: their keys are touched too, logged apart (key_batch).
         self._first = key_groups.start
         self._slots = len(key_groups)
         self._cleanups: list[IncrementalCleanup] = []
@@ -243,7 +242,7 @@ class KeyedStateBackend:
             batch = KeyBatch.from_slot_array(batch_keys, given, self.context)
             # logged as they are: inserting every key into _touched, a dict of the whole
             # epoch's keys, costs a cache miss per key; drain_touched_keys groups them later
-            self._batches.append(batch)
+            self.context.batch_log.append(batch)
         if self.context.record_hooks:
             for _ in batch_keys:
                 for hook in self.context.record_hooks:
@@ -422,13 +421,15 @@ class KeyedStateBackend:
         appends = [group.append for group in groups]
         for key, slot in self._touched.items():
             appends[slot](key)
-        batches, first = self._batches, self.key_groups.start
+        ctx = self.context
+        batches, first = ctx.batch_log, self.key_groups.start
         if batches:
             for batch in batches:
                 _file_by_slot(batch, groups)
             # a key may be in several batches and in _touched: once each, first seen first
             groups = [list(dict.fromkeys(group)) for group in groups]
-            self._batches = []
+            ctx.batch_log = []
+        ctx.drains += 1
         only = batches[0] if len(batches) == 1 and batches[0].written else None
         runs: dict[int, tuple[int, int]] = {}
         if only is not None and only.runs is not None:
@@ -438,7 +439,6 @@ class KeyedStateBackend:
                     runs[first + slot] = (start, stop)
         by_group = {first + slot: keys for slot, keys in enumerate(groups) if keys}
         self._touched = {}
-        ctx = self.context
         if ctx.index >= 0:  # the current key stays valid for the handles
             self._touched[ctx.key] = ctx.index
         return TouchedKeys(by_group, only, runs)

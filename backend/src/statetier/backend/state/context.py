@@ -18,13 +18,17 @@ class NoCurrentKeyError(RuntimeError):
 class KeyContext:
     """``key`` is the current key, ``index`` its key group's slot in the backend's range."""
 
-    __slots__ = ("index", "key", "record_hooks")
+    __slots__ = ("batch_log", "drains", "index", "key", "record_hooks")
 
     def __init__(self) -> None:
         self.key: Any = None
         self.index: int = -1
         # Called on every record (set_current_key): TTL per-record cleanup, access accounting.
         self.record_hooks: list[Callable[[], None]] = []
+        # The change log's key batches since its last drain (their keys count as touched), and
+        # how many drains there were: a batch kept past a drain logs itself again when used.
+        self.batch_log: list[Any] = []  # KeyBatch (whose module imports this one)
+        self.drains = 0
 
     def require_key(self) -> None:
         if self.index < 0:

@@ -29,7 +29,7 @@ class KeyBatch:
     applies its values in order (the last write of a repeated key wins).
     """
 
-    __slots__ = ("context", "keys", "runs", "slots", "written")
+    __slots__ = ("context", "keys", "logged_at", "runs", "slots", "written")
 
     def __init__(self, keys: list[Any], slots: list[int], context: KeyContext) -> None:
         self.keys = keys
@@ -41,6 +41,7 @@ class KeyBatch:
         # instead of one Python step per key
         self.runs = _slot_runs(np.asarray(slots, np.int64))
         self.written: list[tuple[object, list[Any]]] | None = []
+        self.logged_at = context.drains  # in the change log since its last drain
 
     @classmethod
     def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
@@ -52,6 +53,7 @@ class KeyBatch:
         batch.context = context
         batch.runs = _slot_runs(slots)
         batch.written = []
+        batch.logged_at = context.drains
         return batch
 
     def __len__(self) -> int:
@@ -88,6 +90,7 @@ class KeyBatch:
 
         Handles may then write any table under these keys without the change log knowing of
         each write, so the batch forgets what bulk writes recorded, for good."""
+        self._log_again_if_kept()
         self.written = None
         ctx = self.context
         before = ctx.key, ctx.index
@@ -106,6 +109,17 @@ class KeyBatch:
                 "this KeyBatch was made by another state backend: make it with the context of "
                 "the function whose state it reads (context.key_batch(keys))"
             )
+        self._log_again_if_kept()
+
+    def _log_again_if_kept(self) -> None:
+        """A batch kept past a snapshot (the change log's drain) and used again goes into the
+        log again, or the next delta would miss its keys; what its writes recorded before is
+        forgotten (other writes may have followed them then)."""
+        ctx = self.context
+        if self.logged_at != ctx.drains:
+            self.logged_at = ctx.drains
+            self.written = []
+            ctx.batch_log.append(self)
 
     def checked_values(self, context: KeyContext, values: Iterable[Any]) -> list[Any]:
         """``values`` as a list, one per key, for a bulk write by a handle of ``context``."""
