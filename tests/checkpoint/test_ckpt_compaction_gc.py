@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from statetier.backend.snapshot import (
     CorruptFileError,
     LocalCompactor,
     SnapshotStore,
+    process_compactor,
 )
 from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.snapshot.compaction import CompactionError, make_request, needs_compaction
@@ -284,6 +286,57 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
     finally:
         child.close()
         live.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _compacting(location: Location, child: ProcessCompactor, epochs: range) -> LocalRunner:
+    """A runner whose merges go through ``child``, run for ``epochs``; it made at least one."""
+    live = make(location, config={"compaction.delta-trigger": 2, "compaction.size-ratio": 100.0})
+    assert live.checkpointer is not None
+    counting = Counting(child)
+    live.checkpointer.compactor = counting
+    for epoch in epochs:
+        live.process(records(epoch))
+        live.checkpoint()
+        live.checkpointer.drain()
+    assert counting.calls >= 1
+    return live
+
+
+@pytest.mark.parametrize("location", ["file"], indirect=True)  # the store does not matter
+def test_the_merge_process_is_the_processs_shared_and_stops_when_idle(
+    location: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver's pipelines, one after another, merge in one child: the second does not start
+    an interpreter and an object store client again. It stops after an idle while, or when told."""
+    monkeypatch.setattr(process_compactor, "IDLE_SECONDS", 1.5)
+    first, second = (ProcessCompactor(LocalCompactor(filesystem=location.store().fs)) for _ in "ab")
+    live = _compacting(location, first, range(1, 5))
+    pid = first.pid
+    assert pid is not None and second.pid == pid
+    first.close()  # one pipeline is done: the child stays for the others
+    live.close()
+    again = _compacting(location, second, range(5, 9))
+    assert second.pid == pid and second.cpu_seconds > 0
+    assert restored(location) == dump_keyed(again)
+    again.close()
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:  # idle: it stops
+        time.sleep(0.1)
+    assert not _alive(pid) and second.pid is None
+    live = _compacting(location, second, range(9, 13))  # a merge starts a new one
+    pid = second.pid
+    assert pid is not None
+    process_compactor.stop_merge_process()
+    assert not _alive(pid) and second.pid is None
+    live.close()
 
 
 UNGUARDED_DRIVER = """

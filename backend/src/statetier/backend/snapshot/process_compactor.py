@@ -5,7 +5,12 @@ driver's micro-batch loop, its py4j calls and commits), it holds the GIL for mos
 and slows that work down. In a child process it only takes a core.
 
 The child is ``python -m statetier.backend.snapshot.process_compactor``, started at the first
-compaction, serving the following ones over its standard input and output. Not
+compaction, serving the following ones over its standard input and output. There is one per
+process, shared by every :class:`ProcessCompactor` in it (a Spark driver's pipelines, one after
+another or side by side), as there is one state host per executor: a new pipeline does not pay
+for a new interpreter, Arrow and its object store's client (about a second of CPU for s3fs and
+its session), and the child keeps its filesystems between them. It stops after
+``IDLE_SECONDS`` without a merge, and with its parent. Not
 ``multiprocessing``: its ``spawn`` runs the parent's main script again in the child (a user's
 driver script without an ``if __name__ == "__main__"`` guard would start a second Spark job
 there), and ``fork`` would copy the JVM and event-loop threads of the driver half-way. The child
@@ -41,11 +46,12 @@ from statetier.backend.snapshot.compaction import (
     LocalCompactor,
 )
 
-__all__ = ["MERGE_NICENESS", "MergeProcessError", "ProcessCompactor"]
+__all__ = ["MERGE_NICENESS", "MergeProcessError", "ProcessCompactor", "stop_merge_process"]
 
 _OK, _FAILED = b"k", b"f"
 
 MERGE_NICENESS = 10  # added to the parent's nice value: about a tenth of a contended core
+IDLE_SECONDS = 120.0  # the shared merge process stops after this long without a merge
 
 
 class MergeProcessError(RuntimeError):
@@ -100,41 +106,84 @@ class _Child:
         self.replies.close()
 
 
-class ProcessCompactor:
-    """Runs ``local``'s merges in one child process, one merge at a time."""
+class _MergeProcess:
+    """The process's one merge child: started on demand, one merge at a time, stopped when it
+    has been idle for ``IDLE_SECONDS`` (or by :func:`stop_merge_process`)."""
 
-    def __init__(self, local: LocalCompactor) -> None:
-        self.local = local
+    def __init__(self) -> None:
         self._child: _Child | None = None
         self._lock = threading.Lock()
-        self.cpu_seconds = 0.0  # the child's CPU in merges so far (for benchmarks)
+        self._idle: threading.Timer | None = None
+        self._calls = 0  # merges asked for so far: an idle timer stops the child only if none came
 
     @property
     def pid(self) -> int | None:
-        """The merge process's pid, while one runs."""
         child = self._child
         return child.process.pid if child is not None else None
 
-    def compact(self, request: CompactionRequest) -> CompactionResult:
+    def call(self, local: LocalCompactor, request: str) -> tuple[str, float]:
         with self._lock:
+            if self._idle is not None:
+                self._idle.cancel()
+            self._calls += 1
             if self._child is None:
                 self._child = _Child()
             child = self._child
             try:
-                result, cpu = child.call(self.local, request.to_json())
+                return child.call(local, request)
             except MergeProcessError:
                 self._child = None  # killed, out of memory: a new one next time
                 child.process.kill()
                 child.process.wait()
                 raise
+            finally:
+                self._idle = threading.Timer(IDLE_SECONDS, self._stop_if_idle, (self._calls,))
+                self._idle.daemon = True
+                self._idle.start()
+
+    def _stop_if_idle(self, calls: int) -> None:
+        with self._lock:
+            if self._calls != calls or self._child is None:  # a merge came meanwhile
+                return
+            child, self._child = self._child, None
+        child.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            child, self._child = self._child, None
+            if self._idle is not None:
+                self._idle.cancel()
+        if child is not None:
+            child.stop()
+
+
+_MERGES = _MergeProcess()
+
+
+def stop_merge_process() -> None:
+    """Stop the shared merge process now (a later merge starts a new one)."""
+    _MERGES.stop()
+
+
+class ProcessCompactor:
+    """Runs ``local``'s merges in the process's merge child, one merge at a time."""
+
+    def __init__(self, local: LocalCompactor) -> None:
+        self.local = local
+        self.cpu_seconds = 0.0  # the child's CPU in this compactor's merges (for benchmarks)
+
+    @property
+    def pid(self) -> int | None:
+        """The merge process's pid, while one runs."""
+        return _MERGES.pid
+
+    def compact(self, request: CompactionRequest) -> CompactionResult:
+        result, cpu = _MERGES.call(self.local, request.to_json())
         self.cpu_seconds += cpu
         return CompactionResult.from_json(result)
 
     def close(self) -> None:
-        with self._lock:
-            child, self._child = self._child, None
-        if child is not None:
-            child.stop()
+        """Nothing to let go: the merge process is the process's (``stop_merge_process``)."""
 
 
 def _watch_parent(parent: int) -> None:

@@ -60,6 +60,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.layout import error_name, result_name, results_dir
+from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.store import read_whole
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
@@ -659,12 +660,6 @@ class StatefulPipeline:
         if self._upkeep is not None:
             self._upkeep.drain()
 
-    def _stop_background(self) -> None:
-        """Finish background work and let its merge process go (it restarts on demand)."""
-        self.drain()
-        if self._upkeep is not None:
-            self._upkeep.stop_merging()
-
     def _result(self, epoch: int, index: int) -> tuple[RangeResult, bool]:
         """Range ``index``'s result, once its host has written it (after the job returned),
         and whether the host told it (else it was read from the store).
@@ -762,15 +757,18 @@ class StatefulPipeline:
 
     def release(self) -> None:
         """Free this pipeline's ranges in the state hosts (its query is over for good); the
-        hosts stay for the application's other pipelines. Its checkpoints are kept."""
-        self._stop_background()
+        hosts stay for the application's other pipelines, and so does the driver's merge process
+        (until it has been idle a while). Its checkpoints are kept."""
+        self.drain()
         if self._registry is not None:
             self._registry.release_pipeline(self.name)
 
     def stop_hosts(self, timeout: float = 10.0) -> None:
         """Stop the application's state hosts (shared by its pipelines) and the driver's
-        registry; they start again on the next epoch, restoring from the checkpoint."""
-        self._stop_background()
+        registry, and the driver's merge process; they start again on the next epoch, restoring
+        from the checkpoint."""
+        self.drain()
+        stop_merge_process()
         registry, self._registry = self._registry, None
         if registry is None:
             return

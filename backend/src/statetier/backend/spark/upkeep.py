@@ -23,7 +23,6 @@ from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
 from statetier.backend.snapshot.manifest import Chain, Manifest
-from statetier.backend.snapshot.process_compactor import ProcessCompactor
 from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.snapshot.upkeep import Upkeep
 
@@ -109,12 +108,5 @@ class EpochUpkeep:
         """Wait for the queued jobs (tests and tools that list the files)."""
         self._upkeep.drain()
 
-    def stop_merging(self) -> None:
-        """Let the child process of local merges go (a later merge starts a new one)."""
-        for compactor in (self.compactor, getattr(self.compactor, "fallback", None)):
-            if isinstance(compactor, ProcessCompactor):
-                compactor.close()
-
     def close(self) -> None:
         self._upkeep.close()
-        self.stop_merging()
