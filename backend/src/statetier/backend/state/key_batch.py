@@ -32,6 +32,23 @@ class KeyBatch:
     __slots__ = ("context", "keys", "logged_at", "runs", "slots", "written")
 
     def __init__(self, keys: list[Any], slots: list[int], context: KeyContext) -> None:
+        self._start(keys, slots, _slot_runs(np.asarray(slots, np.int64)), context)
+
+    @classmethod
+    def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
+        """A batch whose slots come as a numpy array (from a key-group column): its runs found
+        from the array itself, with no list to convert first."""
+        batch = cls.__new__(cls)
+        batch._start(keys, slots.tolist(), _slot_runs(slots), context)
+        return batch
+
+    def _start(
+        self,
+        keys: list[Any],
+        slots: list[int],
+        runs: list[tuple[int, int, int]] | None,
+        context: KeyContext,
+    ) -> None:
         self.keys = keys
         self.slots = slots
         self.context = context
@@ -39,22 +56,9 @@ class KeyBatch:
         # (as a function sorts it to keep each key group's map in cache), else None: handles
         # and the change log then take a key group's keys in one C-level call on its map
         # instead of one Python step per key
-        self.runs = _slot_runs(np.asarray(slots, np.int64))
+        self.runs = runs
         self.written: list[tuple[object, list[Any]]] | None = []
         self.logged_at = context.drains  # in the change log since its last drain
-
-    @classmethod
-    def from_slot_array(cls, keys: list[Any], slots: np.ndarray, context: KeyContext) -> KeyBatch:
-        """A batch whose slots come as a numpy array (from a key-group column): its runs found
-        from the array itself, with no list to convert first."""
-        batch = cls.__new__(cls)
-        batch.keys = keys
-        batch.slots = slots.tolist()
-        batch.context = context
-        batch.runs = _slot_runs(slots)
-        batch.written = []
-        batch.logged_at = context.drains
-        return batch
 
     def __len__(self) -> int:
         return len(self.keys)
