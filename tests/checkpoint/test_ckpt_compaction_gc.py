@@ -284,7 +284,7 @@ def test_merges_in_a_child_process_restore_the_same_and_survive_its_death(
         assert counting.calls > calls + 1  # the merge that met the dead child, then more
         assert restored(location) == dump_keyed(live)
     finally:
-        child.close()
+        process_compactor.stop_merge_process()
         live.close()
 
 
@@ -321,8 +321,7 @@ def test_the_merge_process_is_the_processs_shared_and_stops_when_idle(
     live = _compacting(location, first, range(1, 5))
     pid = first.pid
     assert pid is not None and second.pid == pid
-    first.close()  # one pipeline is done: the child stays for the others
-    live.close()
+    live.close()  # one pipeline is done: the child stays for the others
     again = _compacting(location, second, range(5, 9))
     assert second.pid == pid and second.cpu_seconds > 0
     assert restored(location) == dump_keyed(again)
@@ -358,7 +357,6 @@ for epoch in range(1, 7):
     runner.checkpointer.drain()
 print("compacted bases:", sum("/compacted/" in c.base.path
       for c in runner.checkpointer.store.manifest().chains()), flush=True)
-child.close()
 runner.close()
 """
 

@@ -182,9 +182,6 @@ class ProcessCompactor:
         self.cpu_seconds += cpu
         return CompactionResult.from_json(result)
 
-    def close(self) -> None:
-        """Nothing to let go: the merge process is the process's (``stop_merge_process``)."""
-
 
 def _watch_parent(parent: int) -> None:
     """End when the parent is gone, whatever ended it: the child must not outlive the driver,
