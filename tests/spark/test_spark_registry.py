@@ -244,6 +244,42 @@ def test_a_host_tells_the_registry_the_files_it_wrote(registry: HostRegistry) ->
     host.die()
 
 
+def test_a_result_the_registry_acknowledged_needs_no_file(registry: HostRegistry) -> None:
+    host = FakeHost(registry, "a")
+    assert host.link.deliver("s3://b/r/1.json", b'{"range": 1}', timeout=10)
+    assert registry.take_written(("s3://b/r/1.json",), 0.05) == ("s3://b/r/1.json", b'{"range": 1}')
+    assert host.orders == []  # the receipt is the link's own, not an order for the host
+    host.die()
+    # a link that is down: the host must write the file (the driver reads it from the store)
+    assert not host.link.deliver("s3://b/r/2.json", b"{}", timeout=10)
+
+
+def test_a_result_a_registry_does_not_acknowledge_is_written_after_the_wait() -> None:
+    """A driver of an older version hears the result but sends no receipt: the host waits
+    ``timeout``, then writes the file."""
+    secret = new_secret()
+    heard: list[bytes] = []
+
+    def older_registry(conn: Connection) -> None:
+        conn.recv_bytes()  # the registration
+        conn.send_bytes(b'{"registered": true}')
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                heard.append(conn.recv_bytes())
+
+    server = Server(secret, older_registry, "older")
+    link = RegistryLink(HostInfo("a", 0, "a", "node", []), secret, lambda order: None)
+    try:
+        link.join(server.bind_tcp("127.0.0.1"))
+        started = time.monotonic()
+        assert not link.deliver("s3://b/r/1.json", b"{}", timeout=0.3)
+        assert time.monotonic() - started >= 0.3
+        assert any(json.loads(m).get("written") == "s3://b/r/1.json" for m in heard)
+    finally:
+        link.close()
+        server.close()
+
+
 def test_the_registry_answers_a_malformed_request_with_what_is_wrong(
     registry: HostRegistry,
 ) -> None:
@@ -264,9 +300,15 @@ def test_the_registry_answers_a_malformed_request_with_what_is_wrong(
 
 
 def test_a_host_order_decodes_what_it_encodes_and_names_a_bad_field() -> None:
-    for order in (HostOrder(OrderKind.SHUTDOWN), HostOrder(OrderKind.RELEASE, (("p", 4, 1),))):
+    for order in (
+        HostOrder(OrderKind.SHUTDOWN),
+        HostOrder(OrderKind.RELEASE, (("p", 4, 1),)),
+        HostOrder(OrderKind.RECEIVED, file="s3://b/r/1.json"),
+    ):
         assert HostOrder.decode(order.encode()) == order
-    with pytest.raises(MessageError, match=r"field 'op' must be shutdown or release, got 'x'"):
+    with pytest.raises(MessageError, match=r"field 'op' must be shutdown, release or received"):
         HostOrder.decode(b'{"op": "x"}')
+    with pytest.raises(MessageError, match=r"field 'file' is missing"):
+        HostOrder.decode(b'{"op": "received"}')
     with pytest.raises(MessageError, match=r"field 'ranges\[0\]' must be \[pipeline, par"):
         HostOrder.decode(b'{"op": "release", "ranges": [["p", "4", 1]]}')

@@ -7,7 +7,8 @@ Layout under the checkpoint URI::
     data/epoch-0000000007/<owner>/<state>/<range>.<kind>.kgd     keyed state of one range
     data/epoch-0000000007/<owner>/compacted/<state>/<range>.base.kgd   a local compaction's output
     data/epoch-0000000007/<owner>/compacted/<state>/<job>-a<n>/<range>.base.kgd   a service's
-    data/epoch-0000000007/<owner>/results/<i>-of-<p>.json         a Spark range's result
+    data/epoch-0000000007/<owner>/results/<i>-of-<p>.json         a Spark range's result (only
+                                                                  when the driver missed it)
     operator/epoch-0000000007/<owner>/<index>-of-<p>.ops          operator state of one instance
 
 Names are deterministic in (epoch, writer, state, range), so a retried or speculative attempt of

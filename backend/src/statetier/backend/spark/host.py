@@ -9,12 +9,13 @@ The host keeps one :class:`~statetier.backend.runtime.FunctionInstance` per (pip
 parallelism, range). A task for epoch N names the committed base (epoch N-1 and the token of the
 task attempt whose files that epoch committed for the range); the host uses its warm instance only
 when it is at exactly that version, otherwise it restores the range from tier 2 at the base. That
-makes task retries, speculative attempts, driver re-runs and rescales correct: anything not
-proven current is restored. After processing, the host returns the outputs and ends the task,
-then (still holding the range) writes the range's snapshot files under a per-attempt owner and a
-result file the driver waits for, or an error file if that failed; the driver commits the epoch
-once every range has its result. Writing the snapshot after the task returned lets it overlap the
-next tasks instead of holding a Spark core.
+makes task retries, speculative attempts, driver re-runs and rescales correct: anything not proven
+current is restored. After processing, the host returns the outputs and ends the task, then (still
+holding the range) writes the range's snapshot files under a per-attempt owner and sends the driver
+the range's result over its registry link (a result file the driver reads from the store only when
+the driver did not acknowledge it; an error file if the snapshot failed); the driver commits the
+epoch once every range has its result. Writing the snapshot after the task returned lets it overlap
+the next tasks instead of holding a Spark core.
 
 The host exits after ``spark.host-idle-timeout`` without tasks, when the executor process it
 watches is gone, or on a ``shutdown`` request.
@@ -475,7 +476,9 @@ class StateHost:
                 compaction_base=done.compaction_base,
             )
             body = result.encode()
-            store.put(name, body)
+            if not self.link.deliver(store.url(name), body):  # the driver lacks it: the file
+                store.put(name, body)
+                self.link.tell_written(store.url(name), body)
         except Exception:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
             error = traceback.format_exc().encode()
@@ -483,7 +486,6 @@ class StateHost:
                 store.put(error_name(name), error)
             self.link.tell_written(store.url(error_name(name)), error)
             return
-        self.link.tell_written(store.url(name), body)
         hosted.epoch, hosted.token = epoch, token
         with self.lock:
             self.tasks += 1

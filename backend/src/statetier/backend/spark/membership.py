@@ -3,12 +3,13 @@
 The host keeps one authenticated connection to the driver's registry: it registers (its id,
 endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
 connection (``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
-anonymous RSS and its keyed state's bytes by tier (heap, spilled), which the driver reports. When
-the host has written a range's result (or error) file it sends that file's bytes on the same
-connection (:meth:`RegistryLink.tell_written`), so the driver need not poll the checkpoint store
-for it. If the link breaks (a driver registry restarted), the host registers again when a task next
-tells it where the registry is (:meth:`RegistryLink.join`); until then it serves nothing new: tasks
-reach it only through routes the registry gave.
+anonymous RSS and its keyed state's bytes by tier (heap, spilled), which the driver reports. A
+range's result goes to the driver on the same connection (:meth:`RegistryLink.deliver`); only when
+the driver does not acknowledge it in time does the host write it as a file the driver reads from
+the checkpoint store (an error file is always written, then told). If the link breaks (a driver
+registry restarted), the host registers again when a task next tells it where the registry is
+(:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
+the registry gave.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from statetier.backend.spark.channel import Endpoint, connect
-from statetier.backend.spark.registry import HostInfo, HostOrder
+from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.wire import MessageError
 
-__all__ = ["HEARTBEAT_S", "RegistryLink"]
+__all__ = ["HEARTBEAT_S", "RECEIPT_S", "RegistryLink"]
 
 log = logging.getLogger("statetier.spark.host")
 
 HEARTBEAT_S = 1.0
+RECEIPT_S = 5.0  # how long a host waits for the driver's receipt of a result before writing it
 
 
 class RegistryLink:
@@ -51,6 +53,7 @@ class RegistryLink:
         self._conn: Connection | None = None
         self._registry: Endpoint | None = None
         self._stopped = threading.Event()
+        self._receipts: dict[str, threading.Event] = {}  # told URLs awaiting the driver's receipt
 
     def join(self, registry: Endpoint) -> None:
         """Be registered with ``registry`` (at once, so a route right after finds this host)."""
@@ -97,6 +100,26 @@ class RegistryLink:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             self._send(conn, {"written": url, "body": body.decode()})
 
+    def deliver(self, url: str, body: bytes, timeout: float = RECEIPT_S) -> bool:
+        """Tell the driver the result that would be written at ``url``, and wait up to
+        ``timeout`` for its receipt: True when the driver holds it (no file is needed), False
+        when the link is down or the receipt did not come (the caller writes the file, which
+        the driver reads from the store)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return False
+        received = threading.Event()
+        with self._lock:
+            self._receipts[url] = received
+        try:
+            self._send(conn, {"written": url, "body": body.decode(), "receipt": True})
+            return received.wait(timeout)
+        except (OSError, UnicodeDecodeError):
+            return False
+        finally:
+            with self._lock:
+                self._receipts.pop(url, None)
+
     def _send(self, conn: Connection, message: dict[str, object]) -> None:
         with self._send_lock:
             conn.send_bytes(json.dumps(message).encode())
@@ -110,12 +133,21 @@ class RegistryLink:
                 except MessageError as e:  # a driver of another version: nothing to do
                     log.warning("ignored an order of the driver's host registry: %s", e)
                     continue
-                self.on_order(order)
+                if order.kind is OrderKind.RECEIVED:
+                    self._received(order.file)
+                else:
+                    self.on_order(order)
         except (EOFError, OSError):
             if not self._stopped.is_set():
                 log.warning("lost the driver's host registry; registering again on next task")
         with contextlib.suppress(OSError):
             conn.close()
+
+    def _received(self, url: str) -> None:
+        with self._lock:
+            waiting = self._receipts.get(url)
+        if waiting is not None:
+            waiting.set()
 
     def close(self) -> None:
         self._stopped.set()

@@ -14,7 +14,8 @@ the micro-batch id + 1. Each epoch:
    committed base (see host);
 3. hands the output DataFrame to the sink (which runs the job);
 4. after the sink returned, waits for every range's result (the hosts write their snapshots
-   after the tasks returned, overlapping Spark's next tasks) and commits the epoch's manifest;
+   after the tasks returned, overlapping Spark's next tasks, and send the results over their
+   registry links; see results) and commits the epoch's manifest;
    an epoch that is already committed (a re-run after a driver restart) adopts the committed
    manifest instead of writing another. A range whose host failed to snapshot (an error file)
    or wrote nothing within ``host.result-timeout`` fails the epoch uncommitted.
@@ -130,7 +131,7 @@ class EpochReport:
     compaction_cpu_seconds: float = 0.0
     compaction_bases: int = 0  # ranges whose snapshot wrote such a base
     # results the hosts sent over their registry connections (the others were read from the
-    # checkpoint store, at most once a RESULT_POLL_S: a host that could not tell the driver)
+    # checkpoint store, at most once a RESULT_POLL_S: a host that could not reach the driver)
     results_told: int = 0
     # of seconds: from the epoch's job's end to its commit (the ranges' last snapshots and the
     # manifest): the part of an epoch no task overlaps
@@ -664,9 +665,10 @@ class StatefulPipeline:
         """Range ``index``'s result, once its host has written it (after the job returned),
         and whether the host told it (else it was read from the store).
 
-        The host sends the result file's bytes over its registry connection once the file is
-        written; the store is read every ``RESULT_POLL_S`` meanwhile (a host whose link was
-        down could not tell), or at a quick backoff when there is no registry."""
+        The host sends the result over its registry connection, and writes it as a file only
+        when this driver's registry did not acknowledge it; the store is read every
+        ``RESULT_POLL_S`` meanwhile (a host whose link was down could not tell), or at a quick
+        backoff when there is no registry."""
         assert self._lease is not None and self.config is not None
         name = result_name(epoch, self._lease.owner, index, self.parallelism)
         deadline = time.monotonic() + self.config.host_result_timeout

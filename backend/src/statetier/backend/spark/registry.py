@@ -102,6 +102,7 @@ def _endpoints(fields: Fields) -> list[Endpoint]:
 class OrderKind(enum.Enum):
     SHUTDOWN = "shutdown"  # the application is done with its state hosts
     RELEASE = "release"  # drop these ranges: their pipeline ended
+    RECEIVED = "received"  # the driver holds the file the host told it about (``file``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +111,14 @@ class HostOrder:
 
     kind: OrderKind
     ranges: tuple[RangeKey, ...] = ()  # of a release
+    file: str = ""  # of a receipt: the URL the host told
 
     def encode(self) -> bytes:
         data: dict[str, Any] = {"op": self.kind.value}
         if self.kind is OrderKind.RELEASE:
             data["ranges"] = [list(key) for key in self.ranges]
+        if self.kind is OrderKind.RECEIVED:
+            data["file"] = self.file
         return json.dumps(data).encode()
 
     @classmethod
@@ -126,7 +130,8 @@ class HostOrder:
             if not _range_key(item):
                 fields.fail(f"ranges[{i}]", "[pipeline, parallelism, index]", item)
             ranges.append((item[0], item[1], item[2]))
-        return cls(kind, tuple(ranges))
+        file = fields.text("file") if kind is OrderKind.RECEIVED else ""
+        return cls(kind, tuple(ranges), file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +186,7 @@ class HostRegistry:
         self.written: dict[str, bytes] = {}  # result and error files the hosts said they wrote
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._send_lock = threading.Lock()  # orders to a host come from several threads
         self._server = Server(secret, self._connection, "statetier-registry")
         self.endpoint = self._server.bind_tcp(bind, port)
         self.closed = False
@@ -232,6 +238,8 @@ class HostRegistry:
                 host.last_seen = time.monotonic()
                 if "written" in beat:
                     self._written(str(beat["written"]), str(beat.get("body", "")).encode())
+                    if beat.get("receipt"):  # the host writes no file once it has this
+                        self._send(conn, HostOrder(OrderKind.RECEIVED, file=str(beat["written"])))
                 else:
                     host.rss = int(beat.get("rss", 0))
                     host.state_heap = int(beat.get("state_heap", 0))
@@ -380,10 +388,14 @@ class HostRegistry:
             links = {h: self.hosts[h].link for h in by_host if self.hosts[h].alive}
         for host_id, link in links.items():
             if link is not None:
-                order = HostOrder(OrderKind.RELEASE, tuple(by_host[host_id]))
-                with contextlib.suppress(OSError):
-                    link.send_bytes(order.encode())
+                self._send(link, HostOrder(OrderKind.RELEASE, tuple(by_host[host_id])))
         return len(keys)
+
+    def _send(self, link: Connection, order: HostOrder) -> None:
+        """Send ``order`` on a host's link; a link that broke is the host's end, which its
+        reading thread reports."""
+        with self._send_lock, contextlib.suppress(OSError):
+            link.send_bytes(order.encode())
 
     def shutdown_hosts(self, timeout: float = 10.0) -> list[HostInfo]:
         """Ask every live host to stop, and wait until their connections closed."""
@@ -391,8 +403,7 @@ class HostRegistry:
         hosts = self.live_hosts()
         for host in hosts:
             if host.link is not None:
-                with contextlib.suppress(OSError):
-                    host.link.send_bytes(HostOrder(OrderKind.SHUTDOWN).encode())
+                self._send(host.link, HostOrder(OrderKind.SHUTDOWN))
         deadline = time.monotonic() + timeout
         with self._lock:
             while any(h.alive for h in hosts) and time.monotonic() < deadline:

@@ -1,12 +1,14 @@
 """What a range's task reports to the driver: its snapshot for the epoch, and how it ran.
 
-The state host writes it as JSON to a deterministic name in the checkpoint location, after the
-range's data files: ``data/epoch-N/<driver owner>/results/<index>-of-<parallelism>.json``. A retried
-or speculative attempt overwrites it with an equally valid result (its own data files, which are
-never overwritten: they are named by the attempt's token). The host writes it after the task has
+The state host sends it as JSON over its registry link, after the range's data files are
+uploaded, and writes it to a deterministic name in the checkpoint location only when the driver
+does not acknowledge it (a link that broke, a driver too busy to answer in time):
+``data/epoch-N/<driver owner>/results/<index>-of-<parallelism>.json``. A retried or speculative
+attempt replaces it with an equally valid result (its own data files, which are never
+overwritten: they are named by the attempt's token). The host sends it after the task has
 returned its outputs (the snapshot overlaps Spark's next tasks), so the driver waits for one per
-range after the job succeeded; a host that failed to snapshot writes an error file beside it
-instead. Retention deletes them with the epoch's other files.
+range after the job succeeded; a host that failed to snapshot writes an error file instead, and
+tells it. Retention deletes these files with the epoch's other files.
 """
 
 from __future__ import annotations
