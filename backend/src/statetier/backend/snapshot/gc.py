@@ -7,6 +7,14 @@ the files its next manifest will name (``protect``). Manifests go first, oldest 
 in the middle never leaves a retained manifest naming a deleted file; the files follow in
 batches (on object storage a request deletes a batch, where a file a request was most of an
 epoch's deletions).
+
+A writer that collects after every commit need not list the whole location each time (on an
+object store a listing of every retained epoch's files is most of retention's cost): given
+``since``, the oldest epoch the previous collection kept, it lists only the directories of the
+epochs falling out of retention now, and takes the files the manifests it drops name (a compacted
+base lives in the directory of an older epoch than the manifests naming it). What neither finds
+(an upload of a zombie attempt landing in an epoch already collected, a compacted base never
+named) waits for the next whole listing, which the caller makes now and then.
 """
 
 from __future__ import annotations
@@ -37,8 +45,10 @@ def collect_garbage(
     protect: Iterable[str] = (),
     dry_run: bool = False,
     progress: Callable[[int], object] | None = None,
+    since: int | None = None,
 ) -> GcReport:
-    """Delete what the last ``retained`` committed epochs do not need."""
+    """Delete what the last ``retained`` committed epochs do not need; with ``since``, look
+    only at the epochs from ``since`` on that fall out of retention now (see above)."""
     if retained < 1:
         raise ValueError("at least one epoch must be retained")
     epochs = store.epochs()
@@ -49,8 +59,12 @@ def collect_garbage(
     named = set(protect)
     for epoch in keep:
         named.update(f.path for f in store.manifest(epoch).files())
-    files = store.list_files()
-    old_manifests = [store.manifest_name(e) for e in epochs if e < oldest_kept]
+    dropped = [e for e in epochs if e < oldest_kept]
+    if since is None:
+        files = store.list_files()
+    else:
+        files = _falling_out(store, range(since, oldest_kept), dropped)
+    old_manifests = [store.manifest_name(e) for e in dropped]
     garbage = []
     for name in sorted(files):
         if name.startswith(f"{MANIFESTS}/") or name in named:
@@ -70,3 +84,14 @@ def collect_garbage(
             if progress:
                 progress(len(batch))
     return GcReport(keep, old_manifests, garbage, freed)
+
+
+def _falling_out(store: SnapshotStore, epochs: range, dropped: list[int]) -> dict[str, int]:
+    """The files a collection since ``epochs.start`` must look at: those in the directories
+    of ``epochs``, and those the ``dropped`` manifests name (name -> size)."""
+    files: dict[str, int] = {}
+    for epoch in epochs:
+        files.update(store.list_files(epoch))
+    for epoch in dropped:
+        files.update({f.path: f.size for f in store.manifest(epoch).files()})
+    return files

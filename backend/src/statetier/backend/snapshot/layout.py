@@ -32,6 +32,7 @@ __all__ = [
     "TOP_DIRS",
     "compacted_base_name",
     "compacted_dir",
+    "epoch_dirs",
     "epoch_of",
     "error_name",
     "keyed_file_name",
@@ -57,6 +58,11 @@ _IN_EPOCH = re.compile(r"/(?:data|operator|manifests)/epoch-\d{10}(?:[/.]|$)")
 
 def _epoch_dir(top: str, epoch: int) -> str:
     return f"{top}/epoch-{epoch:010d}"
+
+
+def epoch_dirs(epoch: int) -> tuple[str, str]:
+    """The directories of ``epoch``'s data and operator files (its manifest is not in them)."""
+    return _epoch_dir(DATA, epoch), _epoch_dir(OPERATOR, epoch)
 
 
 def state_dir(state: str) -> str:

@@ -302,10 +302,12 @@ class SnapshotStore:
                 absent.append(entry)
         return absent
 
-    def list_files(self) -> dict[str, int]:
-        """Every file under the location: name relative to the root -> size."""
+    def list_files(self, epoch: int | None = None) -> dict[str, int]:
+        """Every file under the location, or in the data and operator directories of
+        ``epoch``: name relative to the root -> size."""
         found: dict[str, int] = {}
-        for top in layout.TOP_DIRS:
+        tops = layout.TOP_DIRS if epoch is None else layout.epoch_dirs(epoch)
+        for top in tops:
             self.fs.invalidate_cache(self.full_path(top))  # s3fs caches listings
             try:
                 listing = self.fs.find(self.full_path(top), detail=True)

@@ -13,6 +13,10 @@ What differs between runtimes is passed in: where a compaction's
 the writers in the local runner, to the next epoch's tasks on Spark), which chains are taken
 care of already (``skip``), and which files the writers will name that no manifest names yet
 (``protect``: retention keeps them).
+
+Retention lists the whole location on its first run and every ``WHOLE_LISTING_EVERY`` runs;
+between those it looks only at the epochs falling out of retention (see gc): on an object store
+that is two short listings per commit instead of one of every retained file.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from statetier.backend.snapshot.store import SnapshotStore
 __all__ = ["Upkeep"]
 
 log = logging.getLogger(__name__)
+
+WHOLE_LISTING_EVERY = 10  # retention runs between whole listings (what a short one misses waits)
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,6 +65,8 @@ class Upkeep:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="statetier-upkeep")
         self._jobs: collections.deque[concurrent.futures.Future[None]] = collections.deque()
         self._next: tuple[Manifest, str, int | None] | None = None  # what the queued job takes
+        self._kept_from: int | None = None  # the oldest epoch the last retention kept
+        self._retentions = 0  # successful runs, for the whole listing every so often
 
     @property
     def idle(self) -> bool:
@@ -124,13 +132,22 @@ class Upkeep:
         return float(getattr(local, "cpu_seconds", 0.0))
 
     def _retain(self, epoch: int) -> None:
+        whole = self._kept_from is None or self._retentions % WHOLE_LISTING_EVERY == 0
         try:
-            report = collect_garbage(self.store, self.retained, protect=self.protect())
+            report = collect_garbage(
+                self.store,
+                self.retained,
+                protect=self.protect(),
+                since=None if whole else self._kept_from,
+            )
         except Exception:  # storage trouble: the next commit's retention deletes the rest
             log.exception("retention after epoch %d failed", epoch)
             backend_metrics.retention_done(False)
             return
         backend_metrics.retention_done(True)
+        self._retentions += 1
+        if report.retained_epochs:
+            self._kept_from = report.retained_epochs[0]
         log.info(
             "retention after epoch %d: kept epochs %s, deleted %d files (%d bytes)",
             epoch,
