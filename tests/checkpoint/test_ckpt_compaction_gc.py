@@ -145,19 +145,30 @@ def test_a_short_collection_leaves_older_epochs_and_newer_files_alone(location: 
     before = set(store.list_files())
     store.put("data/epoch-0000000001/zombie/x.kgd", b"late")
     store.put("data/epoch-0000000006/inflight/x.kgd", b"new")
+    store.put("operator/epoch-0000000002/failed/0-of-2.ops", b"unnamed")  # not listed
     # epochs 2 and 3 fall out; 1 was collected (its directory is not listed again; what
     # its dropped manifest names goes)
     report = collect_garbage(store, 2, since=2)
     assert report.retained_epochs == [4, 5]
     assert report.deleted_manifests == [f"manifests/epoch-000000000{e}.json" for e in (1, 2, 3)]
     left = set(store.list_files())
+    named = {f.path for e in (4, 5) for f in store.manifest(e).files()}
     assert "data/epoch-0000000001/zombie/x.kgd" in left
     assert "data/epoch-0000000006/inflight/x.kgd" in left
-    named = {f.path for e in (4, 5) for f in store.manifest(e).files()}
+    assert "operator/epoch-0000000002/failed/0-of-2.ops" in left
+    assert not [
+        n
+        for n in left
+        if n.startswith("operator/")
+        and epoch_of(n) in (1, 2, 3)
+        and n not in named
+        and "failed" not in n
+    ]
     falling_out = {n for n in before if epoch_of(n) in (2, 3)}
     assert falling_out - named and not (falling_out - named) & left
     collect_garbage(store, 2)  # the whole listing finds what the short one left
     assert "data/epoch-0000000001/zombie/x.kgd" not in store.list_files()
+    assert "operator/epoch-0000000002/failed/0-of-2.ops" not in store.list_files()
     assert restored(location, 2) == dump_keyed(live)
 
 

@@ -10,11 +10,13 @@ epoch's deletions).
 
 A writer that collects after every commit need not list the whole location each time (on an
 object store a listing of every retained epoch's files is most of retention's cost): given
-``since``, the oldest epoch the previous collection kept, it lists only the directories of the
-epochs falling out of retention now, and takes the files the manifests it drops name (a compacted
-base lives in the directory of an older epoch than the manifests naming it). What neither finds
-(an upload of a zombie attempt landing in an epoch already collected, a compacted base never
-named) waits for the next whole listing, which the caller makes now and then.
+``since``, the oldest epoch the previous collection kept, it lists only the data directories of
+the epochs falling out of retention now (one request each: an epoch's operator directory is
+mostly empty, and an empty prefix costs s3fs three requests), and takes the files the manifests
+it drops name (a compacted base lives in the directory of an older epoch than the manifests
+naming it; operator files). What neither finds (an upload of a zombie attempt landing in an epoch
+already collected, an operator file of a failed attempt, a compacted base never named) waits for
+the next whole listing, which the caller makes now and then.
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ def collect_garbage(
 
 
 def _falling_out(store: SnapshotStore, epochs: range, dropped: list[int]) -> dict[str, int]:
-    """The files a collection since ``epochs.start`` must look at: those in the directories
-    of ``epochs``, and those the ``dropped`` manifests name (name -> size)."""
+    """The files a collection since ``epochs.start`` must look at: those in the data
+    directories of ``epochs``, and those the ``dropped`` manifests name (name -> size)."""
     files: dict[str, int] = {}
     for epoch in epochs:
         files.update(store.list_files(epoch))

@@ -32,7 +32,7 @@ __all__ = [
     "TOP_DIRS",
     "compacted_base_name",
     "compacted_dir",
-    "epoch_dirs",
+    "data_dir",
     "epoch_of",
     "error_name",
     "keyed_file_name",
@@ -60,9 +60,9 @@ def _epoch_dir(top: str, epoch: int) -> str:
     return f"{top}/epoch-{epoch:010d}"
 
 
-def epoch_dirs(epoch: int) -> tuple[str, str]:
-    """The directories of ``epoch``'s data and operator files (its manifest is not in them)."""
-    return _epoch_dir(DATA, epoch), _epoch_dir(OPERATOR, epoch)
+def data_dir(epoch: int) -> str:
+    """The directory of ``epoch``'s keyed data files (and a Spark driver's result files)."""
+    return _epoch_dir(DATA, epoch)
 
 
 def state_dir(state: str) -> str:

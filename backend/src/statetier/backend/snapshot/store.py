@@ -303,10 +303,10 @@ class SnapshotStore:
         return absent
 
     def list_files(self, epoch: int | None = None) -> dict[str, int]:
-        """Every file under the location, or in the data and operator directories of
-        ``epoch``: name relative to the root -> size."""
+        """Every file under the location, or in the data directory of ``epoch``: name
+        relative to the root -> size."""
         found: dict[str, int] = {}
-        tops = layout.TOP_DIRS if epoch is None else layout.epoch_dirs(epoch)
+        tops = layout.TOP_DIRS if epoch is None else (layout.data_dir(epoch),)
         for top in tops:
             self.fs.invalidate_cache(self.full_path(top))  # s3fs caches listings
             try:

@@ -16,7 +16,7 @@ care of already (``skip``), and which files the writers will name that no manife
 
 Retention lists the whole location on its first run and every ``WHOLE_LISTING_EVERY`` runs;
 between those it looks only at the epochs falling out of retention (see gc): on an object store
-that is two short listings per commit instead of one of every retained file.
+that is one short listing per commit instead of one of every retained file.
 """
 
 from __future__ import annotations
