@@ -46,6 +46,7 @@ from statetier.backend.snapshot.layout import compacted_base_name
 from statetier.backend.snapshot.lazy import bulk_allocation
 from statetier.backend.snapshot.manifest import Chain, FileEntry
 from statetier.backend.snapshot.merge import live_chain, merge_blocks, merge_columns
+from statetier.backend.snapshot.recent_bases import RecentBases
 from statetier.backend.snapshot.store import put_whole, read_whole
 from statetier.backend.snapshot.ttl_filter import FlatFilter, ttl_filter
 
@@ -198,10 +199,12 @@ class LocalCompactor:
         filesystem: Any = None,
         *,
         check: Callable[[], None] | None = None,
+        recent: RecentBases | None = None,
         **storage_options: Any,
     ) -> None:
         self.filesystem = filesystem  # used for every URL when given (the store's own)
         self.check = check
+        self.recent = recent  # the bases this process wrote last, read from memory
         self.storage_options = storage_options
 
     def _fs(self, url: str) -> tuple[Any, str]:
@@ -247,6 +250,8 @@ class LocalCompactor:
         with bulk_allocation():  # many small acyclic objects: no cyclic GC passes over them
             out = b"".join(parts)
         put_whole(fs, path, out)
+        if self.recent is not None:
+            self.recent.keep(url, out)
         return CompactionResult(
             request.job_id, [CompactionOutput(url, len(out), builder.crc32)], builder.entries
         )
@@ -259,8 +264,10 @@ class LocalCompactor:
             return list(pool.map(self._read_verified, inputs))
 
     def _read_verified(self, item: CompactionInput) -> bytes:
-        fs, path = self._fs(item.url)
-        data = read_whole(fs, path, item.size)
+        data = self.recent.get(item.url) if self.recent is not None else None
+        if data is None:
+            fs, path = self._fs(item.url)
+            data = read_whole(fs, path, item.size)
         if len(data) != item.size or zlib.crc32(data) != item.crc32:
             raise CorruptFileError(item.url, "does not match the size and checksum requested")
         return data

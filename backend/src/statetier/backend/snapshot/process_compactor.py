@@ -45,6 +45,7 @@ from statetier.backend.snapshot.compaction import (
     CompactionResult,
     LocalCompactor,
 )
+from statetier.backend.snapshot.recent_bases import RecentBases
 
 __all__ = ["MERGE_NICENESS", "MergeProcessError", "ProcessCompactor", "stop_merge_process"]
 
@@ -192,6 +193,7 @@ def _watch_parent(parent: int) -> None:
 
 
 def _serve(requests: Connection, replies: Connection) -> None:
+    recent = RecentBases()  # a range's next merge starts from the base its last one wrote
     while True:
         try:
             message = requests.recv_bytes()
@@ -200,6 +202,7 @@ def _serve(requests: Connection, replies: Connection) -> None:
         started = time.process_time()
         try:
             local, request = pickle.loads(message)
+            local.recent = recent
             result = local.compact(CompactionRequest.from_json(request)).to_json()
         except Exception:
             replies.send_bytes(_FAILED + traceback.format_exc().encode())
