@@ -254,6 +254,23 @@ def test_a_result_the_registry_acknowledged_needs_no_file(registry: HostRegistry
     assert not host.link.deliver("s3://b/r/2.json", b"{}", timeout=10)
 
 
+def test_at_its_bound_the_registry_drops_only_what_a_file_also_holds(
+    registry: HostRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("statetier.backend.spark.registry.MAX_WRITTEN", 2)
+    host = FakeHost(registry, "a")
+    host.link.tell_written("s3://b/f1.json", b"file")  # written as a file too
+    assert host.link.deliver("s3://b/r1.json", b"1", timeout=10)
+    assert host.link.deliver("s3://b/r2.json", b"2", timeout=10)  # f1 made room
+    assert set(registry.written) == {"s3://b/r1.json", "s3://b/r2.json"}
+    # full of results only the registry holds: no receipt, so the host writes the file
+    assert not host.link.deliver("s3://b/r3.json", b"3", timeout=0.5)
+    assert set(registry.written) == {"s3://b/r1.json", "s3://b/r2.json"}
+    assert registry.take_written(("s3://b/r1.json",), 1) == ("s3://b/r1.json", b"1")
+    assert host.link.deliver("s3://b/r3.json", b"3", timeout=10)  # room again
+    host.die()
+
+
 def test_a_result_a_registry_does_not_acknowledge_is_written_after_the_wait() -> None:
     """A driver of an older version hears the result but sends no receipt: the host waits
     ``timeout``, then writes the file."""

@@ -53,7 +53,7 @@ log = logging.getLogger("statetier.spark.registry")
 RangeKey = tuple[str, int, int]  # (pipeline, parallelism, index)
 PROBE_TIMEOUT_S = 2.0
 JOIN_WAIT_S = 2.0  # how long a new assignment waits for executors whose hosts have not joined
-MAX_WRITTEN = 4096  # result files held for the driver: a bound, far above ranges per epoch
+MAX_WRITTEN = 4096  # results held for the driver: a bound, far above ranges per epoch
 
 
 class RouteError(RuntimeError):
@@ -183,7 +183,8 @@ class HostRegistry:
         self.moves = 0  # ranges that changed owner (a host lost or unreachable)
         self.executors = 0  # executors the application has (the driver updates it each epoch)
         self.join_wait = JOIN_WAIT_S
-        self.written: dict[str, bytes] = {}  # result and error files the hosts said they wrote
+        self.written: dict[str, bytes] = {}  # results and error files the hosts told
+        self._only_here: set[str] = set()  # of those, results no file holds (acknowledged)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._send_lock = threading.Lock()  # orders to a host come from several threads
@@ -237,9 +238,10 @@ class HostRegistry:
                 beat = json.loads(conn.recv_bytes(1 << 20))
                 host.last_seen = time.monotonic()
                 if "written" in beat:
-                    self._written(str(beat["written"]), str(beat.get("body", "")).encode())
-                    if beat.get("receipt"):  # the host writes no file once it has this
-                        self._send(conn, HostOrder(OrderKind.RECEIVED, file=str(beat["written"])))
+                    path, receipt = str(beat["written"]), bool(beat.get("receipt"))
+                    held = self._written(path, str(beat.get("body", "")).encode(), receipt)
+                    if held and receipt:  # the host writes no file once it has this
+                        self._send(conn, HostOrder(OrderKind.RECEIVED, file=path))
                 else:
                     host.rss = int(beat.get("rss", 0))
                     host.state_heap = int(beat.get("state_heap", 0))
@@ -248,12 +250,24 @@ class HostRegistry:
             pass
         self._lost(host, why)
 
-    def _written(self, path: str, body: bytes) -> None:
+    def _written(self, path: str, body: bytes, receipt: bool = False) -> bool:
+        """Hold what a host told for the driver; whether it is held. At the bound the oldest
+        result a file also holds goes; one only this registry holds (``receipt``: the host
+        wrote no file) never does, and when every result held is such a one, the new one is
+        not held (the host gets no receipt and writes the file)."""
         with self._lock:
-            if len(self.written) >= MAX_WRITTEN:  # results of epochs no driver waited for
-                self.written.pop(next(iter(self.written)))
+            if path not in self.written and len(self.written) >= MAX_WRITTEN:
+                spare = next((p for p in self.written if p not in self._only_here), None)
+                if spare is None:
+                    return False
+                del self.written[spare]
             self.written[path] = body
+            if receipt:
+                self._only_here.add(path)
+            else:
+                self._only_here.discard(path)
             self._changed.notify_all()
+            return True
 
     def take_written(self, paths: tuple[str, ...], timeout: float) -> tuple[str, bytes] | None:
         """The first of ``paths`` a host said it wrote, with its bytes, waiting at most
@@ -263,6 +277,7 @@ class HostRegistry:
             while True:
                 for path in paths:
                     if path in self.written:
+                        self._only_here.discard(path)
                         return path, self.written.pop(path)
                 left = deadline - time.monotonic()
                 if left <= 0 or self.closed:
@@ -275,6 +290,7 @@ class HostRegistry:
         with self._lock:
             for path in [p for p in self.written if p.startswith(prefix)]:
                 del self.written[path]
+                self._only_here.discard(path)
 
     def _lost(self, host: HostInfo, why: str) -> None:
         with self._lock:
