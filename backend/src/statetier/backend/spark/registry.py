@@ -102,7 +102,7 @@ def _endpoints(fields: Fields) -> list[Endpoint]:
 class OrderKind(enum.Enum):
     SHUTDOWN = "shutdown"  # the application is done with its state hosts
     RELEASE = "release"  # drop these ranges: their pipeline ended
-    RECEIVED = "received"  # the driver holds the file the host told it about (``file``)
+    RECEIVED = "received"  # the driver holds the result the host told it (at URL ``file``)
 
 
 @dataclasses.dataclass(frozen=True)
