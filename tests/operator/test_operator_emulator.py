@@ -223,3 +223,42 @@ def test_in_process_emulator_keeps_kmock_reactions_and_request_log() -> None:
     assert missing[0] == 404 and missing[1]["kind"] == "Status"
     assert namespaces[0] == 200 and namespaces[1]["kind"] == "NamespaceList"
     assert logged == ["/openapi/v2", "/no/such/path", "/api/v1/namespaces"]
+
+
+def test_leaving_the_emulator_drops_its_waiting_background_work() -> None:
+    """A Deployment written just before the emulator stops leaves its controller's step waiting
+    (CONTROLLER_DELAY): leaving ``serve`` cancels it, so no task is left pending on the closed
+    loop (asyncio would report each one destroyed at exit)."""
+    import asyncio
+
+    import aiohttp
+    from statetier.kubetest.emulator import serve
+
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "waiting", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "waiting"}},
+            "template": {
+                "metadata": {"labels": {"app": "waiting"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+    async def scenario() -> tuple[int, list[bool]]:
+        async with serve() as (emulator, url):
+            async with aiohttp.ClientSession() as session:
+                path = "/apis/apps/v1/namespaces/default/deployments"
+                async with session.post(url + path, json=deployment) as resp:
+                    status = resp.status
+            waiting = list(emulator._tasks)
+            assert waiting and not any(task.done() for task in waiting)
+        # checked before asyncio.run ends, which would cancel whatever is left itself
+        return status, [task.cancelled() for task in waiting]
+
+    status, cancelled = asyncio.run(scenario())
+    assert status == 201
+    assert cancelled and all(cancelled)
