@@ -433,7 +433,6 @@ class ApiEmulator(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=1, init=False)
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
-    _serving: int = attrs.field(default=0, init=False)  # nested ``async with`` depth
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1004,22 +1003,19 @@ class ApiEmulator(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------ background work
 
-    async def __aenter__(self) -> ApiEmulator:
-        await super().__aenter__()
-        self._serving += 1
-        return self
-
     async def __aexit__(self, *exc_info: Any) -> None:
-        """Leaving the outermost ``async with`` drops the background work still waiting (a
-        controller's or the garbage collector's next step), as a control plane that shuts down
-        does: left pending on a loop that closes, asyncio reports each task destroyed."""
-        self._serving -= 1
-        if not self._serving:
-            pending = [task for task in self._tasks if not task.done()]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        await super().__aexit__(*exc_info)
+        """Leaving the outermost ``async with`` (kmock's ``active`` turns false) drops the
+        background work still waiting (a controller's or the garbage collector's next step), as
+        a control plane that shuts down does: left pending on a loop that closes, asyncio
+        reports each task destroyed."""
+        try:
+            await super().__aexit__(*exc_info)
+        finally:
+            if not self.active:
+                pending = [task for task in self._tasks if not task.done()]
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
 
     def _later(self, delay: float, work: Any) -> None:
         """Run ``work()`` after ``delay`` seconds, under the lock, as a background task."""
