@@ -2,9 +2,11 @@
 
 Run as ``python -m tests.spark.cluster_job CONFIG.json``; prints one JSON report line. CONFIG has
 ``master``, ``uri`` (checkpoints), ``work`` (a scratch directory), ``batches``, ``words``,
-``vocabulary``, ``parallelism`` and optionally ``kill_at``: the micro-batch whose job loses an
-executor (its JVM is killed with SIGKILL while the job runs, taking its state host with it)
-and ``kill_delay``: how long after the micro-batch's sink starts (0.3 s by default).
+``vocabulary``, ``parallelism`` and optionally ``files`` (per micro-batch, each read as a
+partition of it; 1 by default), ``exchange`` (``pipeline.exchange``), ``kill_at``: the
+micro-batch whose job loses an executor (its JVM is killed with SIGKILL while the job
+runs, taking its state host with it) and ``kill_delay``: how long after the micro-batch's
+sink starts (0.3 s by default).
 
 A separate process because one Python process holds one SparkContext, and the other Spark tests
 share a ``local[2]`` one.
@@ -70,23 +72,35 @@ def main() -> None:
     batches = [
         zipf_words(config["words"], config["vocabulary"], seed) for seed in range(config["batches"])
     ]
+    files = config.get("files", 1)
     for i, batch in enumerate(batches):
-        (source / f"part-{i:03d}.csv").write_text("\n".join(batch) + "\n")
+        for f in range(files):  # a micro-batch of `files` partitions
+            path = source / f"part-{i:03d}-{f}.csv"
+            path.write_text("\n".join(batch[f::files]) + "\n")
+            # Spark takes the oldest files first: micro-batch i is then exactly batch i
+            stamp = time.time() - 3600 + 10 * i + f
+            os.utime(path, (stamp, stamp))
     pipeline = StatefulPipeline(
         VectorWordCount,
         key="word",
         output_schema="word string, count bigint",
         parallelism=config["parallelism"],
-        config={"checkpoint.uri": config["uri"]},
+        config={
+            "checkpoint.uri": config["uri"],
+            "pipeline.exchange": config.get("exchange", "auto"),
+        },
     )
     outputs: dict[str, int] = {}
+    rows: dict[int, list[int]] = {}  # epoch -> output rows of each run of its job
     killed: list[int] = []
     killed_ranges: list[int] = []
 
     def sink(out: DataFrame, epoch: int) -> None:
-        if epoch == config.get("kill_at"):
+        if epoch == config.get("kill_at") and epoch not in rows:  # its job's first run only
             threading.Timer(config.get("kill_delay", 0.3), kill_an_owner).start()
-        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
+        collected = out.collect()
+        rows.setdefault(epoch, []).append(len(collected))
+        latest(outputs, ((r.word, r["count"]) for r in collected))
 
     def kill_an_owner() -> None:
         registry = pipeline._registry
@@ -98,7 +112,7 @@ def main() -> None:
         os.kill(jvm, signal.SIGKILL)
         killed.append(jvm)
 
-    stream = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+    stream = spark.readStream.schema("word string").option("maxFilesPerTrigger", files)
     query = (
         pipeline.write_stream(stream.csv(str(source)), sink)
         .option("checkpointLocation", str(work / "spark-ckpt"))
@@ -127,6 +141,9 @@ def main() -> None:
             for r in pipeline.reports
         ],
         "hosts": len(pipeline.hosts),
+        # one output row per distinct word of a micro-batch in each run of its job
+        "rows": [rows.get(e, []) for e in range(1, len(batches) + 1)],
+        "distinct": [len(set(b)) for b in batches],
         "routing": [r.routing for r in pipeline.reports],
         "planned_once": planned_once,
     }

@@ -6,6 +6,7 @@ import collections
 import os
 import random
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -129,6 +130,15 @@ def expected_counts(batches: Iterable[list[str]]) -> dict[str, int]:
     for batch in batches:
         counts.update(batch)
     return dict(counts)
+
+
+def fail_once_per_marker(marker: str, word: str) -> str:
+    """A Python UDF step after the pipeline's in the same Spark task: the first task attempt to
+    run it creates ``marker`` and fails (after it got its ranges' outputs from the hosts)."""
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        raise RuntimeError("injected failure after the outputs came")
+    return word
 
 
 def latest(outputs: dict[str, int], rows: Iterable[Any]) -> None:

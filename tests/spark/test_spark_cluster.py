@@ -49,21 +49,38 @@ def run_job(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def test_ranges_stay_warm_on_two_executors(tmp_path: Path) -> None:
-    report = run_job(tmp_path)
+    """Micro-batches of two partitions: the state hosts gather each range from both tasks."""
+    report = run_job(tmp_path, files=2)
     epochs = report["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6]
     assert epochs[0]["fresh"] == 4
-    # every range of every later micro-batch reached its warm owner, wherever its task ran
+    # every range of every later micro-batch reached its warm owner, wherever its tasks ran
     assert all(e["warm"] == 4 and e["restored_bytes"] == 0 for e in epochs[1:])
     assert report["hosts"] == 2  # both executors own ranges
     assert report["exact"]
-    # on a cluster, pipeline.exchange=auto plans the query once, with the exchange, even for
-    # micro-batches of one partition (a plan per micro-batch cost more than the exchange)
-    assert report["planned_once"] and report["routing"] == ["exchange"] * 6
+    # the first micro-batch takes Spark's exchange (its tasks, on every executor, start the
+    # state hosts); then no shuffle: each task sends its piece of every range to the owner
+    assert not report["planned_once"]
+    assert report["routing"] == ["exchange"] + ["gathered"] * 5
+    # each output row left Spark through one task: no range's outputs came twice or not at all
+    assert report["rows"] == [[n] for n in report["distinct"]]
 
 
-def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(tmp_path: Path) -> None:
-    report = run_job(tmp_path, batches=7, kill_at=3)
+def test_one_partition_goes_from_its_task_to_every_range(tmp_path: Path) -> None:
+    report = run_job(tmp_path, batches=4)
+    assert report["routing"] == ["exchange"] + ["direct"] * 3
+    assert all(e["warm"] == 4 for e in report["epochs"][1:])
+    assert report["exact"] and report["rows"] == [[n] for n in report["distinct"]]
+
+
+@pytest.mark.parametrize("exchange", ["auto", "always"])
+def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(
+    tmp_path: Path, exchange: str
+) -> None:
+    """``auto``: micro-batches of two partitions, gathered by the hosts; the pieces the dead
+    host held are lost with it, so the epoch's job runs again. ``always``: Spark's exchange,
+    which retries the lost tasks alone."""
+    report = run_job(tmp_path, batches=7, kill_at=3, files=2, exchange=exchange)
     epochs = report["epochs"]
     assert report["killed"], "no executor was killed"
     assert [e["epoch"] for e in epochs] == [1, 2, 3, 4, 5, 6, 7]
@@ -83,3 +100,6 @@ def test_an_executor_killed_mid_stream_costs_one_restore_of_its_ranges(tmp_path:
     later = epochs[max(e["epoch"] for e in restoring) :]
     assert later and all(e["warm"] == 4 for e in later), shown
     assert report["exact"]
+    # the last run of every epoch's job returned each range's outputs (one row per distinct
+    # word): none lost with the killed executor, none twice
+    assert [runs[-1] for runs in report["rows"]] == report["distinct"], shown

@@ -34,6 +34,7 @@ from tests.spark.spark_support import (
     VectorWordCount,
     WordCount,
     expected_counts,
+    fail_once_per_marker,
     host_pids,
     latest,
     run_available_now,
@@ -441,14 +442,16 @@ def test_streaming_query_stopped_and_restarted_from_its_checkpoint(
     [
         # one task reads the micro-batch: it cuts it into the ranges
         ("auto", 1, "direct", VectorWordCount),
-        ("auto", 3, "exchange", VectorWordCount),  # several: Spark's exchange, one per range
-        ("never", 3, "direct", VectorWordCount),  # one task reads all three and cuts them
+        # several: each task sends its piece of every range, the hosts gather them
+        ("auto", 3, "gathered", VectorWordCount),
+        ("never", 3, "gathered", VectorWordCount),
         ("always", 1, "exchange", VectorWordCount),
-        # a combiner: that one task aggregates (CombinedWordCount fails on unmerged rows) ...
+        ("always", 3, "exchange", VectorWordCount),
+        # a combiner: one task aggregates all (CombinedWordCount fails on unmerged rows) ...
         ("auto", 1, "direct", CombinedWordCount),
         ("never", 3, "direct", CombinedWordCount),
-        # ... or the map side did, and the host merges the partial rows
-        ("never", 3, "direct", MapSideCombinedWordCount),
+        # ... or the map side did, and the host merges the partial rows of every piece
+        ("never", 3, "gathered", MapSideCombinedWordCount),
         ("auto", 3, "exchange", CombinedWordCount),  # Spark SQL after the exchange
     ],
 )
@@ -483,6 +486,84 @@ def test_the_exchange_is_taken_only_when_it_helps(
     assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
     if function is not VectorWordCount:  # one row per key (and map task) reached the hosts
         assert all(r.rows < r.records for r in pipeline.reports)
+
+
+def test_gathered_pieces_kept_on_disk_count_the_same(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """No runtime allowance: the hosts keep no piece in memory, every one waits in a file in
+    the spill directory until its range runs, and goes then."""
+    spill = tmp_path / "spill"
+    pipeline = make(
+        pipelines,
+        VectorWordCount,
+        f"file://{tmp_path}/ckpt",
+        4,
+        **{"memory.runtime-allowance": "0", "spill.dirs": str(spill)},
+    )
+    batches = [zipf_words(3000, 300, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    for batch in batches:
+        pipeline.run(words_df(spark, batch).repartition(3), collecting(outputs))
+    assert [r.routing for r in pipeline.reports[1:]] == ["gathered"] * 2
+    assert outputs == expected_counts(batches)
+    assert (spill / "pieces").is_dir() and list((spill / "pieces").iterdir()) == []
+
+
+def test_a_gathered_range_that_fails_runs_again_on_its_completers_retry(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """Range 1 of epoch 2 fails once after changing its state (FailingWordCount), in a
+    micro-batch of three partitions that the hosts gather: the task whose piece completed the
+    range fails, Spark retries it, its piece completes the range again, which is restored and
+    runs again. Each range's outputs still leave Spark once, through the retried task."""
+    pipeline = make(pipelines, FailingWordCount, f"file://{tmp_path}/ckpt", 4)
+    batches = [zipf_words(2000, 300, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    rows: list[int] = []
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        collected = out.collect()
+        rows.append(len(collected))
+        latest(outputs, ((r.word, r["count"]) for r in collected))
+
+    for batch in batches:
+        pipeline.run(words_df(spark, batch).repartition(3), sink)
+    assert [r.routing for r in pipeline.reports[1:]] == ["gathered"] * 2
+    assert rows == [len(set(b)) for b in batches]  # no range's outputs twice, none missing
+    assert outputs == expected_counts(batches)
+    assert pipeline.reports[1].restored == 1 and pipeline.reports[1].warm == 3
+    assert pipeline.reports[2].warm == 4
+
+
+def test_a_completing_task_that_fails_after_its_outputs_gets_them_again(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """Gathered ranges: a task fails after the hosts sent it the outputs of the ranges it
+    completed. Its retry sends its pieces again and gets the same outputs back from the hosts,
+    which ran each range once: no restore, no re-run of the epoch, each output row once."""
+    from pyspark.sql import functions as sf
+
+    pipeline = make(pipelines, VectorWordCount, f"file://{tmp_path}/ckpt", 4)
+    batches = [zipf_words(2000, 300, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    rows: list[int] = []
+    fail_once = sf.udf(functools.partial(fail_once_per_marker, str(tmp_path / "failed")), "string")
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        if epoch == 2:
+            out = out.select(fail_once("word").alias("word"), "count")
+        collected = out.collect()
+        rows.append(len(collected))
+        latest(outputs, ((r.word, r["count"]) for r in collected))
+
+    for batch in batches:
+        pipeline.run(words_df(spark, batch).repartition(3), sink)
+    assert (tmp_path / "failed").exists()
+    assert [r.routing for r in pipeline.reports[1:]] == ["gathered"] * 2
+    assert rows == [len(set(b)) for b in batches]
+    assert outputs == expected_counts(batches)
+    assert [(r.warm, r.restored, r.reruns) for r in pipeline.reports[1:]] == [(4, 0, 0)] * 2
 
 
 def test_a_task_cuts_its_records_into_ranges_as_the_exchange_does() -> None:

@@ -634,13 +634,13 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "enum",
         parse_exchange,
         "auto",
-        "Spark: how a micro-batch's records reach their key-group ranges. auto: with one "
-        "executor (local[N]) a micro-batch read as one partition skips Spark's exchange (its "
-        "one task sends each range's records to the range's state host) and a larger one goes "
-        "through the exchange, one task per range; on a cluster a write_stream query is "
-        "planned once, with the exchange. always: the exchange every time. never: every "
-        "micro-batch is read by one task that sends every range (no shuffle; one task reads "
-        "all of the micro-batch).",
+        "Spark: how a micro-batch's records reach their key-group ranges. auto: without "
+        "Spark's exchange once every executor has its state host: each task of the "
+        "micro-batch sends its piece of every range to the range's state host, which runs "
+        "the range once it has every piece (one partition: its one task sends it all); a "
+        "combiner that aggregates in Spark SQL takes the exchange. always: the exchange every "
+        "time, one task per range, and a write_stream query planned once. never: as auto "
+        "from the first micro-batch on, and a combiner's micro-batch is read by one task.",
     ),
     Setting(
         "metrics.port",

@@ -33,6 +33,7 @@ __all__ = [
     "checkpoint_failed",
     "cold_restore",
     "compaction_done",
+    "gathered_piece",
     "retention_done",
     "warm_hit",
     "watch_spill_dirs",
@@ -73,11 +74,19 @@ RETENTION_RUNS = Counter(
     "Retention runs after a commit, by outcome (succeeded, failed).",
     ["outcome"],
 )
+GATHERED_PIECE_BYTES = Counter(
+    "statetier_gathered_piece_bytes",
+    "Bytes of gathered ranges' pieces a state host received, by where it kept them until their "
+    "range ran (memory, disk: beyond half of memory.runtime-allowance).",
+    ["kept"],
+)
 for _outcome in ("committed", "failed"):
     CHECKPOINTS.labels(_outcome)
 for _outcome in ("succeeded", "failed"):
     COMPACTIONS.labels(_outcome)
     RETENTION_RUNS.labels(_outcome)
+for _kept in ("memory", "disk"):
+    GATHERED_PIECE_BYTES.labels(_kept)
 
 METRIC_NAMES = (
     "statetier_checkpoint_duration_seconds",
@@ -88,6 +97,7 @@ METRIC_NAMES = (
     "statetier_retention_runs_total",
     "statetier_state_warm_hits_total",
     "statetier_state_cold_restores_total",
+    "statetier_gathered_piece_bytes_total",
     "statetier_spill_volume_capacity_bytes",
     "statetier_spill_volume_free_bytes",
 )
@@ -99,6 +109,12 @@ def checkpoint_committed(seconds: float, size_bytes: int) -> None:
     CHECKPOINT_SIZE.observe(size_bytes)
     CHECKPOINTS.labels("committed").inc()
     LAST_COMMIT.set(time.time())
+
+
+def gathered_piece(nbytes: int, on_disk: bool) -> None:
+    """A state host received a gathered range's piece of ``nbytes`` and kept it in memory or
+    (``on_disk``) in a file until its range ran."""
+    GATHERED_PIECE_BYTES.labels("disk" if on_disk else "memory").inc(nbytes)
 
 
 def checkpoint_failed() -> None:

@@ -54,6 +54,7 @@ from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark import protocol
 from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.functions import SparkTask, set_current_task
+from statetier.backend.spark.gathering import GatherError, Gatherings, PieceMemory
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
@@ -62,12 +63,17 @@ from statetier.backend.spark.protocol import ProcessWatch, read_batch, write_bat
 from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
+from statetier.backend.spill import default_spill_dirs
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
 log = logging.getLogger("statetier.spark.host")
+
+# How long a retry of a gathered range's completing task waits for the run under way (a task
+# that is gone is seen at once: its connection closes).
+GATHER_TIMEOUT_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,7 @@ class StateHost:
         self.functions: dict[str, Callable[[], Any]] = {}
         self.stores: dict[str, SnapshotStore] = {}
         self.pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+        self.gatherings = Gatherings()  # ranges whose pieces come from several tasks
         self.lock = threading.Lock()
         self.active = 0
         self.last_activity = time.monotonic()
@@ -282,16 +289,49 @@ class StateHost:
         except MessageError as e:  # a task of another version, or not a task at all
             conn.send_bytes(protocol.ERROR + str(e).encode())
             return
+        if header.pieces > 1:
+            self._gathered_task(conn, header, function_bytes, batches)
+            return
         try:
             outputs, finish = self.start_task(header, function_bytes, batches)
         except Exception:
             conn.send_bytes(protocol.ERROR + traceback.format_exc().encode())
             return
         try:
-            for batch in outputs:
-                conn.send_bytes(protocol.BATCH + write_batch(batch))
-            # The task is done; the snapshot follows while Spark runs the next tasks.
-            conn.send_bytes(protocol.RESULT + json.dumps({"deferred": True}).encode())
+            _send_outputs(conn, outputs)
+        finally:
+            finish()
+
+    def _gathered_task(
+        self, conn: Connection, header: TaskHeader, function_bytes: bytes, piece: list[Any]
+    ) -> None:
+        """One piece of a range gathered from every task of a micro-batch (see gathering): the
+        piece that completes the range runs it and gets its outputs; any other gets an end."""
+        key = (header.state.pipeline, header.state.parallelism, header.index)
+        gatherings = self.gatherings
+        try:
+            gathering, records = gatherings.add(
+                key, header.gather_attempt, header.piece, header.pieces, piece, _memory(header)
+            )
+            if records is None:
+                if not gatherings.returns_outputs(gathering, header.piece):
+                    _send_outputs(conn, [])
+                else:  # a retry of the completing task
+                    _send_outputs(conn, gathering.wait(conn, GATHER_TIMEOUT_S), completed=True)
+                return
+        except GatherError as e:
+            conn.send_bytes(protocol.ERROR + str(e).encode())
+            return
+        try:
+            outputs, finish = self.start_task(header, function_bytes, records)
+        except Exception:
+            error = traceback.format_exc()
+            gatherings.failed(gathering, error)
+            conn.send_bytes(protocol.ERROR + error.encode())
+            return
+        gatherings.finish(gathering, outputs)
+        try:
+            _send_outputs(conn, outputs, completed=True)
         finally:
             finish()
 
@@ -539,6 +579,24 @@ class StateHost:
 
         pool = self._upload_pool(config.checkpoint_upload_concurrency)
         return sum(pool.map(put, uploads))
+
+
+def _memory(header: TaskHeader) -> PieceMemory:
+    """How many bytes of gathered pieces the host keeps in memory (half of the runtime's
+    allowance beside the state: the other half is the running range's), and where the rest go
+    (the first spill directory, the local disk)."""
+    config = load_config(header.state.config)
+    directory = (config.spill_dirs or tuple(default_spill_dirs()))[0]
+    return PieceMemory(config.memory_runtime_allowance // 2, os.path.join(directory, "pieces"))
+
+
+def _send_outputs(conn: Connection, outputs: list[pa.RecordBatch], completed: bool = False) -> None:
+    """A task's outputs, then its end: the snapshot follows while Spark runs the next tasks.
+    ``completed``: the task gets a gathered range's outputs (its piece completed the range)."""
+    for batch in outputs:
+        conn.send_bytes(protocol.BATCH + write_batch(batch))
+    end = {"deferred": True, "completed": completed}
+    conn.send_bytes(protocol.RESULT + json.dumps(end).encode())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -103,6 +103,11 @@ class TaskHeader:
     owner_host: str  # the host the driver routed the range to (another one refuses it)
     time: EpochTime = dataclasses.field(metadata=FLAT)
     chain_updates: tuple[ChainUpdate, ...] = ()  # of this range only
+    # a range gathered from several tasks (see gathering): this task's piece of it, how many
+    # pieces make it, and the stage attempt they all belong to ("": one task sends it all)
+    piece: int = 0
+    pieces: int = 1
+    gather_attempt: str = ""
 
     @classmethod
     def for_task(
@@ -114,8 +119,12 @@ class TaskHeader:
         attempt_number: int,
         task_attempt_id: int,
         owner_host: str,
+        piece: int = 0,
+        pieces: int = 1,
+        gather_attempt: str = "",
     ) -> TaskHeader:
-        """The header of task attempt ``task_attempt_id`` of range ``index``."""
+        """The header of task attempt ``task_attempt_id`` of range ``index`` (of its piece
+        ``piece`` of ``pieces``, for a gathered range)."""
         state = pipeline.state
         mine = str(key_group_range_for_instance(state.max_parallelism, state.parallelism, index))
         return cls(
@@ -131,6 +140,9 @@ class TaskHeader:
             owner_host=owner_host,
             time=epoch.time,
             chain_updates=tuple(u for u in epoch.chain_updates if u.key_groups == mine),
+            piece=piece,
+            pieces=pieces,
+            gather_attempt=gather_attempt,
         )
 
     def encode(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from pyspark import cloudpickle
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -70,7 +71,11 @@ from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
-from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
+from statetier.backend.spark.plans import (
+    opaque_empty,
+    partition_count,
+    runs_no_task,
+)
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import RangeResult, RangeStart
@@ -78,6 +83,7 @@ from statetier.backend.spark.task import (
     Combining,
     combine_function,
     direct_function,
+    gather_function,
     partition_function,
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
@@ -120,8 +126,9 @@ class EpochReport:
     process_seconds: float = 0.0  # of host_seconds: running the function
     restored_bytes: int = 0  # downloaded from tier 2 to restore ranges that were not warm
     reruns: int = 0  # times the epoch's job ran again because a state host was lost
-    # how the records reached their ranges: "exchange" (Spark's, one task per range) or
-    # "direct" (one task cut the micro-batch into every range; pipeline.exchange)
+    # how the records reached their ranges: "exchange" (Spark's, one task per range),
+    # "direct" (one task cut the micro-batch into every range; pipeline.exchange) or
+    # "gathered" (every task of a barrier stage sent its piece of every range; see gathering)
     routing: str = "exchange"
     spilled_by_range: list[int] = dataclasses.field(default_factory=list)  # key groups on disk
     # CPU the state hosts spent on the ranges' snapshots (their threads, not the I/O loop's)
@@ -185,7 +192,9 @@ class StatefulPipeline:
         self._latest: int | None = None  # latest committed epoch (None: list to find out)
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
-        self._routing: dict[int, str] = {}  # planned epoch -> "exchange" or "direct"
+        self._routing: dict[int, str] = {}  # planned epoch -> "exchange", "direct", "gathered"
+        # gathered epoch -> the ranges whose outputs a successful task returned (see gathering)
+        self._completions: dict[int, Accumulator[frozenset[int]]] = {}
         self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
@@ -281,8 +290,8 @@ class StatefulPipeline:
         keyed = self._keyed(df, static)
         # A combiner's Spark SQL aggregation is planned per micro-batch too: in the streaming
         # plan itself it would be a streaming aggregation, which append mode refuses.
-        per_batch = self._plans_per_batch(df.sparkSession) or self.combiner is not None
-        planned = None if per_batch else self._route(keyed, static, None, False)
+        per_batch = self._plans_per_batch() or self.combiner is not None
+        planned = None if per_batch else self._route(keyed, static, None, "exchange")
         key = epoch_property(self.name)
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
@@ -296,7 +305,8 @@ class StatefulPipeline:
                     f"{static.state.max_parallelism}: restart the query"
                 )
             if planned is None:  # the records of this micro-batch, routed as it needs
-                out = self._route(batch, static, None, self._skips_exchange(batch, epoch))
+                routing = self._routing_of(batch, epoch)
+                out = self._route(batch, static, None, routing, self._completions.get(epoch))
             else:
                 out = batch
             context = batch.sparkSession.sparkContext
@@ -314,14 +324,15 @@ class StatefulPipeline:
         epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
         spec = self._static_spec(df.sparkSession)
         keyed = self._keyed(df, spec)
-        out = self._route(keyed, spec, epoch_spec, self._skips_exchange(keyed, epoch))
+        routing = self._routing_of(keyed, epoch)
+        out = self._route(keyed, spec, epoch_spec, routing, self._completions.get(epoch))
         if runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
             # see through, gives every range its (empty) task.
             self._routing[epoch] = "exchange"
             keyed = self._keyed(opaque_empty(df, self.parallelism), spec)
-            out = self._route(keyed, spec, epoch_spec, False)
+            out = self._route(keyed, spec, epoch_spec, "exchange")
         return out
 
     def _begin_epoch(self, spark: SparkSession, epoch: int, time: EpochTime | None) -> EpochSpec:
@@ -427,14 +438,26 @@ class StatefulPipeline:
         return keyed
 
     def _route(
-        self, keyed: DataFrame, spec: PipelineSpec, epoch: EpochSpec | None, direct: bool
+        self,
+        keyed: DataFrame,
+        spec: PipelineSpec,
+        epoch: EpochSpec | None,
+        routing: str,
+        completions: Accumulator[frozenset[int]] | None = None,
     ) -> DataFrame:
         """The tasks that stream ``keyed``'s ranges to their hosts (of ``epoch``; None: of
         whichever epoch the job says, see :meth:`write_stream`): after Spark's exchange into
-        ranges, or (``direct``) from one task that cuts its partition into every range."""
+        ranges; ``direct``, from one task that cuts its partition into every range; or
+        ``gathered``, from every partition's task (see gathering), whose successful tasks add
+        the ranges whose outputs they returned to ``completions``."""
         schema = self._output_schemas()[0]
         combiner = self.combiner
-        if direct:
+        if routing == "gathered":
+            assert completions is not None
+            pieces = partition_count(keyed)
+            run = gather_function(spec, epoch, self.function_bytes, pieces, completions)
+            return keyed.mapInArrow(run, schema)
+        if routing == "direct":
             assert self.config is not None
             one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
             combining = None
@@ -456,35 +479,42 @@ class StatefulPipeline:
             return False
         return len(registry.live_hosts()) >= max(1, registry.executors)
 
-    def _plans_per_batch(self, spark: SparkSession) -> bool:
+    def _plans_per_batch(self) -> bool:
         """Whether :meth:`write_stream` plans each micro-batch's route (else the query is planned
-        once, whole, with the exchange): ``never``; ``auto`` on a master of one executor.
+        once, whole, with the exchange): ``auto`` and ``never`` do, ``always`` does not.
 
-        On a cluster ``auto`` plans once. There a micro-batch is rarely one partition (a Kafka
-        topic's partitions, files split by size), and routing it per micro-batch costs every
-        micro-batch a plan on top of the one Spark made for it: on ``local-cluster[2,1,3072]``
-        (20M words, micro-batches of 4 partitions, all through the exchange) the query planned
-        once ran in 21.7 s against 23.3 s, medians of 4 alternated runs. With one executor
-        (``local[N]``) a micro-batch of one partition is common, and sending it without the
-        exchange is worth far more (1.3x the ceiling, docs/spark.md).
+        Routing a micro-batch costs it a plan on top of the one Spark made for it: on
+        ``local-cluster[2,1,3072]`` (20M words, every micro-batch through the exchange) the
+        query planned once ran in 21.7 s against 23.3 s, medians of 4 alternated runs. A
+        micro-batch that skips the exchange (``direct`` or ``gathered``) saves far more
+        (docs/spark.md), so ``auto`` pays it to find out.
         """
         assert self.config is not None
-        mode = self.config.pipeline_exchange
-        return mode == "never" or (mode == "auto" and _one_executor(spark))
+        return bool(self.config.pipeline_exchange != "always")
 
-    def _skips_exchange(self, keyed: DataFrame, epoch: int) -> bool:
-        """Whether ``epoch`` runs without Spark's exchange (``pipeline.exchange``): ``never``
-        does; ``auto`` when the micro-batch is one partition (one task reads it all anyway: a
-        shuffle would only cost) and every executor has its state host (the exchange's tasks,
-        which run on every executor, start them; a range goes to a host that exists).
-        Remembered for the epoch's report."""
+    def _routing_of(self, keyed: DataFrame, epoch: int) -> str:
+        """How ``epoch``'s records reach their ranges (``pipeline.exchange``), remembered for
+        the epoch's report: ``always``, through Spark's exchange. ``auto`` and ``never`` skip
+        it: a micro-batch of one partition goes from its one task to every range (``direct``),
+        one of several partitions from all of them (``gathered``, see gathering), unless the
+        function's combiner aggregates after the exchange (its rows must be final: ``never``
+        then reads the micro-batch with one task, which aggregates it). ``auto`` waits for
+        every executor to have its state host (the exchange's tasks, which run on every
+        executor, start them; new ranges go to the hosts that exist)."""
         assert self.config is not None
         mode = self.config.pipeline_exchange
-        direct = mode == "never" or (
-            mode == "auto" and self._every_executor_hosts() and partition_count(keyed) == 1
-        )
-        self._routing[epoch] = "direct" if direct else "exchange"
-        return direct
+        routing = "exchange"
+        if mode == "never" or (mode == "auto" and self._every_executor_hosts()):
+            partitions = partition_count(keyed)
+            if partitions > 1 and (self.combiner is None or self.combiner.map_side):
+                routing = "gathered"
+                self._completions[epoch] = keyed.sparkSession.sparkContext.accumulator(
+                    frozenset(), RangeSet()
+                )
+            elif partitions == 1 or mode == "never":
+                routing = "direct"
+        self._routing[epoch] = routing
+        return routing
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
@@ -569,8 +599,8 @@ class StatefulPipeline:
         """Run the epoch's job, then commit it; run it again if a state host died after its
         task returned but before its range's snapshot (the snapshot of that attempt is lost)."""
         for rerun in range(MAX_RERUNS + 1):
-            self._run_sink(out, epoch, sink)
             try:
+                self._run_job(out, epoch, sink)
                 report = self.commit(epoch, started)
             except RangesLostError as e:
                 if rerun == MAX_RERUNS:
@@ -580,6 +610,22 @@ class StatefulPipeline:
             report.reruns = rerun
             return report
         raise AssertionError("unreachable")
+
+    def _run_job(self, out: DataFrame, epoch: int, sink: Sink | None) -> None:
+        """Run the sink on ``out``. RangesLostError when a range of a gathered epoch returned
+        no outputs through a successful task (see gathering): its completing task died after
+        it got them, or pieces were lost with a state host, so the job must run again."""
+        completions = self._completions.get(epoch)
+        if completions is not None:
+            completions.value = frozenset()  # what this run's tasks add
+        self._run_sink(out, epoch, sink)
+        if completions is not None:
+            lost = sorted(set(range(self.parallelism)) - completions.value)
+            if lost:
+                raise RangesLostError(
+                    f"no task returned the outputs of ranges {lost} of epoch {epoch}: the hosts "
+                    "gathered them from every task, and a task or host that held them was lost"
+                )
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
@@ -602,6 +648,7 @@ class StatefulPipeline:
             self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
         routing = self._routing.pop(epoch, "exchange")
+        self._completions.pop(epoch, None)
         adopted = epoch in store.epochs() if committed_before is None else committed_before
         if adopted:
             self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
@@ -829,3 +876,15 @@ def _aggregate_type(input_type: DataType, how: str) -> DataType:
             return DoubleType()
         raise TypeError(f"a combiner cannot sum {input_type.simpleString()} values")
     return input_type
+
+
+class RangeSet(AccumulatorParam[frozenset[int]]):
+    """Range indexes, merged from the successful tasks of a gathered epoch."""
+
+    def zero(self, value: frozenset[int]) -> frozenset[int]:
+        return frozenset()
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: frozenset[int], value2: frozenset[int]
+    ) -> frozenset[int]:
+        return value1 | value2

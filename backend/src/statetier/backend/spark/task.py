@@ -28,9 +28,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,11 +49,15 @@ from statetier.backend.spark.protocol import (
 )
 from statetier.backend.spark.registry import HostInfo, ask_route
 
+if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
+
 __all__ = [
     "bind_address",
     "combine_function",
     "direct_function",
     "epoch_of_job",
+    "gather_function",
     "local_host",
     "partition_function",
     "receive_outputs",
@@ -226,9 +230,16 @@ def partition_function(
 
 
 def _header(
-    spec: PipelineSpec, epoch: EpochSpec, task: Any, index: int, owner: HostInfo
+    spec: PipelineSpec,
+    epoch: EpochSpec,
+    task: Any,
+    index: int,
+    owner: HostInfo,
+    gather: Gather | None = None,
 ) -> TaskHeader:
-    """The header of range ``index`` sent by this Spark task attempt to its ``owner``."""
+    """The header of range ``index`` (of this task's piece of it: ``gather``) sent by this
+    Spark task attempt to its ``owner``."""
+    gather = gather or Gather()
     return TaskHeader.for_task(
         spec,
         epoch,
@@ -236,6 +247,9 @@ def _header(
         attempt_number=task.attemptNumber(),
         task_attempt_id=task.taskAttemptId(),
         owner_host=owner.host_id,
+        piece=gather.piece,
+        pieces=gather.pieces,
+        gather_attempt=gather.attempt,
     )
 
 
@@ -265,15 +279,17 @@ def send_task(
     conn.send_bytes(b"")
 
 
-def receive_outputs(conn: Connection) -> Iterator[pa.RecordBatch]:
-    """The outputs of the task sent on ``conn``, until the host says it is done."""
+def receive_outputs(conn: Connection) -> Generator[pa.RecordBatch, None, dict[str, Any]]:
+    """The outputs of the task sent on ``conn``, until the host says it is done; then what the
+    host said at the end."""
     while True:
         message = conn.recv_bytes()
         kind, body = message[:1], memoryview(message)[1:]
         if kind == BATCH:
             yield read_batch(body)
         elif kind == RESULT:
-            return
+            end: dict[str, Any] = json.loads(bytes(body)) if len(body) else {}
+            return end
         elif kind == ERROR:
             raise RuntimeError(f"statetier state host failed:\n{bytes(body).decode()}")
         else:
@@ -330,21 +346,81 @@ def direct_function(
         if combining is not None:
             records = combining.apply(records)
         slices = split_ranges(records, spec.state.parallelism, spec.state.max_parallelism)
-        with contextlib.ExitStack() as open_connections:
-            sent: list[tuple[HostInfo, int, Connection]] = []
-            local = local_host(spec)  # once for the task, not once per range
-            for index, records in enumerate(slices):
-                owner, conn = _owner_connection(spec, index, local)
-                open_connections.callback(conn.close)
-                header = _header(spec, this_epoch, task, index, owner)
-                with _host_lost(owner, index):
-                    send_task(conn, header, function_bytes, records)
-                sent.append((owner, index, conn))
-            for owner, index, conn in sent:
-                with _host_lost(owner, index):
-                    yield from receive_outputs(conn)
+        yield from _send_ranges(spec, this_epoch, task, slices, function_bytes)
 
     return run
+
+
+def gather_function(
+    spec: PipelineSpec,
+    epoch: EpochSpec | None,
+    function_bytes: bytes,
+    pieces: int,
+    completed: Accumulator[frozenset[int]],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an epoch the state hosts gather (see gathering): the task
+    of partition ``p`` of the micro-batch's ``pieces`` cuts it into the key-group ranges and
+    sends piece ``p`` of every range to the range's host, then reads back the outputs of the
+    ranges its piece completed, and adds those ranges to ``completed``: Spark merges only a
+    successful task's additions, so the driver learns which ranges' outputs left Spark (see
+    pipeline). The epoch and Spark's stage name the pieces of one run, so that a host never
+    mixes them with those of another job over the same epoch."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        assert task is not None
+        this_epoch = epoch or epoch_of_job(task, spec.state.pipeline)
+        slices = split_ranges(list(batches), spec.state.parallelism, spec.state.max_parallelism)
+        gather = Gather(
+            piece=task.partitionId(),
+            pieces=pieces,
+            attempt=f"{this_epoch.epoch}.{task.stageId()}",
+        )
+        ranges = yield from _send_ranges(spec, this_epoch, task, slices, function_bytes, gather)
+        completed.add(frozenset(ranges))
+
+    return run
+
+
+@dataclasses.dataclass(frozen=True)
+class Gather:
+    """A task's part in a gathered epoch: its piece of every range, of how many."""
+
+    piece: int = 0
+    pieces: int = 1
+    attempt: str = ""
+
+
+def _send_ranges(
+    spec: PipelineSpec,
+    epoch: EpochSpec,
+    task: Any,
+    slices: list[list[pa.RecordBatch]],
+    function_bytes: bytes,
+    gather: Gather = Gather(),
+) -> Generator[pa.RecordBatch, None, list[int]]:
+    """Send range ``i``'s records ``slices[i]`` to its host, every range first (the hosts work
+    on them side by side); then read back each range's outputs, range by range. Returns the
+    ranges whose hosts said this task completed them (gathered ranges)."""
+    with contextlib.ExitStack() as open_connections:
+        sent: list[tuple[HostInfo, int, Connection]] = []
+        local = local_host(spec)  # once for the task, not once per range
+        for index, records in enumerate(slices):
+            owner, conn = _owner_connection(spec, index, local)
+            open_connections.callback(conn.close)
+            header = _header(spec, epoch, task, index, owner, gather)
+            with _host_lost(owner, index):
+                send_task(conn, header, function_bytes, records)
+            sent.append((owner, index, conn))
+        completed = []
+        for owner, index, conn in sent:
+            with _host_lost(owner, index):
+                end = yield from receive_outputs(conn)
+            if end.get("completed"):
+                completed.append(index)
+        return completed
 
 
 def split_ranges(
