@@ -88,6 +88,8 @@ def run_task(
     words: list[str],
     owner_host: str,
     attempt: int,
+    piece: int = 0,
+    pieces: int = 1,
 ) -> list[tuple[str, int]]:
     host = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None)
     schema = SCHEMA.serialize().to_pybytes().hex()
@@ -103,6 +105,9 @@ def run_task(
         task_attempt_id=attempt,
         owner_host=owner_host,
         time=EpochTime(None, 1_000),
+        piece=piece,
+        pieces=pieces,
+        gather_attempt=f"{epoch}.1" if pieces > 1 else "",
     )
     tcp = next(e for e in host.endpoints if e.kind == "tcp")
     function = bytes(cloudpickle.dumps(VectorWordCount))  # type: ignore[no-untyped-call]
@@ -136,6 +141,8 @@ def test_a_host_refuses_a_range_routed_to_another_host_and_stale_state(
         owner = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None).host_id
         with pytest.raises(RuntimeError, match="which does not own it"):
             run_task(registry, uri, 1, None, ["a"], owner_host="another-host", attempt=1)
+        with pytest.raises(RuntimeError, match="which does not own it"):  # nor a piece of it
+            run_task(registry, uri, 1, None, ["a"], "another-host", 1, piece=0, pieces=2)
 
         assert sorted(run_task(registry, uri, 1, None, ["a", "b", "a"], owner, 2)) == [
             ("a", 2),

@@ -310,6 +310,7 @@ class StateHost:
         key = (header.state.pipeline, header.state.parallelism, header.index)
         gatherings = self.gatherings
         try:
+            self._check_owner(header)  # before filing: a stray piece would never complete
             gathering, records = gatherings.add(
                 key, header.gather_attempt, header.piece, header.pieces, piece, _memory(header)
             )
@@ -319,7 +320,7 @@ class StateHost:
                 else:  # a retry of the completing task
                     _send_outputs(conn, gathering.wait(conn, GATHER_TIMEOUT_S), completed=True)
                 return
-        except GatherError as e:
+        except (GatherError, NotOwnerError) as e:
             conn.send_bytes(protocol.ERROR + str(e).encode())
             return
         try:
@@ -372,11 +373,7 @@ class StateHost:
         """
         started = time.perf_counter()
         index = header.index
-        if header.owner_host != self.host_id:
-            raise NotOwnerError(
-                f"range {index} of pipeline {header.state.pipeline} is routed to state host "
-                f"{header.owner_host}; this is host {self.host_id}, which does not own it"
-            )
+        self._check_owner(header)
         factory = self._factory(function_bytes)
         store = self._store(header.state.checkpoint_uri, header.state.storage_options)
         config = load_config(header.state.config)
@@ -417,6 +414,14 @@ class StateHost:
                 hosted.lock.release()
 
         return outputs, finish
+
+    def _check_owner(self, header: TaskHeader) -> None:
+        """Refuse a task (or a piece of one) the driver routed to another host."""
+        if header.owner_host != self.host_id:
+            raise NotOwnerError(
+                f"range {header.index} of pipeline {header.state.pipeline} is routed to state "
+                f"host {header.owner_host}; this is host {self.host_id}, which does not own it"
+            )
 
     def _acquire(
         self, header: TaskHeader, factory: Callable[[], Any], store: SnapshotStore, config: Any
