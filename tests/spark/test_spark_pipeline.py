@@ -548,7 +548,8 @@ def test_a_completing_task_that_fails_after_its_outputs_gets_them_again(
     batches = [zipf_words(2000, 300, seed) for seed in range(3)]
     outputs: dict[str, int] = {}
     rows: list[int] = []
-    fail_once = sf.udf(functools.partial(fail_once_per_marker, str(tmp_path / "failed")), "string")
+    marker = str(tmp_path / "failed")
+    fail_once = sf.udf(lambda word: fail_once_per_marker(marker, word), "string")
 
     def sink(out: DataFrame, epoch: int) -> None:
         if epoch == 2:
