@@ -71,11 +71,7 @@ from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
-from statetier.backend.spark.plans import (
-    opaque_empty,
-    partition_count,
-    runs_no_task,
-)
+from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.results import RangeResult, RangeStart
@@ -128,7 +124,7 @@ class EpochReport:
     reruns: int = 0  # times the epoch's job ran again because a state host was lost
     # how the records reached their ranges: "exchange" (Spark's, one task per range),
     # "direct" (one task cut the micro-batch into every range; pipeline.exchange) or
-    # "gathered" (every task of a barrier stage sent its piece of every range; see gathering)
+    # "gathered" (every task sent its piece of every range to the range's host; see gathering)
     routing: str = "exchange"
     spilled_by_range: list[int] = dataclasses.field(default_factory=list)  # key groups on disk
     # CPU the state hosts spent on the ranges' snapshots (their threads, not the I/O loop's)

@@ -229,17 +229,25 @@ def partition_function(
     return run
 
 
+@dataclasses.dataclass(frozen=True)
+class Gather:
+    """A task's part in a gathered epoch: its piece of every range, of how many."""
+
+    piece: int = 0
+    pieces: int = 1
+    attempt: str = ""
+
+
 def _header(
     spec: PipelineSpec,
     epoch: EpochSpec,
     task: Any,
     index: int,
     owner: HostInfo,
-    gather: Gather | None = None,
+    gather: Gather = Gather(),
 ) -> TaskHeader:
     """The header of range ``index`` (of this task's piece of it: ``gather``) sent by this
     Spark task attempt to its ``owner``."""
-    gather = gather or Gather()
     return TaskHeader.for_task(
         spec,
         epoch,
@@ -382,15 +390,6 @@ def gather_function(
         completed.add(frozenset(ranges))
 
     return run
-
-
-@dataclasses.dataclass(frozen=True)
-class Gather:
-    """A task's part in a gathered epoch: its piece of every range, of how many."""
-
-    piece: int = 0
-    pieces: int = 1
-    attempt: str = ""
 
 
 def _send_ranges(
