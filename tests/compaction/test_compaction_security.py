@@ -1,16 +1,20 @@
-"""Refused paths and the shared token, through the real gateway and worker processes."""
+"""Refused paths and the shared token, through the real gateway and worker processes (and the
+gateway's app in process, for which routes need the token)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from statetier.backend.compaction_client import RemoteCompactor, RemoteRefusedError
 from statetier.backend.http_json import call_json
 from statetier.backend.snapshot.compaction import CompactionInput, LocalCompactor
+from statetier.compaction.gateway import Gateway, GatewaySettings
 from statetier.tools.compaction_launch import BUCKET, Processes, SeaweedFS
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
@@ -102,3 +106,27 @@ def test_inputs_that_do_not_match_their_checksum_fail_the_job(
     client = RemoteCompactor([gateway], timeout=20, poll_interval=0.05)
     with pytest.raises(RemoteRefusedError, match="checksum"):
         client.compact(request)
+
+
+def test_only_the_probe_and_count_routes_are_served_without_the_token() -> None:
+    """Every route of the gateway's app, called without a token: 401 unless it is one of the
+    four that carry no job data. A route added to the wrong group fails here."""
+
+    async def answers() -> dict[str, int]:
+        gateway = Gateway(GatewaySettings(allowed_prefixes=("s3://b/p",), token=TOKEN))
+        app = gateway.app()
+        routes = [(r.method, r.resource.canonical) for r in app.router.routes() if r.resource]
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            statuses = {}
+            for method, path in routes:
+                if method == "HEAD":
+                    continue
+                url = path.replace("{job_id}", "j1").replace("{worker_id}", "w1")
+                async with client.request(method, url) as response:
+                    statuses[f"{method} {path}"] = response.status
+            return statuses
+
+    statuses = asyncio.run(answers())
+    open_routes = {k for k, status in statuses.items() if status != 401}
+    assert open_routes == {"GET /healthz", "GET /readyz", "GET /metrics", "GET /v1/stats"}
+    assert len(statuses) == 13

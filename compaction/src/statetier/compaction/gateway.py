@@ -80,7 +80,6 @@ __all__ = ["Gateway", "GatewaySettings"]
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/v1/stats")  # counts only, no job data
 NO_TOKEN = (
     "this gateway has no token: set STATETIER_COMPACTION_TOKEN (or --token-file) on the "
     "gateway, its workers and clients, or start it with --insecure-no-token in a sandbox"
@@ -152,6 +151,7 @@ class Gateway:
         self._finished = asyncio.Event()  # set (and replaced) whenever a job finishes
         self._expiry: asyncio.Task[None] | None = None
         self.started: weakref.WeakSet[Any] = weakref.WeakSet()  # transports past their headers
+        self._open_paths = frozenset(route.path for route in self._open_routes())
 
     # ------------------------------------------------------------------ app
 
@@ -160,26 +160,38 @@ class Gateway:
             middlewares=[self._auth, self._invalid],
             client_max_size=self.settings.max_body_bytes,
         )
-        app.add_routes(
-            [
-                web.get("/healthz", self.healthz),
-                web.get("/readyz", self.readyz),
-                web.get("/metrics", self.metrics_endpoint),
-                web.get("/v1/stats", self.stats),
-                web.post("/v1/jobs", self.submit),
-                web.get("/v1/jobs", self.list_jobs),
-                web.get("/v1/jobs/{job_id}", self.status),
-                web.delete("/v1/jobs/{job_id}", self.abort),
-                web.post("/v1/workers/{worker_id}/register", self.register),
-                web.post("/v1/workers/{worker_id}/poll", self.poll),
-                web.post("/v1/workers/{worker_id}/heartbeat", self.heartbeat),
-                web.post("/v1/workers/{worker_id}/jobs/{job_id}/done", self.done),
-                web.delete("/v1/workers/{worker_id}", self.leave),
-            ]
-        )
+        app.add_routes(self._open_routes() + self._job_routes() + self._worker_routes())
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    def _open_routes(self) -> list[web.RouteDef]:
+        """Probes, Prometheus and the counts: served without the token (no job data)."""
+        return [
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics_endpoint),
+            web.get("/v1/stats", self.stats),
+        ]
+
+    def _job_routes(self) -> list[web.RouteDef]:
+        """What a client (a Spark driver, an operator) does with its compaction jobs."""
+        return [
+            web.post("/v1/jobs", self.submit),
+            web.get("/v1/jobs", self.list_jobs),
+            web.get("/v1/jobs/{job_id}", self.status),
+            web.delete("/v1/jobs/{job_id}", self.abort),
+        ]
+
+    def _worker_routes(self) -> list[web.RouteDef]:
+        """A worker's life: joining, asking for work, staying alive, reporting, leaving."""
+        return [
+            web.post("/v1/workers/{worker_id}/register", self.register),
+            web.post("/v1/workers/{worker_id}/poll", self.poll),
+            web.post("/v1/workers/{worker_id}/heartbeat", self.heartbeat),
+            web.post("/v1/workers/{worker_id}/jobs/{job_id}/done", self.done),
+            web.delete("/v1/workers/{worker_id}", self.leave),
+        ]
 
     async def _start(self, _: web.Application) -> None:
         self._expiry = asyncio.create_task(self._expire_loop())
@@ -202,7 +214,7 @@ class Gateway:
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.transport is not None:
             self.started.add(request.transport)
-        if request.path in _OPEN_PATHS or self.settings.insecure:
+        if request.path in self._open_paths or self.settings.insecure:
             return await handler(request)
         token = self.settings.token
         if not token:
