@@ -4,18 +4,19 @@
 ``StatefulPipeline.foreach_batch(sink)`` is a ``writeStream.foreachBatch`` function whose epoch is
 the micro-batch id + 1. Each epoch:
 
-1. adds the key-group column (``pmod(xxhash64(keys), P)``, the backend's own hash) and
-   repartitions with ``repartitionById`` so that partition i holds exactly range i
-   (``kg * p div P``), a fixed mapping;
-   A function with a :class:`~statetier.backend.spark.functions.Combiner` is pre-aggregated
-   per key in a map-side ``mapInArrow`` before that exchange (local-global aggregation);
-2. runs ``mapInArrow``: each task streams its range to the executor's state host, which keeps
-   the range warm between epochs and restores it from tier 2 only when it is not at the
-   committed base (see host);
+1. adds the key-group column (``pmod(xxhash64(keys), P)``, the backend's own hash); a function
+   with a :class:`~statetier.backend.spark.functions.Combiner` is pre-aggregated per key on the
+   way (see combining);
+2. routes the rows to the state hosts that own their key-group ranges (``pipeline.exchange``):
+   from the one task of a one-partition micro-batch (``direct``), from every task, each host
+   gathering a range's pieces (``gathered``, see gathering), or after Spark's exchange, where
+   ``repartitionById`` puts range i (``kg * p div P``) in partition i. Each task streams its
+   rows to the owner's state host, which keeps the range warm between epochs and restores it
+   from tier 2 only when it is not at the committed base (see host);
 3. hands the output DataFrame to the sink (which runs the job);
 4. after the sink returned, waits for every range's result (the hosts write their snapshots
    after the tasks returned, overlapping Spark's next tasks, and send the results over their
-   registry links; see results) and commits the epoch's manifest;
+   registry links; see result_wait) and commits the epoch's manifest;
    an epoch that is already committed (a re-run after a driver restart) adopts the committed
    manifest instead of writing another. A range whose host failed to snapshot (an error file)
    or wrote nothing within ``host.result-timeout`` fails the epoch uncommitted.
@@ -23,7 +24,6 @@ the micro-batch id + 1. Each epoch:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -31,7 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from pyspark import cloudpickle
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -40,12 +40,6 @@ from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import (
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegralType,
-    LongType,
-    StructField,
     StructType,
 )
 from statetier.backend import metrics as backend_metrics
@@ -56,28 +50,31 @@ from statetier.backend.keygroups import (
     spark_key_group_expr,
 )
 from statetier.backend.snapshot import (
-    CorruptFileError,
     SnapshotStore,
     WriterLease,
     commit_snapshot,
 )
-from statetier.backend.snapshot.layout import error_name, result_name, results_dir
+from statetier.backend.snapshot.layout import results_dir
 from statetier.backend.snapshot.process_compactor import stop_merge_process
-from statetier.backend.snapshot.store import read_whole
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
+from statetier.backend.spark.combining import (
+    aggregate_ranges,
+    combine_map_side,
+    combined_schema,
+    combining,
+)
 from statetier.backend.spark.epoch_time import micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
-from statetier.backend.spark.functions import ROWS_COLUMN, Combiner
+from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
-from statetier.backend.spark.results import RangeResult, RangeStart
+from statetier.backend.spark.result_wait import RangesLostError, ResultWait
+from statetier.backend.spark.results import RangeStart
 from statetier.backend.spark.task import (
-    Combining,
-    combine_function,
     direct_function,
     gather_function,
     partition_function,
@@ -85,7 +82,6 @@ from statetier.backend.spark.task import (
 from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
-from statetier.backend.wire import MessageError
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
 
@@ -93,9 +89,7 @@ log = logging.getLogger("statetier.spark.pipeline")
 
 Sink = Callable[[DataFrame, int], None]
 
-RESULT_POLL_S = 1.0  # the store's result files, read while waiting for a host to tell
 MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
-OWNER_COLUMN = "__statetier_range"  # the range (partition) of a row, for the combiner
 
 
 @dataclasses.dataclass
@@ -134,16 +128,11 @@ class EpochReport:
     compaction_cpu_seconds: float = 0.0
     compaction_bases: int = 0  # ranges whose snapshot wrote such a base
     # results the hosts sent over their registry connections (the others were read from the
-    # checkpoint store, at most once a RESULT_POLL_S: a host that could not reach the driver)
+    # checkpoint store, see spark.result_wait: a host that could not reach the driver)
     results_told: int = 0
     # of seconds: from the epoch's job's end to its commit (the ranges' last snapshots and the
     # manifest): the part of an epoch no task overlaps
     commit_seconds: float = 0.0
-
-
-class RangesLostError(RuntimeError):
-    """State hosts died after their tasks returned, before the ranges' snapshots: the epoch's
-    job runs again (its outputs may reach the sink twice, as with any Spark task retry)."""
 
 
 class StatefulPipeline:
@@ -430,7 +419,7 @@ class StatefulPipeline:
         keyed = df.withColumn(KG_COLUMN, sf.expr(expr))
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
-            keyed = self._combine(keyed, combiner)
+            keyed = combine_map_side(keyed, combiner, self.key_columns)
         return keyed
 
     def _route(
@@ -456,15 +445,17 @@ class StatefulPipeline:
         if routing == "direct":
             assert self.config is not None
             one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
-            combining = None
+            in_task = None
             if combiner is not None and not combiner.map_side:  # else the rows come combined
-                combining = _combining(self._combined_schema(keyed, combiner), combiner)
-            run = direct_function(spec, epoch, self.function_bytes, combining)
+                in_task = combining(combined_schema(keyed, combiner, self.key_columns), combiner)
+            run = direct_function(spec, epoch, self.function_bytes, in_task)
             return one.mapInArrow(run, schema)
         p, mp = self.parallelism, spec.state.max_parallelism
         owner_col = sf.expr(f"CAST((`{KG_COLUMN}` * {p}) div {mp} AS INT)")
         if combiner is not None and not combiner.map_side:
-            ranged = self._aggregate_ranges(keyed, owner_col, combiner)
+            ranged = aggregate_ranges(
+                keyed, owner_col, combiner, self.key_columns, self.parallelism
+            )
         else:
             ranged = keyed.repartitionById(p, owner_col)
         return ranged.mapInArrow(partition_function(spec, epoch, self.function_bytes), schema)
@@ -546,37 +537,6 @@ class StatefulPipeline:
             )
         return self._latest, self._max_parallelism
 
-    def _aggregate_ranges(self, keyed: DataFrame, owner: Any, combiner: Combiner) -> DataFrame:
-        """The combiner as a Spark SQL aggregation right after the exchange, in the JVM.
-
-        Grouping by the owner column (plus the keys) lets the aggregate use the range
-        partitioning as it is: no second exchange; the state hosts get one row per key.
-        """
-        _combined_fields(keyed, combiner)  # refuses what Arrow would not aggregate alike
-        aggregates = [
-            getattr(sf, how)(sf.col(f"`{column}`")).alias(name)
-            for name, (column, how) in combiner.aggregates.items()
-        ]
-        aggregates.append(sf.count(sf.lit(1)).alias(ROWS_COLUMN))
-        ranged = keyed.withColumn(OWNER_COLUMN, owner).repartitionById(
-            self.parallelism, sf.col(OWNER_COLUMN)
-        )
-        groups = [sf.col(f"`{c}`") for c in (OWNER_COLUMN, *self.key_columns, KG_COLUMN)]
-        return ranged.groupBy(*groups).agg(*aggregates).drop(OWNER_COLUMN)
-
-    def _combine(self, keyed: DataFrame, combiner: Combiner) -> DataFrame:
-        """The map side of the combiner: one row per key and chunk of each input partition."""
-        schema = self._combined_schema(keyed, combiner)
-        return keyed.mapInArrow(combine_function(_combining(schema, combiner)), schema)
-
-    def _combined_schema(self, keyed: DataFrame, combiner: Combiner) -> StructType:
-        """The rows a combiner makes: key columns, key group, its columns, the input rows."""
-        fields = {f.name: f for f in keyed.schema.fields}
-        out = [fields[name] for name in (*self.key_columns, KG_COLUMN)]
-        out += _combined_fields(keyed, combiner)
-        out.append(StructField(ROWS_COLUMN, LongType()))
-        return StructType(out)
-
     def run_epoch(
         self,
         df: DataFrame,
@@ -636,7 +596,16 @@ class StatefulPipeline:
         store = self.store
         assert self._lease is not None
         commit_started = time.perf_counter()
-        told = [self._result(epoch, index) for index in range(self.parallelism)]
+        assert self.config is not None
+        waiting = ResultWait(
+            store,
+            self._registry,
+            self.name,
+            self.parallelism,
+            self._lease.owner,
+            self.config.host_result_timeout,
+        )
+        told = [waiting.result(epoch, index) for index in range(self.parallelism)]
         results = [result for result, _ in told]
         if self._registry is not None:  # what earlier attempts of the epoch's tasks sent
             self._registry.discard_written(store.url(results_dir(epoch, self._lease.owner)) + "/")
@@ -704,89 +673,6 @@ class StatefulPipeline:
         if self._upkeep is not None:
             self._upkeep.drain()
 
-    def _result(self, epoch: int, index: int) -> tuple[RangeResult, bool]:
-        """Range ``index``'s result, once its host has written it (after the job returned),
-        and whether the host told it (else it was read from the store).
-
-        The host sends the result over its registry connection, and writes it as a file only
-        when this driver's registry did not acknowledge it; the store is read every
-        ``RESULT_POLL_S`` meanwhile (a host whose link was down could not tell), or at a quick
-        backoff when there is no registry."""
-        assert self._lease is not None and self.config is not None
-        name = result_name(epoch, self._lease.owner, index, self.parallelism)
-        deadline = time.monotonic() + self.config.host_result_timeout
-        poll_every = RESULT_POLL_S if self._registry is not None else 0.0
-        next_poll = time.monotonic() + poll_every
-        files = {self.store.url(n): n for n in (name, error_name(name))}  # as a host tells them
-        pause = 0.002
-        while True:
-            found = told = self._told(files, pause)
-            if told is None and time.monotonic() >= next_poll:
-                found = self._read_result_files(name)
-                next_poll = time.monotonic() + poll_every
-            if found is not None:
-                path, body = found
-                if path == name:
-                    return self._decode_result(name, body, epoch, index), told is not None
-                self._no_result(name, epoch, index, body)
-            if not self._owner_alive(index):
-                with contextlib.suppress(FileNotFoundError):  # written just before it died?
-                    return self._decode_result(name, self._cat(name), epoch, index), False
-                raise RangesLostError(
-                    f"the state host of range {index} is gone before it wrote the range's "
-                    f"snapshot of epoch {epoch}"
-                )
-            if time.monotonic() > deadline:
-                self._no_result(name, epoch, index, None)
-            pause = min(pause * 2, 0.1)
-
-    def _told(self, files: dict[str, str], timeout: float) -> tuple[str, bytes] | None:
-        """The first of ``files`` (URL: name) a host told the registry it wrote, as (name,
-        bytes), waiting at most ``timeout``; None without a registry (after sleeping) or if
-        none came."""
-        registry = self._registry
-        if registry is None:
-            time.sleep(timeout)
-            return None
-        told = registry.take_written(tuple(files), timeout)
-        return None if told is None else (files[told[0]], told[1])
-
-    def _read_result_files(self, name: str) -> tuple[str, bytes] | None:
-        """The result file ``name`` or its error file, read from the store; None if neither
-        exists yet."""
-        for path in (name, error_name(name)):
-            with contextlib.suppress(FileNotFoundError):
-                return path, self._cat(path)
-        return None
-
-    def _cat(self, name: str) -> bytes:
-        return read_whole(self.store.fs, self.store.full_path(name))
-
-    @staticmethod
-    def _decode_result(name: str, raw: bytes, epoch: int, index: int) -> RangeResult:
-        try:
-            return RangeResult.decode(raw)
-        except MessageError as e:  # never partial (written whole): not one of ours
-            raise CorruptFileError(name, f"range {index} of epoch {epoch}: {e}") from None
-
-    def _no_result(self, name: str, epoch: int, index: int, error: bytes | None) -> NoReturn:
-        """Fail the epoch uncommitted: the range's host failed to snapshot it (``error``, its
-        traceback) or wrote nothing within the result timeout."""
-        assert self.config is not None
-        why = (
-            f"its state host failed to snapshot it:\n{error.decode(errors='replace')}"
-            if error is not None
-            else f"no result within host.result-timeout={self.config.host_result_timeout:.0f}s "
-            "(state host gone?)"
-        )
-        raise CorruptFileError(name, f"range {index} of epoch {epoch}: {why}; not committing")
-
-    def _owner_alive(self, index: int) -> bool:
-        registry = self._registry
-        if registry is None:
-            return True
-        return registry.owner((self.name, self.parallelism, index)) is not None
-
     # ------------------------------------------------------------------ hosts
 
     def warm_hit_rate(self) -> float:
@@ -840,38 +726,6 @@ def _one_executor(spark: SparkSession) -> bool:
 def _local_master(spark: SparkSession) -> bool:
     """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
     return (spark.sparkContext.master or "").startswith("local")
-
-
-def _combining(schema: StructType, combiner: Combiner) -> Combining:
-    """The combiner as a task applies it in Arrow (map side, or in a task without the
-    exchange), making rows of ``schema``: its groups are every column before the combiner's."""
-    groups = schema.names[: -len(combiner.aggregates) - 1]  # the last: the input rows
-    schema_bytes = to_arrow_schema(schema).serialize().to_pybytes()
-    return Combining(groups, combiner.partial(), schema_bytes)
-
-
-def _combined_fields(df: DataFrame, combiner: Combiner) -> list[StructField]:
-    """The combiner's output columns as Spark fields; names a missing or unsummable input."""
-    fields = {f.name: f for f in df.schema.fields}
-    out = []
-    for name, (column, how) in combiner.aggregates.items():
-        if column not in fields:
-            raise ValueError(f"combiner column {name!r}: no input column {column!r}")
-        out.append(StructField(name, _aggregate_type(fields[column].dataType, how)))
-    return out
-
-
-def _aggregate_type(input_type: DataType, how: str) -> DataType:
-    """The Spark type of a combiner column (what Arrow's aggregate produces, as Spark sees it)."""
-    if how == "count":
-        return LongType()
-    if how == "sum":
-        if isinstance(input_type, IntegralType):
-            return LongType()
-        if isinstance(input_type, (FloatType, DoubleType)):
-            return DoubleType()
-        raise TypeError(f"a combiner cannot sum {input_type.simpleString()} values")
-    return input_type
 
 
 class RangeSet(AccumulatorParam[frozenset[int]]):
