@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
+from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.chain_compaction import CUT_FACTOR
 from statetier.backend.spark import StatefulPipeline
@@ -31,6 +32,13 @@ from tests.spark.spark_support import expected_counts, zipf_words
 FAST = ("--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
 TRIGGER = 3  # compaction.delta-trigger
 BATCHES = 16
+
+
+def remote_compactor(pipeline: StatefulPipeline) -> RemoteCompactor:
+    """The pipeline's compactor, which ``compaction.endpoints`` makes the service's client."""
+    compactor = pipeline.upkeep.compactor
+    assert isinstance(compactor, RemoteCompactor), compactor
+    return compactor
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +187,7 @@ def test_the_service_compacts_the_jobs_chains_and_the_state_restores_at_another_
     stream = cluster.stream(gateway)
     stream.run()
 
-    remote = stream.pipeline.upkeep.compactor
+    remote = remote_compactor(stream.pipeline)
     expected = expected_counts(stream.batches)
     assert stream.counts(2) == expected
     assert stream.counts(3) == expected  # a restore at another parallelism, from merged bases
@@ -202,14 +210,14 @@ def test_a_gateway_killed_mid_stream_falls_back_to_the_driver_and_nothing_is_los
     killed_at: list[int] = []
 
     def kill_gateway(epochs: int) -> None:
-        remote = stream.pipeline.upkeep.compactor
+        remote = remote_compactor(stream.pipeline)
         if not killed_at and remote.remote_jobs >= 2:
             gateway_process.send_signal(signal.SIGKILL)
             gateway_process.wait()
             killed_at.append(epochs)
 
     stream.run(kill_gateway)
-    remote = stream.pipeline.upkeep.compactor
+    remote = remote_compactor(stream.pipeline)
     assert killed_at and killed_at[0] < BATCHES - 4, killed_at
     assert remote.fallbacks >= 1  # compacted in the driver after the kill
     assert stream.counts(2) == expected_counts(stream.batches)
@@ -236,7 +244,7 @@ def test_a_worker_killed_while_holding_a_job_leaves_it_to_another(
             cluster.worker(gateway)  # the Deployment's replacement
 
     stream.run(kill_a_busy_worker)
-    remote = stream.pipeline.upkeep.compactor
+    remote = remote_compactor(stream.pipeline)
     assert killed, "no job was running on the slow worker"
     assert metric(gateway, "statetier_compaction_leases_lost_total") >= 1
     assert remote.fallbacks == 0  # the job completed on the service

@@ -17,11 +17,11 @@ hosts write a full base inside their snapshot once a chain is longer than the tr
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
 from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
+from statetier.backend.snapshot.compaction import Compactor
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.snapshot.upkeep import Upkeep
@@ -67,7 +67,8 @@ class EpochUpkeep:
         return self._upkeep.compactions
 
     @property
-    def compactor(self) -> Any:
+    def compactor(self) -> Compactor | None:
+        """What merges the chains (remote with ``compaction.endpoints``); None when off."""
         compaction = self._upkeep.compaction
         return compaction.compactor if compaction is not None else None
 
