@@ -230,15 +230,15 @@ def test_only_the_runtime_starts_the_metrics_endpoint(
 ) -> None:
     """An operator instance (or its spill manager) is made for every range a process owns and
     starts no server; the runtime that drives the process (here LocalRunner) starts it once."""
+    from statetier.backend import metrics as backend_metrics
     from statetier.backend.config import load_config
     from statetier.backend.local_runner import LocalRunner
     from statetier.backend.runtime import FunctionInstance
-    from statetier.backend.spill import metrics as spill_metrics
     from statetier.tools.wordcount import WordCount
 
     started: list[int] = []
-    monkeypatch.setattr(spill_metrics, "_served", [])  # as in a fresh process
-    monkeypatch.setattr(spill_metrics, "start_http_server", started.append)
+    monkeypatch.setattr(backend_metrics, "_served", [])  # as in a fresh process
+    monkeypatch.setattr(backend_metrics, "start_http_server", started.append)
     port = 19090  # never bound: prometheus-client's server is replaced by a recorder
     config = load_config(
         {"metrics.port": port, "spill.enabled": True, "spill.dirs": str(tmp_path)}, env={}

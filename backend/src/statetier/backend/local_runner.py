@@ -27,6 +27,7 @@ from statetier.backend.keygroups import (
     compute_default_max_parallelism,
     instance_for_key_group,
 )
+from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionFactory, FunctionInstance
 from statetier.backend.snapshot import (
     Checkpointer,
@@ -84,11 +85,8 @@ class LocalRunner:
         # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
         restore_epoch = self.last_epoch if epochs else None
-        if config is not None and config.metrics_port:
-            # this process's endpoint; imported here, as the spill tier is only when enabled
-            from statetier.backend.spill.metrics import serve_metrics
-
-            serve_metrics(config.metrics_port)
+        if config is not None:
+            serve_metrics(config.metrics_port)  # this process's endpoint, once
         self.instances = [
             FunctionInstance(
                 factory,

@@ -1,8 +1,8 @@
 """Process-wide Prometheus metrics of the backend outside the spill tier (prefix ``statetier_``).
 
-The spill tier has its own series (:mod:`statetier.backend.spill.metrics`, which also starts the
-endpoint on ``metrics.port``). This module holds the rest, each behind a one-line call so the
-owning code stays small:
+The spill tier has its own series (:mod:`statetier.backend.spill.metrics`). This module holds the
+rest, each behind a one-line call so the owning code stays small, and the process's endpoint
+for all of them (:func:`serve_metrics`, on ``metrics.port``):
 
 * checkpoints: :func:`checkpoint_committed` / :func:`checkpoint_failed` (duration, size,
   outcome, time of the last commit, for the "stale" alert);
@@ -18,12 +18,13 @@ Dashboards and alerts use only the names in :data:`METRIC_NAMES` and the spill t
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -35,9 +36,12 @@ __all__ = [
     "compaction_done",
     "gathered_piece",
     "retention_done",
+    "serve_metrics",
     "warm_hit",
     "watch_spill_dirs",
 ]
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_SECONDS = Histogram(
     "statetier_checkpoint_duration_seconds",
@@ -101,6 +105,26 @@ METRIC_NAMES = (
     "statetier_spill_volume_capacity_bytes",
     "statetier_spill_volume_free_bytes",
 )
+
+_served: list[int] = []  # the port, once started
+_lock = threading.Lock()
+
+
+def serve_metrics(port: int) -> None:
+    """Start the process's metrics endpoint on ``port`` once (0: do nothing): every series of
+    the backend and its spill tier, one endpoint per process, started by the runtime that
+    drives the process (a Spark driver or state host, a LocalRunner), never by a backend made
+    for one range."""
+    if not port:
+        return
+    with _lock:
+        if _served:
+            return
+        try:
+            start_http_server(port)
+        except OSError as exc:  # another runtime in the process, or another process, has it
+            log.warning("metrics endpoint on port %d not started: %s", port, exc)
+        _served.append(port)
 
 
 def checkpoint_committed(seconds: float, size_bytes: int) -> None:

@@ -47,6 +47,7 @@ from typing import Any, cast
 import pyarrow as pa
 from statetier.backend.config import StatetierConfig, load_config
 from statetier.backend.functions import KeyedProcessFunction
+from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
@@ -64,7 +65,6 @@ from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
 from statetier.backend.spill import default_spill_dirs
-from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]

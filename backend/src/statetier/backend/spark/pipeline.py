@@ -80,7 +80,6 @@ from statetier.backend.spark.task import (
     partition_function,
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
-from statetier.backend.spill.metrics import serve_metrics
 from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
@@ -195,7 +194,7 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
-            serve_metrics(self.config.metrics_port)
+            backend_metrics.serve_metrics(self.config.metrics_port)
         return self._store
 
     @property

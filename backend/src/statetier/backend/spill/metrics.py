@@ -4,14 +4,12 @@ Why process-wide and updated by deltas: one executor process runs several backen
 task or key-group range), and Prometheus scrapes the process. Each spill manager adds its own
 change to the gauges and takes its share back when it closes, so the gauges are the sum over
 the process's backends. Dashboards and alerts must use only the names in :data:`METRIC_NAMES`.
+The process's endpoint, for these and the rest, is :func:`statetier.backend.metrics.serve_metrics`.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "GC_PAUSE",
@@ -25,10 +23,7 @@ __all__ = [
     "SPILLS",
     "SPILL_ERRORS",
     "SPILL_SECONDS",
-    "serve_metrics",
 ]
-
-log = logging.getLogger(__name__)
 
 HEAP_BYTES = Gauge(
     "statetier_state_heap_bytes", "Estimated heap bytes of keyed state on the heap tier."
@@ -89,20 +84,3 @@ METRIC_NAMES = (
     "statetier_process_rss_bytes",
     "statetier_runtime_memory_bytes",
 )
-
-_served: list[int] = []  # the port, once started
-_lock = threading.Lock()
-
-
-def serve_metrics(port: int) -> None:
-    """Start the process's metrics endpoint on ``port`` once (0: do nothing)."""
-    if not port:
-        return
-    with _lock:
-        if _served:
-            return
-        try:
-            start_http_server(port)
-        except OSError as exc:  # another backend in the process, or another process, has it
-            log.warning("metrics endpoint on port %d not started: %s", port, exc)
-        _served.append(port)
