@@ -24,6 +24,10 @@ WINDOW_DEFAULT = 300
 
 @dataclasses.dataclass(frozen=True)
 class AutoscalingSettings:
+    """``spec.workers.autoscaling`` read once per daemon step, so the step's decision and the
+    period it sleeps come from the same version of the spec (an edit takes effect at the next
+    step)."""
+
     enabled: bool
     period: float
     window: float
