@@ -42,7 +42,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 from statetier.backend.config import StatetierConfig, load_config
@@ -70,6 +70,9 @@ from statetier.backend.wire import Fields, MessageError
 __all__ = ["NotOwnerError", "StateHost", "main"]
 
 log = logging.getLogger("statetier.spark.host")
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 # How long a retry of a gathered range's completing task waits for the run under way (a task
 # that is gone is seen at once: its connection closes).
@@ -346,43 +349,38 @@ class StateHost:
         finally:
             finish()
 
+    def _kept(self, table: dict[K, V], key: K, make: Callable[[], V]) -> V:
+        """``table[key]``, made by ``make`` on first use: what the host keeps between tasks
+        (functions, stores, settings, upload threads) is made once, under the host's lock."""
+        with self.lock:
+            value = table.get(key)
+            if value is None:
+                value = table[key] = make()
+        return value
+
     def _factory(self, function_bytes: bytes) -> Callable[[], Any]:
         digest = hashlib.sha256(function_bytes).hexdigest()
-        with self.lock:
-            factory = self.functions.get(digest)
-            if factory is None:
-                factory = self.functions[digest] = pickle.loads(function_bytes)
-        return factory
+        return self._kept(self.functions, digest, lambda: pickle.loads(function_bytes))
 
     def _upload_pool(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
         """The host's upload threads (``checkpoint.upload-concurrency``), kept between tasks."""
-        with self.lock:
-            pool = self.pools.get(workers)
-            if pool is None:
-                pool = self.pools[workers] = concurrent.futures.ThreadPoolExecutor(
-                    workers, thread_name_prefix="statetier-upload"
-                )
-        return pool
+        return self._kept(
+            self.pools,
+            workers,
+            lambda: concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="statetier-upload"
+            ),
+        )
 
     def _config(self, header: TaskHeader) -> StatetierConfig:
         """The settings of ``header``'s pipeline, resolved once (every task and every gathered
         piece carries them; resolving costs about 0.16 ms)."""
         key = json.dumps(header.state.config, sort_keys=True)
-        with self.lock:
-            config = self.configs.get(key)
-        if config is None:
-            config = load_config(header.state.config)
-            with self.lock:
-                self.configs[key] = config
-        return config
+        return self._kept(self.configs, key, lambda: load_config(header.state.config))
 
     def _store(self, uri: str, options: dict[str, Any]) -> SnapshotStore:
         key = json.dumps([uri, options], sort_keys=True)
-        with self.lock:
-            store = self.stores.get(key)
-            if store is None:
-                store = self.stores[key] = SnapshotStore(uri, **options)
-        return store
+        return self._kept(self.stores, key, lambda: SnapshotStore(uri, **options))
 
     def start_task(
         self, header: TaskHeader, function_bytes: bytes, batches: list[pa.RecordBatch]

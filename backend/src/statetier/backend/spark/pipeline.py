@@ -39,9 +39,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
-from pyspark.sql.types import (
-    StructType,
-)
+from pyspark.sql.types import StructType
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config
 from statetier.backend.keygroups import (
