@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from statetier.backend.config import SETTINGS, ConfigError, load_config, render_markdown
@@ -179,3 +181,28 @@ def test_good_values_still_parse(name: str, value: object, parsed: object) -> No
             load_config({name: value}, env={})
         return
     assert load_config({name: value}, env={})[name] == parsed
+
+
+def test_spill_dirs_and_a_budget_with_the_spill_tier_off_are_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tier's parts without its switch do nothing: the runtime says so when it starts,
+    naming the key that switches it on; with the switch, or without a budget, it says nothing."""
+    from statetier.backend.config import spill_off_warning
+    from statetier.backend.functions import KeyedProcessFunction
+    from statetier.backend.local_runner import LocalRunner
+
+    class Nothing(KeyedProcessFunction[str, int, int]):
+        def process(self, key: str, value: int, context: Any) -> Iterable[int]:
+            return ()
+
+    parts = {"spill.dirs": str(tmp_path / "spill"), "memory.budget": "4m"}
+    warning = spill_off_warning(load_config(parts, env={}))
+    assert warning is not None
+    assert "spill.enabled is false" in warning and "spark.statetier.spill.enabled=true" in warning
+    assert spill_off_warning(load_config({**parts, "spill.enabled": True}, env={})) is None
+    assert spill_off_warning(load_config({"spill.dirs": str(tmp_path)}, env={})) is None
+    config = load_config({**parts, "checkpoint.uri": f"file://{tmp_path}/ckpt"}, env={})
+    with caplog.at_level("WARNING", logger="statetier.local_runner"):
+        LocalRunner(Nothing, 1, config=config).close()
+    assert [r.message for r in caplog.records if "spill.enabled is false" in r.message]

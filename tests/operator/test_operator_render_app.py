@@ -87,7 +87,13 @@ def test_pod_template_form_and_pass_through_of_other_documents() -> None:
     assert spec["driver"]["template"]["metadata"]["labels"] == {sparkapp.POD_LABEL: "true"}
     (volume,) = template["spec"]["volumes"]
     (container,) = template["spec"]["containers"]
+    # A pod template takes any volume kind: a generic ephemeral volume there, and the
+    # on-demand claim's options (Spark conf's way of asking for one) are gone.
     assert volume["name"] == sparkapp.VOLUME_NAME and "ephemeral" in volume
+    claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "local-ssd"
+    assert claim["resources"]["requests"]["storage"] == "100Gi"
+    assert not [k for k in spec["sparkConf"] if "persistentVolumeClaim" in k]
     assert container["volumeMounts"] == [
         {"name": sparkapp.VOLUME_NAME, "mountPath": "/var/lib/statetier/spill"}
     ]

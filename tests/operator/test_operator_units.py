@@ -40,7 +40,15 @@ def test_the_operator_writes_only_keys_of_the_schema() -> None:
     assert written == {
         s.spark_key
         for s in SETTINGS
-        if s.name in ("spill.dirs", "memory.budget", "checkpoint.uri", "compaction.endpoints")
+        if s.name
+        in (
+            "spill.enabled",
+            "spill.dirs",
+            "metrics.port",
+            "memory.budget",
+            "checkpoint.uri",
+            "compaction.endpoints",
+        )
     }
 
 
@@ -169,19 +177,7 @@ def test_unusable_executor_memory_is_a_warning_naming_the_field() -> None:
         ({}, {"emptyDir": {}}),
         (
             {"statetier.io/spill-volume": "ephemeral", "statetier.io/spill-size": "10Gi"},
-            {
-                "ephemeral": {
-                    "volumeClaimTemplate": {
-                        "metadata": {
-                            "labels": {"app.kubernetes.io/managed-by": "statetier-operator"}
-                        },
-                        "spec": {
-                            "accessModes": ["ReadWriteOnce"],
-                            "resources": {"requests": {"storage": "10Gi"}},
-                        },
-                    }
-                }
-            },
+            {"persistentVolumeClaim": {"claimName": "OnDemand"}},
         ),
     ],
 )
@@ -189,6 +185,31 @@ def test_spill_volume_kinds(annotations: dict[str, str], volume: dict[str, Any])
     body = _app(annotations=annotations)
     result = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
     assert result.spec_changes["volumes"] == [{"name": sparkapp.VOLUME_NAME, **volume}]
+
+
+CLAIM = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-local-dir-statetier.options."
+
+
+def test_an_ephemeral_spill_volume_is_sparks_on_demand_claim_and_leaves_no_options_behind() -> None:
+    """The claim's class and size go to Spark conf (the Spark Operator maps only the claim
+    name); switching to another kind removes them, or Spark would parse a volume with no
+    mount path and refuse to start."""
+    body = _app(
+        annotations={
+            "statetier.io/spill-volume": "ephemeral",
+            "statetier.io/spill-size": "50Gi",
+            "statetier.io/spill-storage-class": "local-nvme",
+        }
+    )
+    conf = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None).spec_changes[
+        "sparkConf"
+    ]
+    assert conf[CLAIM + "sizeLimit"] == "50Gi" and conf[CLAIM + "storageClass"] == "local-nvme"
+    assert conf["spark.statetier.spill.enabled"] == "true"
+    body["spec"]["sparkConf"] = conf
+    body["metadata"]["annotations"] = {"statetier.io/enabled": "true"}  # back to emptyDir
+    after = sparkapp.mutate(body, ann.parse(body["metadata"]["annotations"]), None)
+    assert not [k for k in after.spec_changes["sparkConf"] if k.startswith(CLAIM)]
 
 
 def test_mutation_keeps_user_volumes_and_is_idempotent() -> None:

@@ -84,9 +84,11 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
     spec = mutated["spec"]
     (volume,) = [v for v in spec["volumes"] if v["name"].startswith("spark-local-dir-")]
     assert volume["name"] == "spark-local-dir-statetier"
-    claim = volume["ephemeral"]["volumeClaimTemplate"]["spec"]
-    assert claim["storageClassName"] == "local-ssd"
-    assert claim["resources"]["requests"]["storage"] == "100Gi"
+    # Spark's on-demand claim (one PVC per executor pod), the kind the Spark Operator submits.
+    assert volume["persistentVolumeClaim"] == {"claimName": "OnDemand"}
+    claim = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-local-dir-statetier"
+    assert spec["sparkConf"][f"{claim}.options.storageClass"] == "local-ssd"
+    assert spec["sparkConf"][f"{claim}.options.sizeLimit"] == "100Gi"
     assert {"name": "spark-local-dir-statetier", "mountPath": "/var/lib/statetier/spill"} in spec[
         "executor"
     ]["volumeMounts"]
@@ -96,6 +98,8 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
         env={}, spark_conf={k: v for k, v in conf.items() if k.startswith("spark.statetier.")}
     )
     assert config.spill_dirs == ("/var/lib/statetier/spill",)
+    assert config.spill_enabled is True  # the spill tier's default is off
+    assert config.metrics_port == 9108  # what the chart's executor PodMonitor scrapes
     assert config.checkpoint_uri == "s3://statetier-checkpoints/wordcount"
     # Half of the 4g executor memory for the state host; the 1g overhead grows by the budget
     # and the host allowance.

@@ -777,6 +777,25 @@ def load_config(
     return StatetierConfig(**fields, sources=sources)
 
 
+def spill_off_warning(config: StatetierConfig) -> str | None:
+    """Why a configuration that asks for the spill tier's parts will not spill, or None.
+
+    ``spill.enabled`` is off by default: spilling writes to local disk, which the user (or the
+    operator, which switches it on with the volume it provisions) chooses. Spill dirs and a
+    budget without the switch are a configuration that looks complete and does nothing, so the
+    runtimes say so when they start instead of letting state grow past the budget silently.
+    """
+    if config.spill_enabled or not config.spill_dirs or not config.memory_budget:
+        return None
+    enable = _BY_NAME["spill.enabled"]
+    return (
+        f"spill.dirs ({','.join(config.spill_dirs)}) and memory.budget "
+        f"({config.memory_budget} bytes) are set but spill.enabled is false: state stays on "
+        f"the heap past the budget and nothing spills; set {enable.spark_key}=true "
+        f"(or {enable.env_var}=true) to spill"
+    )
+
+
 def _normalize_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     normalized: dict[str, Any] = {}
     for key, value in overrides.items():

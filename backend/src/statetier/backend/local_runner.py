@@ -16,11 +16,12 @@ commit is done (Flink delivers them through the task's mailbox for the same reas
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
-from statetier.backend.config import StatetierConfig
+from statetier.backend.config import StatetierConfig, spill_off_warning
 from statetier.backend.keygroups import (
     assign_to_key_group,
     check_key,
@@ -36,6 +37,8 @@ from statetier.backend.snapshot import (
     SnapshotStore,
 )
 from statetier.backend.ttl import Clock, SystemClock
+
+log = logging.getLogger("statetier.local_runner")
 
 __all__ = ["LocalRunner", "checkpoint_settings"]
 
@@ -87,6 +90,9 @@ class LocalRunner:
         restore_epoch = self.last_epoch if epochs else None
         if config is not None:
             serve_metrics(config.metrics_port)  # this process's endpoint, once
+            warning = spill_off_warning(config)
+            if warning:
+                log.warning(warning)
         self.instances = [
             FunctionInstance(
                 factory,

@@ -78,8 +78,9 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "spill-volume",
         "ephemeral, hostPath, emptyDir",
         _one_of("ephemeral", "hostPath", "emptyDir"),
-        "Kind of the executors' spill volume (default emptyDir). ephemeral is a generic "
-        "ephemeral volume (a PVC per executor pod, e.g. on local SSD).",
+        "Kind of the executors' spill volume (default emptyDir). ephemeral is a PVC per "
+        "executor pod (Spark's on-demand claim, e.g. on local SSD), deleted with the "
+        "application's driver.",
     ),
     Annotation(
         "spill-size",
@@ -91,7 +92,7 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "spill-storage-class",
         "a StorageClass name (DNS subdomain)",
         lambda v: bool(_DNS_SUBDOMAIN.match(v)),
-        "StorageClass of the ephemeral spill volume (default: the cluster's default).",
+        "StorageClass of the ephemeral spill volume's claims (default: the cluster's default).",
     ),
     Annotation(
         "spill-host-path",

@@ -36,12 +36,16 @@ class RenderError(ValueError):
     """An application that cannot be configured (its statetier.io annotations are invalid)."""
 
 
-def _into_pod_templates(spec: Obj) -> Obj:
-    """Move the volume, mount and label from the SparkPodSpec fields into the pod templates."""
+def _into_pod_templates(spec: Obj, settings: ann.AppSettings) -> Obj:
+    """Move the volume, mount and label from the SparkPodSpec fields into the pod templates.
+    The volume is the template's kind of it (:func:`sparkapp.pod_template_volume`: an
+    ``ephemeral`` spill volume becomes a generic ephemeral volume, so the on-demand claim's
+    options leave sparkConf)."""
     spec = copy.deepcopy(spec)
     volumes = spec.get("volumes") or []
-    ours = [v for v in volumes if v.get("name") == sparkapp.VOLUME_NAME]
+    ours = [sparkapp.pod_template_volume(settings)]
     spec["volumes"] = [v for v in volumes if v.get("name") != sparkapp.VOLUME_NAME]
+    spec["sparkConf"] = sparkapp.without_claim_options(spec.get("sparkConf") or {})
     executor, driver = spec.setdefault("executor", {}), spec.setdefault("driver", {})
     mounts = executor.get("volumeMounts") or []
     mine = [m for m in mounts if m.get("name") == sparkapp.VOLUME_NAME]
@@ -95,7 +99,7 @@ def render(
     out["spec"] = {**(out.get("spec") or {}), **result.spec_changes}
     out["metadata"].setdefault("annotations", {}).update(result.annotations)
     if pod_template:
-        out["spec"] = _into_pod_templates(out["spec"])
+        out["spec"] = _into_pod_templates(out["spec"], settings)
     return out
 
 

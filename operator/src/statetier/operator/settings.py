@@ -58,6 +58,11 @@ class OperatorSettings:
         "do not create/patch the WebhookConfiguration objects (a Helm chart owns them)",
         flag="--no-manage-webhooks",
     )
+    executor_metrics_port: int = option(
+        9108,
+        "backend metrics port written into opted-in applications (spark.statetier.metrics.port); "
+        "the port the executor PodMonitor scrapes",
+    )
     checkpoint_delete_timeout: float = option(
         60.0, "seconds a finalizer may spend deleting checkpoints before it lets go"
     )
@@ -67,7 +72,7 @@ class OperatorSettings:
     verbose: bool = option(False, "log at debug level")
 
     def __post_init__(self) -> None:
-        for name in ("metrics_port", "webhook_port"):
+        for name in ("metrics_port", "webhook_port", "executor_metrics_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ValueError(f"--{name.replace('_', '-')} {port} is not between 0 and 65535")

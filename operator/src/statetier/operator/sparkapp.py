@@ -24,18 +24,27 @@ from statetier.operator.annotations import STATUS, AppSettings
 __all__ = [
     "GROUP",
     "PLURAL",
+    "DEFAULT_EXECUTOR_METRICS_PORT",
+    "ON_DEMAND",
     "POD_LABEL",
     "VERSION",
     "VOLUME_NAME",
     "Mutation",
     "mutate",
+    "pod_template_volume",
     "spark_key",
+    "without_claim_options",
 ]
 
 Obj = dict[str, Any]
 # The Kubeflow Spark Operator's resource, which the webhooks and the handlers both name.
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 VOLUME_NAME = "spark-local-dir-statetier"
+ON_DEMAND = "OnDemand"  # Spark's claim name for "create a PVC per executor pod"
+_CLAIM_OPTIONS = f"spark.kubernetes.executor.volumes.persistentVolumeClaim.{VOLUME_NAME}.options."
+DEFAULT_EXECUTOR_METRICS_PORT = 9108
+"""The backend's metrics port in drivers and executors: the chart's executor PodMonitor scrapes
+it (``executorMetrics.podMonitor.port``, which the chart also passes to the operator)."""
 POD_LABEL = "statetier.io/enabled"
 _SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in SETTINGS}
 
@@ -50,6 +59,8 @@ def _checked(name: str, value: Any) -> str:
     parsed = _SETTINGS[name].parse(value, f"operator value for {name}")
     if isinstance(parsed, tuple):
         return ",".join(parsed)
+    if isinstance(parsed, bool):
+        return "true" if parsed else "false"
     return str(parsed)
 
 
@@ -76,22 +87,13 @@ def _original_overhead(executor: Obj, previous: Obj) -> str | None:
 
 
 def _volume(settings: AppSettings) -> Obj:
+    """The spill volume, of a kind the Spark Operator's submission maps to Spark conf for a
+    ``spark-local-dir-*`` volume (emptyDir, hostPath, nfs, persistentVolumeClaim; any other kind
+    fails the submission with ``unsupported volume type``). ``ephemeral`` is Spark's on-demand
+    claim: ``claimName: OnDemand`` makes Spark create one PVC per executor pod, of the storage
+    class and size that :func:`_on_demand_claim_conf` writes into sparkConf."""
     if settings.spill_volume == "ephemeral":
-        claim: Obj = {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": settings.spill_size}},
-        }
-        if settings.storage_class:
-            claim["storageClassName"] = settings.storage_class
-        return {
-            "name": VOLUME_NAME,
-            "ephemeral": {
-                "volumeClaimTemplate": {
-                    "metadata": {"labels": {"app.kubernetes.io/managed-by": "statetier-operator"}},
-                    "spec": claim,
-                }
-            },
-        }
+        return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": ON_DEMAND}}
     if settings.spill_volume == "hostPath":
         return {
             "name": VOLUME_NAME,
@@ -99,6 +101,43 @@ def _volume(settings: AppSettings) -> Obj:
         }
     empty: Obj = {"sizeLimit": settings.spill_size} if settings.spill_size else {}
     return {"name": VOLUME_NAME, "emptyDir": empty}
+
+
+def pod_template_volume(settings: AppSettings) -> Obj:
+    """The spill volume as a pod template carries it (``render-app --pod-template``): a pod
+    template takes any volume kind, so ``ephemeral`` is a generic ephemeral volume there (a
+    PVC per executor pod that lives and dies with the pod), not Spark's on-demand claim, which
+    only Spark conf can ask for."""
+    if settings.spill_volume != "ephemeral":
+        return _volume(settings)
+    claim: Obj = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": settings.spill_size}},
+    }
+    if settings.storage_class:
+        claim["storageClassName"] = settings.storage_class
+    template = {
+        "metadata": {"labels": {"app.kubernetes.io/managed-by": "statetier-operator"}},
+        "spec": claim,
+    }
+    return {"name": VOLUME_NAME, "ephemeral": {"volumeClaimTemplate": template}}
+
+
+def without_claim_options(conf: Obj) -> Obj:
+    """``conf`` without the on-demand claim's options of the spill volume."""
+    return {k: v for k, v in conf.items() if not k.startswith(_CLAIM_OPTIONS)}
+
+
+def _on_demand_claim_conf(conf: Obj, settings: AppSettings) -> Obj:
+    """``conf`` with the on-demand claim's options (storage class, size) when the spill volume
+    is ``ephemeral``, and without them otherwise: a leftover option of a volume that is no
+    longer a claim would make Spark parse a volume with no mount path and refuse to start."""
+    conf = without_claim_options(conf)
+    if settings.spill_volume == "ephemeral":
+        conf[_CLAIM_OPTIONS + "sizeLimit"] = str(settings.spill_size)
+        if settings.storage_class:
+            conf[_CLAIM_OPTIONS + "storageClass"] = settings.storage_class
+    return conf
 
 
 def _with_secret_env(pod: Obj, secret: str | None) -> Obj:
@@ -141,18 +180,44 @@ class Mutation:
         return not self.spec_changes and not self.annotations
 
 
+def _spark_conf(
+    spec: Obj,
+    settings: AppSettings,
+    sizing: memory.MemoryPlan | None,
+    compaction_endpoint: str | None,
+    metrics_port: int,
+) -> Obj:
+    """The application's sparkConf with every backend setting the tiers need: the spill tier
+    on (its default is off), its dirs on the volume, the budget, the metrics port the chart
+    scrapes, the checkpoint URI and the compaction endpoint."""
+    conf = _on_demand_claim_conf(dict(spec.get("sparkConf") or {}), settings)
+    conf[spark_key("spill.enabled")] = _checked("spill.enabled", "true")
+    conf[spark_key("spill.dirs")] = _checked("spill.dirs", settings.mount_path)
+    conf[spark_key("metrics.port")] = _checked("metrics.port", metrics_port)
+    if sizing is not None:
+        conf[spark_key("memory.budget")] = _checked("memory.budget", sizing.budget)
+    if settings.checkpoint_uri:
+        conf[spark_key("checkpoint.uri")] = _checked("checkpoint.uri", settings.checkpoint_uri)
+    if compaction_endpoint:
+        endpoint = _checked("compaction.endpoints", compaction_endpoint)
+        conf[spark_key("compaction.endpoints")] = endpoint
+    return conf
+
+
 def mutate(
     body: Obj,
     settings: AppSettings,
     compaction_endpoint: str | None,
     compaction_problem: str | None = None,
     compaction_token_ref: tuple[str, str] | None = None,
+    metrics_port: int = DEFAULT_EXECUTOR_METRICS_PORT,
 ) -> Mutation:
     """Compute what to change in ``body`` (a SparkApplication) for statetier.
 
     ``compaction_token_ref`` is the (Secret, key) of the CompactionService's API token: with an
     endpoint, the driver and executors get it as ``STATETIER_COMPACTION_TOKEN`` from the
-    Secret (``env`` ``valueFrom``), never as a value in ``sparkConf``.
+    Secret (``env`` ``valueFrom``), never as a value in ``sparkConf``. ``metrics_port`` is the
+    port the chart's executor PodMonitor scrapes (the operator's ``--executor-metrics-port``).
     """
     spec = copy.deepcopy(body.get("spec") or {})
     warnings: list[str] = []
@@ -178,23 +243,15 @@ def mutate(
     except ValueError as exc:
         sizing = None
         warnings.append(f"executor memory left as it is, no state budget set: {exc}")
-    conf = dict(spec.get("sparkConf") or {})
-    conf[spark_key("spill.dirs")] = _checked("spill.dirs", settings.mount_path)
+    conf = _spark_conf(spec, settings, sizing, compaction_endpoint, metrics_port)
     if sizing is not None:
-        conf[spark_key("memory.budget")] = _checked("memory.budget", sizing.budget)
         executor["memoryOverhead"] = sizing.spark_overhead
-    if settings.checkpoint_uri:
-        conf[spark_key("checkpoint.uri")] = _checked("checkpoint.uri", settings.checkpoint_uri)
-    else:
+    if not settings.checkpoint_uri:
         warnings.append(
             "no statetier.io/checkpoint-uri: checkpoints go to the backend default, "
             "which is local to each pod"
         )
-    if compaction_endpoint:
-        conf[spark_key("compaction.endpoints")] = _checked(
-            "compaction.endpoints", compaction_endpoint
-        )
-    elif settings.compaction_service:
+    if not compaction_endpoint and settings.compaction_service:
         warnings.append(
             compaction_problem
             or f"CompactionService {settings.compaction_service} has no endpoint yet: "
@@ -203,6 +260,8 @@ def mutate(
 
     summary: Obj = {
         "spillVolume": settings.spill_volume,
+        "spillEnabled": True,
+        "metricsPort": metrics_port,
         "spillDirs": settings.mount_path,
         "memoryBudget": sizing.budget if sizing else None,
         "memoryBudgetFrom": sizing.budget_from if sizing else None,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
-from statetier.operator import compaction_service, metrics, sparkapp
+from statetier.operator import compaction_service, metrics, settings, sparkapp
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 
@@ -87,7 +87,12 @@ def validate(annotations: kopf.Annotations, **_: Any) -> None:
     GROUP, VERSION, PLURAL, id="mutate-sparkapplication", operations=OPERATIONS, persistent=True
 )
 def mutate(
-    body: kopf.Body, patch: kopf.Patch, namespace: str | None, warnings: list[str], **kwargs: Any
+    body: kopf.Body,
+    patch: kopf.Patch,
+    namespace: str | None,
+    warnings: list[str],
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
     """Add the spill volume, its mount and the backend settings to an opted-in application.
 
@@ -114,7 +119,8 @@ def mutate(
     token = _compaction_token(
         namespace or "default", app.compaction_service, compaction_tokens, token_warnings
     )
-    result = sparkapp.mutate(dict(body), app, endpoint, problem, token)
+    port = settings.of(memo).executor_metrics_port
+    result = sparkapp.mutate(dict(body), app, endpoint, problem, token, metrics_port=port)
     warnings.extend(result.warnings + (token_warnings if endpoint else []))
     if result.empty:
         metrics.ADMISSIONS.labels("mutate", "unchanged").inc()

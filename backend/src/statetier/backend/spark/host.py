@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar, cast
 
 import pyarrow as pa
-from statetier.backend.config import StatetierConfig, load_config
+from statetier.backend.config import StatetierConfig, load_config, spill_off_warning
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionInstance
@@ -376,7 +376,7 @@ class StateHost:
         """The settings of ``header``'s pipeline, resolved once (every task and every gathered
         piece carries them; resolving costs about 0.16 ms)."""
         key = json.dumps(header.state.config, sort_keys=True)
-        return self._kept(self.configs, key, lambda: load_config(header.state.config))
+        return self._kept(self.configs, key, lambda: _loaded(header.state.config))
 
     def _store(self, uri: str, options: dict[str, Any]) -> SnapshotStore:
         key = json.dumps([uri, options], sort_keys=True)
@@ -604,6 +604,16 @@ class StateHost:
 
         pool = self._upload_pool(config.checkpoint_upload_concurrency)
         return sum(pool.map(put, uploads))
+
+
+def _loaded(settings: dict[str, Any]) -> StatetierConfig:
+    """A pipeline's settings as the host resolves them, once per pipeline: a spill tier asked
+    for by its parts but switched off is logged then, in the executor's log."""
+    config = load_config(settings)
+    warning = spill_off_warning(config)
+    if warning:
+        log.warning(warning)
+    return config
 
 
 def _piece_memory(config: StatetierConfig) -> PieceMemory:
