@@ -53,7 +53,9 @@ __all__ = [
     "SubmissionError",
     "Submission",
     "ValidationError",
+    "compare_versions",
     "defaulted",
+    "driver_pod_name",
     "submit",
     "validate",
 ]
