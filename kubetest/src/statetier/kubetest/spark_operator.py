@@ -556,9 +556,10 @@ class Submission:
     ) -> dict[str, str]:
         """The executor's environment variables: Spark's ``spark.executorEnv.*``, then the
         container's ``envFrom`` (``secrets`` maps a Secret's name to its data; a ConfigMap
-        or a missing optional Secret adds nothing), then its ``env``; later names win, as in
-        the kubelet. A missing Secret that is not optional raises LookupError, as the pod
-        would fail to start."""
+        or a missing optional Secret adds nothing), then its ``env`` (a ``valueFrom``
+        variable is left out: its source is not modelled); later names win, as in the
+        kubelet. A missing Secret that is not optional raises LookupError, as the pod would
+        fail to start."""
         env = {
             k.removeprefix("spark.executorEnv."): v
             for k, v in self.conf.items()
