@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from statetier.kubetest import apply as ssa
-from statetier.kubetest import controllers, pruning, typed
+from statetier.kubetest import controllers, pruning, schema_check, typed
 from statetier.kubetest.processes import Sandbox
 from statetier.kubetest.processes import compaction_service_manifest as _manifest
 
@@ -42,6 +42,13 @@ from tests.operator.conftest import CRDS, SPARK_CRD
 )
 def test_quantities_are_canonical(given: Any, stored: str) -> None:
     assert typed.canonical_quantity(given) == stored
+
+
+def test_a_schema_that_requires_metadata_accepts_any_object() -> None:
+    """The Spark Operator's CRD requires ``metadata`` at the top; every stored object has it."""
+    schema = {"type": "object", "required": ["metadata", "spec"], "properties": {}}
+    assert schema_check.problems(schema, {"metadata": {"name": "a"}, "spec": {}}) == []
+    assert schema_check.problems(schema, {"metadata": {"name": "a"}}) == ["spec: Required value"]
 
 
 def test_typed_round_trip_drops_empty_lists_and_bad_quantities_are_refused() -> None:
