@@ -47,15 +47,6 @@ SPILL_KINDS: dict[str, dict[str, str]] = {
         "statetier.io/spill-storage-class": "local-ssd",
     },
 }
-# The webhook writes a generic ephemeral volume, which the Spark Operator cannot map to Spark
-# conf; the on-demand PVC that replaces it is being written on another branch. Remove this
-# mark when it is merged: strict, so the test says when it starts to pass.
-EPHEMERAL_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=spark_operator.SubmissionError,
-    reason="issue 39: the webhook's ephemeral spill volume fails submission "
-    "(unsupported volume type) until it becomes Spark's on-demand PVC",
-)
 LOCAL_DIR_MOUNT = re.compile(
     r"spark\.kubernetes\.executor\.volumes\.(\w+)\.spark-local-dir-statetier\.mount\.path"
 )
@@ -158,8 +149,7 @@ def _check_on_demand_claim(conf: dict[str, str], annotations: dict[str, str]) ->
 def _cases() -> Iterator[Any]:
     for example in OFFICIAL:
         for kind in SPILL_KINDS:
-            marks = [EPHEMERAL_BUG] if kind == "ephemeral" else []
-            yield pytest.param(example, kind, id=f"{example}-{kind}", marks=marks)
+            yield pytest.param(example, kind, id=f"{example}-{kind}")
 
 
 @pytest.mark.parametrize(("example", "kind"), list(_cases()))
@@ -175,11 +165,9 @@ def test_official_example_opted_in_is_submitted(sandbox: Sandbox, example: str, 
 
 def _repo_cases() -> Iterator[Any]:
     for path in _repo_applications():
-        for index, app in enumerate(_applications(path)):
-            kind = (app["metadata"].get("annotations") or {}).get("statetier.io/spill-volume")
-            marks = [EPHEMERAL_BUG] if kind == "ephemeral" else []
+        for index in range(len(_applications(path))):
             case_id = f"{path.relative_to(EXAMPLES)}[{index}]"
-            yield pytest.param(path, index, id=case_id, marks=marks)
+            yield pytest.param(path, index, id=case_id)
 
 
 @pytest.mark.parametrize(("path", "index"), list(_repo_cases()))
