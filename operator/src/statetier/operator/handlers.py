@@ -21,6 +21,7 @@ from statetier.operator import (
     compaction_service_handlers,
     kube,
     metrics,
+    refusals,
     sparkapp_handlers,
     webhook_server,
 )
@@ -48,6 +49,7 @@ async def configure(
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     memo.kube = await kube.connect()
+    refusals.install()
     if ours.webhooks:
         # kopf's managed mode stays off: it would strip the matchConditions (webhook_server).
         settings.admission.server = webhook_server.ConfiguringWebhookServer(
