@@ -17,10 +17,12 @@ import pytest
 import yaml
 from statetier.kubetest import apply as ssa
 from statetier.kubetest import controllers, pruning, schema_check, typed
-from statetier.kubetest.processes import Sandbox
+from statetier.kubetest.processes import Sandbox, free_port
 from statetier.kubetest.processes import compaction_service_manifest as _manifest
 
 from tests.operator.conftest import CRDS, SPARK_CRD
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 
 
 @pytest.mark.parametrize(
@@ -328,3 +330,120 @@ def test_an_object_written_after_its_owner_is_gone_is_collected(apiserver: Sandb
         "late collected", lambda: apiserver.get("/api/v1/namespaces/default/secrets/late") is None
     )
     assert apiserver.get("/api/v1/namespaces/default/secrets/alive") is not None
+
+
+def _webhook_configuration(name: str, conditions: list[dict[str, str]], **hook: Any) -> str:
+    """A ValidatingWebhookConfiguration whose one webhook judges the ConfigMaps labelled
+    ``truth=<name>`` and points at a closed port: a call fails, under ``failurePolicy`` Fail
+    unless ``hook`` says otherwise."""
+    return json.dumps(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": f"{name}.example.com",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["configmaps"],
+                            "operations": ["CREATE", "UPDATE", "DELETE"],
+                        }
+                    ],
+                    "objectSelector": {"matchLabels": {"truth": name}},
+                    "clientConfig": {"url": f"https://127.0.0.1:{free_port()}/{name}"},
+                    "matchConditions": conditions,
+                    **hook,
+                }
+            ],
+        }
+    )
+
+
+def _config_map(name: str, label: str, **meta: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"truth": label}, **meta},
+        }
+    )
+
+
+def test_a_match_condition_that_does_not_compile_is_refused(apiserver: Sandbox) -> None:
+    bad = [{"name": "broken", "expression": "object.metadata.name =="}]
+    out = apiserver.kubectl(
+        "apply", "-f", "-", stdin=_webhook_configuration("broken", bad), check=False
+    )
+    assert 'ValidatingWebhookConfiguration.admissionregistration.k8s.io "broken" is invalid' in out
+    assert "webhooks[0].matchConditions[0].expression" in out
+    assert 'webhook "broken.example.com", condition "broken"' in out
+    assert apiserver.get(f"{ADMISSION}/validatingwebhookconfigurations/broken") is None
+
+
+def test_match_conditions_decide_whether_a_webhook_is_called(apiserver: Sandbox) -> None:
+    """All true: called (and the closed port refuses); one false: skipped. ``object`` is null
+    for DELETE, ``oldObject`` for CREATE; ``request`` carries the operation and the name."""
+    conditions = [
+        {"name": "not-spared", "expression": "request.name != 'spared'"},
+        {
+            "name": "create-or-delete",
+            "expression": "(request.operation == 'CREATE' && oldObject == null)"
+            " || (request.operation == 'DELETE' && object == null"
+            " && oldObject.metadata.name == request.name)",
+        },
+    ]
+    apiserver.kubectl("apply", "-f", "-", stdin=_webhook_configuration("decide", conditions))
+    out = apiserver.kubectl("apply", "-f", "-", stdin=_config_map("judged", "decide"), check=False)
+    assert 'failed calling webhook "decide.example.com"' in out
+    apiserver.kubectl("apply", "-f", "-", stdin=_config_map("spared", "decide"))
+    out = apiserver.kubectl("delete", "configmap", "spared", check=False)
+    assert 'configmap "spared" deleted' in out  # DELETE of the spared one: skipped
+    apiserver.kubectl("apply", "-f", "-", stdin=_config_map("doomed", "other"))
+    # An UPDATE (create-or-delete is false): skipped, though it brings the object in scope.
+    apiserver.kubectl("label", "configmap", "doomed", "truth=decide", "--overwrite")
+    out = apiserver.kubectl("delete", "configmap", "doomed", check=False)
+    assert 'failed calling webhook "decide.example.com"' in out
+    apiserver.kubectl("delete", "validatingwebhookconfiguration", "decide")
+
+
+def test_a_condition_that_errors_applies_the_failure_policy(apiserver: Sandbox) -> None:
+    """A missing key is an error: Fail refuses the request, Ignore skips the webhook; a false
+    condition wins over an error."""
+    errs = [{"name": "reads-absent", "expression": "object.data['absent'] == 'x'"}]
+    apiserver.kubectl("apply", "-f", "-", stdin=_webhook_configuration("errs", errs))
+    out = apiserver.kubectl("apply", "-f", "-", stdin=_config_map("errs", "errs"), check=False)
+    assert 'failed calling webhook "errs.example.com"' in out
+    assert "failed evaluating match conditions" in out and "reads-absent" in out
+    ignored = _webhook_configuration("ignored", errs, failurePolicy="Ignore")
+    apiserver.kubectl("apply", "-f", "-", stdin=ignored)
+    apiserver.kubectl("apply", "-f", "-", stdin=_config_map("ignored", "ignored"))
+    spared = [*errs, {"name": "never", "expression": "false"}]
+    apiserver.kubectl("apply", "-f", "-", stdin=_webhook_configuration("false-wins", spared))
+    apiserver.kubectl("apply", "-f", "-", stdin=_config_map("false-wins", "false-wins"))
+    for name in ("errs", "ignored", "false-wins"):
+        apiserver.kubectl("delete", "validatingwebhookconfiguration", name)
+
+
+def test_updates_of_an_object_being_deleted_are_admitted(apiserver: Sandbox) -> None:
+    """The apiserver sends a finalizer's removal to the webhooks like any update: without a
+    condition that skips objects being deleted, a webhook that is down blocks it."""
+    apiserver.kubectl(
+        "apply", "-f", "-", stdin=_config_map("held", "other", finalizers=["example.com/hold"])
+    )
+    apiserver.kubectl("delete", "configmap", "held", "--wait=false")
+    apiserver.kubectl("label", "configmap", "held", "truth=held", "--overwrite")
+    apiserver.kubectl("apply", "-f", "-", stdin=_webhook_configuration("held", []))
+    remove = '[{"op": "remove", "path": "/metadata/finalizers"}]'
+    args = ("patch", "configmap", "held", "--type=json", "-p", remove)
+    assert 'failed calling webhook "held.example.com"' in apiserver.kubectl(*args, check=False)
+    skip = [{"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"}]
+    apiserver.kubectl("apply", "-f", "-", stdin=_webhook_configuration("held", skip))
+    apiserver.kubectl(*args)
+    assert apiserver.get("/api/v1/namespaces/default/configmaps/held") is None
+    apiserver.kubectl("delete", "validatingwebhookconfiguration", "held")

@@ -4,6 +4,7 @@ CompactionService status, events, managed-application metric, checkpoint retenti
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -118,20 +119,29 @@ def test_missing_compaction_service_is_a_warning_not_a_failure(sandbox: Sandbox)
     assert any("CompactionService default/nope not found" in w for w in summary["warnings"])
 
 
-def test_configured_event_finalizer_and_managed_metric(sandbox: Sandbox) -> None:
+def _never_finalized(box: Sandbox, name: str, seconds: float = 1.5) -> bool:
+    """No finalizer appears on the application for ``seconds`` after kopf first processed it
+    (its StatetierConfigured event, posted in that same processing, is there); kopf adds a
+    finalizer it wants at the end of that processing, well within the time."""
+    box.wait("configured", lambda: any(e[1] == "StatetierConfigured" for e in _events(box, name)))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _has_finalizer(box, name):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_configured_event_no_finalizer_and_managed_metric(sandbox: Sandbox) -> None:
+    """The default retention (retain) has nothing to do on deletion: no finalizer, so the
+    deletion never waits for the operator; the operator, up, still says the checkpoints stay."""
     sandbox.kubectl("apply", "-f", "-", stdin=_app("evented"))
     events = sandbox.wait(
         "StatetierConfigured",
         lambda: [e for e in _events(sandbox, "evented") if e[1] == "StatetierConfigured"],
     )
     assert '"spillVolume":"emptyDir"' in events[0][2]
-    sandbox.wait(
-        "finalizer",
-        lambda: (
-            "statetier.io/finalizer"
-            in (sandbox.get(f"{SPARK}/evented")["metadata"].get("finalizers") or [])
-        ),
-    )
+    assert _never_finalized(sandbox, "evented")
     managed = sandbox.wait(
         "gauge", lambda: _metric(sandbox, "statetier_operator_managed_applications")
     )
@@ -151,13 +161,16 @@ def _checkpoint_dir(tmp_path: Path, name: str) -> Path:
     return root
 
 
-def _delete_and_wait(sandbox: Sandbox, name: str, reason: str) -> list[tuple[str, str, str]]:
-    """Delete, wait until the object is gone and the finalizer's event (posted by kopf in the
-    background, so possibly a moment after the object) has arrived."""
-    sandbox.wait(
-        "finalizer",
-        lambda: sandbox.get(f"{SPARK}/{name}")["metadata"].get("finalizers"),
+def _has_finalizer(box: Sandbox, name: str) -> bool:
+    found = box.get(f"{SPARK}/{name}")
+    return found is not None and "statetier.io/finalizer" in (
+        found["metadata"].get("finalizers") or []
     )
+
+
+def _delete_and_wait(sandbox: Sandbox, name: str, reason: str) -> list[tuple[str, str, str]]:
+    """Delete, wait until the object is gone and the event (posted by kopf in the background,
+    so possibly a moment after the object) has arrived."""
     sandbox.kubectl("delete", "sparkapplication", name, "--wait=false")
     sandbox.wait("deletion", lambda: sandbox.get(f"{SPARK}/{name}") is None, timeout=30)
     return list(
@@ -173,28 +186,51 @@ def test_retention_retain_keeps_checkpoints(sandbox: Sandbox, tmp_path: Path) ->
     sandbox.kubectl(
         "apply", "-f", "-", stdin=_app("keep", **{"statetier.io/checkpoint-uri": f"file://{root}"})
     )
+    assert _never_finalized(sandbox, "keep")
     events = _delete_and_wait(sandbox, "keep", "CheckpointsRetained")
     assert (root / "epoch-1" / "manifest.json").exists()
-    assert any(reason == "CheckpointsRetained" for _, reason, _ in events)
+    assert (
+        "Normal",
+        "CheckpointsRetained",
+        f"checkpoints kept at file://{root}",
+    ) in events
+
+
+def _deleting_app(name: str, uri: str) -> str:
+    return _app(
+        name,
+        **{"statetier.io/checkpoint-uri": uri, "statetier.io/checkpoint-retention": "delete"},
+    )
 
 
 def test_retention_delete_removes_checkpoints(sandbox: Sandbox, tmp_path: Path) -> None:
     root = _checkpoint_dir(tmp_path, "dropped")
-    sandbox.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=_app(
-            "drop",
-            **{
-                "statetier.io/checkpoint-uri": f"file://{root}",
-                "statetier.io/checkpoint-retention": "delete",
-            },
-        ),
-    )
+    sandbox.kubectl("apply", "-f", "-", stdin=_deleting_app("drop", f"file://{root}"))
+    sandbox.wait("finalizer", lambda: _has_finalizer(sandbox, "drop"))
     events = _delete_and_wait(sandbox, "drop", "CheckpointsDeleted")
     assert not root.exists()
     assert any(reason == "CheckpointsDeleted" for _, reason, _ in events)
+
+
+def test_finalizer_goes_when_retention_goes_back_to_retain(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """kopf removes its finalizer once no delete handler needs it: here on the update that
+    switches retention back to retain (an application finalized by an earlier version loses
+    it the same way, when the operator next processes it)."""
+    root = _checkpoint_dir(tmp_path, "switched")
+    sandbox.kubectl("apply", "-f", "-", stdin=_deleting_app("switch", f"file://{root}"))
+    sandbox.wait("finalizer", lambda: _has_finalizer(sandbox, "switch"))
+    sandbox.kubectl(
+        "annotate",
+        "sparkapplication",
+        "switch",
+        "statetier.io/checkpoint-retention=retain",
+        "--overwrite",
+    )
+    sandbox.wait("no finalizer", lambda: not _has_finalizer(sandbox, "switch"))
+    _delete_and_wait(sandbox, "switch", "CheckpointsRetained")
+    assert (root / "epoch-1" / "manifest.json").exists()
 
 
 def test_unreachable_object_store_never_blocks_deletion(sandbox: Sandbox) -> None:
@@ -213,6 +249,7 @@ def test_unreachable_object_store_never_blocks_deletion(sandbox: Sandbox) -> Non
             },
         ),
     )
+    sandbox.wait("finalizer", lambda: _has_finalizer(sandbox, "stuck"))
     events = _delete_and_wait(sandbox, "stuck", "CheckpointDeleteFailed")
     failed = [
         (kind, message) for kind, reason, message in events if reason == "CheckpointDeleteFailed"

@@ -225,7 +225,7 @@ def test_good_annotations_are_allowed(sandbox: Sandbox) -> None:
 
 
 def test_kubectl_apply_goes_through_both_webhooks(sandbox: Sandbox) -> None:
-    """The emulator calls the webhooks kopf registered, as an apiserver would."""
+    """The emulator calls the webhooks the operator registered, as an apiserver would."""
     out = sandbox.kubectl("apply", "-f", str(EXAMPLE))
     assert "created" in out
     stored = sandbox.get(f"{SPARK}/wordcount")
@@ -234,3 +234,42 @@ def test_kubectl_apply_goes_through_both_webhooks(sandbox: Sandbox) -> None:
     out = sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
     assert "denied the request" in out and "statetier.io/spill-volume='nvme'" in out
     assert sandbox.get(f"{SPARK}/rejected") is None
+
+
+def _log_records(box: Sandbox, text: str) -> list[dict[str, Any]]:
+    """The operator's JSON log records whose message contains ``text``."""
+    records = [json.loads(line) for line in box.logs().splitlines() if line.startswith("{")]
+    return [r for r in records if text in str(r.get("message"))]
+
+
+def test_a_bad_annotation_is_a_warning_with_an_event_on_update(sandbox: Sandbox) -> None:
+    """A user's mistake is logged at warning severity, never error (alerts on error logs must
+    not fire on a typo); an UPDATE refused also leaves a Warning Event on the object, a refused
+    CREATE none (there is no object)."""
+    created = _app("mistaken", **{"statetier.io/spill-volume": "nvme"})
+    out = sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(created), check=False)
+    assert "denied the request" in out
+    sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(_app("mistaken")))
+    out = sandbox.kubectl(
+        "annotate",
+        "sparkapplication",
+        "mistaken",
+        "statetier.io/spill-volume=ssd",
+        "--overwrite",
+        check=False,
+    )
+    assert "denied the request" in out and "statetier.io/spill-volume='ssd'" in out
+    for value in ("nvme", "ssd"):
+        records = _log_records(sandbox, f"statetier.io/spill-volume='{value}'")
+        assert records and {r["severity"] for r in records} == {"warn"}, records
+    events = sandbox.wait(
+        "InvalidAnnotation event",
+        lambda: [
+            e
+            for e in sandbox.get("/api/v1/namespaces/default/events")["items"]
+            if e["involvedObject"]["name"] == "mistaken" and e["reason"] == "InvalidAnnotation"
+        ],
+    )
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert "statetier.io/spill-volume='ssd'" in events[0]["message"]
+    assert events[0]["involvedObject"]["uid"] == sandbox.get(f"{SPARK}/mistaken")["metadata"]["uid"]

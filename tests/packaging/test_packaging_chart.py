@@ -219,6 +219,25 @@ def test_webhook_configurations_match_the_operators_handlers() -> None:
             assert hook["failurePolicy"] == "Fail"
 
 
+def test_webhook_configurations_are_the_ones_the_operator_applies() -> None:
+    """The chart renders what ``statetier-operator run`` applies itself: the same webhooks with
+    the same rules, policies and matchConditions (statetier.operator.webhook_configuration);
+    only how the apiserver reaches the server (a Service, not a URL) and the timeout differ."""
+    from statetier.operator import webhook_configuration
+
+    docs = render({})
+    for kind in ("Mutating", "Validating"):
+        ours = webhook_configuration.configuration(kind, {"url": "https://operator:9443"})
+        assert find(docs, f"{kind}WebhookConfiguration")["metadata"]["name"] == "statetier"
+        rendered = find(docs, f"{kind}WebhookConfiguration")["webhooks"]
+        assert [h["name"] for h in rendered] == [h["name"] for h in ours["webhooks"]]
+        for chart_hook, operator_hook in zip(rendered, ours["webhooks"], strict=True):
+            for key in ("clientConfig", "timeoutSeconds"):
+                chart_hook.pop(key)
+                operator_hook.pop(key)
+            assert chart_hook == operator_hook
+
+
 def test_dashboards_configmaps_and_prometheus_rule() -> None:
     docs = render(ALL_ON)
     maps = [d for d in docs if d["kind"] == "ConfigMap"]

@@ -36,8 +36,10 @@ paths and answers every resource request itself, fixing these gaps:
   every change of a Deployment, long before any Pod is ready;
 * ``kubectl get`` tables with the CRD's printer columns (Name and Age for built-ins);
 * mutating and validating admission webhooks registered through ``*WebhookConfiguration``
-  objects are called over HTTPS with the configured ``caBundle`` (DELETE included), as the
-  apiserver would.
+  objects are called over HTTPS with the configured ``caBundle`` (DELETE included, and updates
+  of an object being deleted), as the apiserver would, when their rules, selectors and CEL
+  ``matchConditions`` (:mod:`.match_conditions`) send the request; a configuration whose
+  condition does not compile is refused.
 
 What it does not do: Pods and the kubelet (a Deployment's Pods are never ready unless a test
 reports them ready through the status subresource), authentication, RBAC, OpenAPI ``format``
@@ -71,6 +73,7 @@ from statetier.kubetest import (
     cel_rules,
     controllers,
     defaults,
+    match_conditions,
     openapi,
     pruning,
     schema_check,
@@ -230,6 +233,19 @@ def _check_crd(crd: Obj) -> None:
             "Invalid",
             f'CustomResourceDefinition.apiextensions.k8s.io "{meta.get("name", "")}" is '
             f"invalid: {', '.join(problems)}",
+        )
+
+
+def _check_webhook_configuration(rdef: ResourceDef, config: Obj) -> None:
+    """Every matchCondition compiles (and has a unique name), as the apiserver checks on
+    write; the refusal names the webhook and the condition."""
+    problems = match_conditions.problems(config)
+    if problems:
+        name = (config.get("metadata") or {}).get("name", "")
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{rdef.kind}.admissionregistration.k8s.io "{name}" is invalid: {", ".join(problems)}',
         )
 
 
@@ -865,6 +881,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
             obj.pop("status", None)
         if rdef.plural == "customresourcedefinitions":
             _check_crd(obj)
+        if rdef.group == "admissionregistration.k8s.io":
+            _check_webhook_configuration(rdef, obj)
         config = copy.deepcopy(obj)
         obj = await self._admitted(rdef, obj, None, "CREATE", write)
         if applied:  # the applier owns what it applied, not what defaulting added
@@ -920,7 +938,9 @@ class ApiEmulator(kmock.KubernetesEmulator):
         new["apiVersion"], new["kind"] = rdef.api_version, rdef.kind
         if rdef.plural == "customresourcedefinitions":
             _check_crd(new)
-        if sub is None and not current["metadata"].get("deletionTimestamp"):
+        if rdef.group == "admissionregistration.k8s.io":
+            _check_webhook_configuration(rdef, new)
+        if sub is None:  # an object being deleted too: the apiserver admits its updates
             new = await self._admitted(rdef, new, current, "UPDATE", write)
         else:
             new = self._structural(rdef, new, write, current)
@@ -1256,13 +1276,34 @@ class ApiEmulator(kmock.KubernetesEmulator):
     async def _admit(
         self, rdef: ResourceDef, obj: Obj, old: Obj | None, operation: str, *, mutating: bool
     ) -> Obj:
-        """Call the matching mutating or validating webhooks, as the apiserver does."""
+        """Call the matching mutating or validating webhooks, as the apiserver does: rules,
+        selectors, then matchConditions (:mod:`.match_conditions`)."""
         plural = f"{'mutating' if mutating else 'validating'}webhookconfigurations"
         for config in self.list_objects("admissionregistration.k8s.io", plural):
             for hook in config.get("webhooks") or []:
-                if self._hook_matches(hook, rdef, operation) and self._hook_selects(hook, obj):
-                    obj = await self._call_webhook(hook, rdef, obj, old, operation, mutating)
+                matched = self._hook_matches(hook, rdef, operation)
+                if not (matched and self._hook_selects(hook, obj)):
+                    continue
+                request = _admission_request(rdef, obj, old, operation)
+                if self._conditions_call(hook, request):
+                    obj = await self._call_webhook(hook, obj, request, mutating)
         return obj
+
+    @staticmethod
+    def _conditions_call(hook: Obj, request: Obj) -> bool:
+        """Whether the webhook's matchConditions send it this request; a condition that errors
+        refuses the request under ``failurePolicy: Fail`` and skips the webhook under Ignore."""
+        decision = match_conditions.decide(hook, request["object"], request["oldObject"], request)
+        if decision.outcome != "error":
+            return decision.outcome == "call"
+        if hook.get("failurePolicy") == "Ignore":
+            return False
+        raise ApiError(
+            500,
+            "InternalError",
+            f'Internal error occurred: failed calling webhook "{hook.get("name")}": '
+            f"failed evaluating match conditions, failing closed: {decision.detail}",
+        )
 
     @staticmethod
     def _hook_matches(hook: Obj, rdef: ResourceDef, operation: str) -> bool:
@@ -1295,10 +1336,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
     async def _call_webhook(
         self,
         hook: Obj,
-        rdef: ResourceDef,
         obj: Obj,
-        old: Obj | None,
-        operation: str,
+        request: Obj,
         mutating: bool,
     ) -> Obj:
         client = hook.get("clientConfig") or {}
@@ -1310,30 +1349,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
             ssl_ctx = ssl.create_default_context()
             if client.get("caBundle"):
                 ssl_ctx.load_verify_locations(cadata=base64.b64decode(client["caBundle"]).decode())
-        meta = obj["metadata"]
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": rdef.group, "version": rdef.version, "kind": rdef.kind},
-                "resource": {"group": rdef.group, "version": rdef.version, "resource": rdef.plural},
-                "requestKind": {"group": rdef.group, "version": rdef.version, "kind": rdef.kind},
-                "requestResource": {
-                    "group": rdef.group,
-                    "version": rdef.version,
-                    "resource": rdef.plural,
-                },
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "operation": operation,
-                "userInfo": {"username": "system:admin", "groups": ["system:masters"]},
-                "object": None if operation == "DELETE" else obj,
-                "oldObject": old,
-                "dryRun": False,
-                "options": None,
-            },
-        }
+        review: Obj = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+        review["request"] = request
         fail_open = hook.get("failurePolicy") == "Ignore"
         try:
             timeout = aiohttp.ClientTimeout(total=float(hook.get("timeoutSeconds") or 10))
@@ -1368,6 +1385,29 @@ class ApiEmulator(kmock.KubernetesEmulator):
                     500, "InternalError", f"webhook patch did not apply: {exc}"
                 ) from None
         return obj
+
+
+def _admission_request(rdef: ResourceDef, obj: Obj, old: Obj | None, operation: str) -> Obj:
+    """The AdmissionRequest of a write: what a webhook receives and what its matchConditions
+    see as ``request`` (``object`` is null for DELETE, ``oldObject`` for CREATE)."""
+    meta = obj["metadata"]
+    gvk = {"group": rdef.group, "version": rdef.version, "kind": rdef.kind}
+    gvr = {"group": rdef.group, "version": rdef.version, "resource": rdef.plural}
+    return {
+        "uid": str(uuid.uuid4()),
+        "kind": gvk,
+        "resource": gvr,
+        "requestKind": gvk,
+        "requestResource": gvr,
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "operation": operation,
+        "userInfo": {"username": "system:admin", "groups": ["system:masters"]},
+        "object": None if operation == "DELETE" else obj,
+        "oldObject": old if operation != "CREATE" else None,
+        "dryRun": False,
+        "options": None,
+    }
 
 
 @contextlib.asynccontextmanager

@@ -4,7 +4,8 @@
 are off) and starts kopf; ``kopf run -m statetier.operator.handlers -m
 statetier.operator.webhooks`` works as well, with default settings. The startup handler turns
 the :class:`~statetier.operator.settings.OperatorSettings` in kopf's memo into kopf settings
-(the webhook server, the managed webhook configuration, finalizer and event conventions),
+(the webhook server, which applies the webhook configurations unless a chart owns them, the
+finalizer and event conventions),
 starts the metrics endpoint, and puts what the handlers share into the memo: the API client
 and the per-service status locks.
 """
@@ -20,7 +21,9 @@ from statetier.operator import (
     compaction_service_handlers,
     kube,
     metrics,
+    refusals,
     sparkapp_handlers,
+    webhook_server,
 )
 from statetier.operator import settings as operator_settings
 
@@ -45,17 +48,18 @@ async def configure(
     settings.persistence.finalizer = "statetier.io/finalizer"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
+    memo.kube = await kube.connect()
+    refusals.install()
     if ours.webhooks:
-        settings.admission.server = kopf.WebhookServer(
+        # kopf's managed mode stays off: it would strip the matchConditions (webhook_server).
+        settings.admission.server = webhook_server.ConfiguringWebhookServer(
+            client=memo.kube if ours.manage_webhook_configuration else None,
             addr=ours.webhook_addr,
             port=ours.webhook_port,
             host=ours.webhook_host,
             certfile=ours.certfile,
             pkeyfile=ours.keyfile,
         )
-        if ours.manage_webhook_configuration:
-            settings.admission.managed = "statetier.io"
-    memo.kube = await kube.connect()
     memo.status_locks = compaction_service_handlers.StatusLocks()
     if ours.metrics_port:
         metrics.serve(ours.metrics_addr, ours.metrics_port)

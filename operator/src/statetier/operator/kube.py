@@ -1,19 +1,22 @@
 """The operator's own Kubernetes API client: the official asyncio client, for what kopf does not do.
 
-kopf watches and patches the resources it handles; the operator also applies Deployments and
-Services (server-side apply, field manager ``statetier-operator``, forced, as a controller owns
-what it creates), creates a CompactionService's token Secret once (create only: it never reads
-or rewrites Secrets), patches CompactionServices and their status, and reads objects. It does so
-through ``kubernetes_asyncio``, the generated asyncio twin of the official ``kubernetes``
-client, which runs on kopf's event loop: typed API groups, the same in-cluster and kubeconfig
-credentials kopf logs in with, and the service account's token re-read from its file as the
-kubelet rotates it (no copy of a token that expires). Objects stay plain dicts here (the
-operator computes them as dicts and the apiserver speaks JSON); every write names the field
-manager, so ``metadata.managedFields`` says ``statetier-operator``.
+kopf watches and patches the resources it handles; the operator also applies Deployments,
+Services and its two webhook configurations (server-side apply, field manager
+``statetier-operator``, forced, as a controller owns what it creates), creates a
+CompactionService's token Secret once (create only: it never reads or rewrites Secrets),
+patches CompactionServices and their status, posts the Events kopf cannot (from admission
+handlers), and reads objects. It does so through
+``kubernetes_asyncio``, the generated asyncio twin of the official ``kubernetes`` client, which
+runs on kopf's event loop: typed API groups, the same in-cluster and kubeconfig credentials kopf
+logs in with, and the service account's token re-read from its file as the kubelet rotates it
+(no copy of a token that expires). Objects stay plain dicts here (the operator computes them as
+dicts and the apiserver speaks JSON); every write names the field manager, so
+``metadata.managedFields`` says ``statetier-operator``.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -84,6 +87,7 @@ class Kube:
         self._apps = k8s.AppsV1Api(api)
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
+        self._admission = k8s.AdmissionregistrationV1Api(api)
 
     def _plain(self, obj: Any) -> Obj:
         result: Obj = self._api.sanitize_for_serialization(obj)
@@ -134,6 +138,50 @@ class Kube:
         except ApiException as exc:
             raise _error(exc, f"apply {obj['kind']} {meta['namespace']}/{meta['name']}") from None
         return status == 201, self._plain(data)
+
+    async def apply_webhook_configuration(self, obj: Obj) -> None:
+        """Server-side apply of a Mutating- or ValidatingWebhookConfiguration, forced: the
+        operator owns the webhooks it serves, whoever (kopf, an earlier version) wrote them."""
+        name = obj["metadata"]["name"]
+        patch: Callable[..., Awaitable[Any]] = (
+            self._admission.patch_mutating_webhook_configuration
+            if obj["kind"] == "MutatingWebhookConfiguration"
+            else self._admission.patch_validating_webhook_configuration
+        )
+        options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True}
+        options["_content_type"] = _APPLY
+        try:
+            await patch(name, obj, **options)
+        except ApiException as exc:
+            raise _error(exc, f"apply {obj['kind']} {name}") from None
+
+    async def post_event(self, involved: Obj, kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event of type ``kind`` (Normal, Warning) about the stored object
+        ``involved``, as kopf posts them, for where kopf's own poster is not set up (admission)."""
+        meta = involved["metadata"]
+        now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._core.create_namespaced_event(meta["namespace"], cast(k8s.CoreV1Event, body))
+        except ApiException as exc:
+            raise _error(exc, f"create event for {meta['namespace']}/{meta['name']}") from None
 
     async def create_if_absent(self, obj: Obj) -> bool:
         """Create a Secret unless one of that name exists (HTTP 409): whether it was created.

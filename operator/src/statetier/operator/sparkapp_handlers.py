@@ -2,9 +2,17 @@
 
 The webhooks run before the Spark Operator sees the object: validation rejects bad
 ``statetier.io/*`` annotations, mutation adds the spill volume and the backend settings. The
-watch handlers report what was configured (an event) and count managed applications. On
-deletion a finalizer applies the checkpoint retention, bounded in time so that an unreachable
-object store can delay the deletion but never block it.
+watch handlers report what was configured (an event) and count managed applications.
+
+Only an application whose checkpoints are to be deleted (``checkpoint-retention: delete`` and a
+``checkpoint-uri``) carries kopf's finalizer: its deletion waits for the operator, which deletes
+the checkpoints within ``--checkpoint-delete-timeout`` and lets go whatever happened. The
+default, ``retain``, needs nothing done on deletion, so no finalizer makes such a deletion wait
+for an operator that may not run; when the operator sees the deletion it posts
+``CheckpointsRetained``. kopf adds its finalizer for every non-optional ``on.delete`` handler
+whose filter matches an object, and removes it when none matches any more (an application
+switched back to ``retain``, or one finalized by an earlier version), the next time it
+processes the object.
 """
 
 from __future__ import annotations
@@ -20,6 +28,13 @@ from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 RESOURCE = "sparkapplication"
 OPTED_IN = {ann.PREFIX + "enabled": "true"}
+RETENTION = ann.PREFIX + "checkpoint-retention"
+URI = ann.PREFIX + "checkpoint-uri"
+DELETES_CHECKPOINTS: dict[str, Any] = {
+    **OPTED_IN,
+    RETENTION: "delete",
+    URI: kopf.PRESENT,
+}
 
 
 def _opted_in(annotations: kopf.Annotations, **_: Any) -> bool:
@@ -58,15 +73,29 @@ def _delete_tree(uri: str) -> bool:
     return True
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, annotations=OPTED_IN)
-async def apply_retention(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Keep or delete the checkpoints, then let the deletion go on whatever happened."""
-    annotations = dict(body.get("metadata", {}).get("annotations") or {})
-    retention = annotations.get(ann.PREFIX + "checkpoint-retention", "retain")
-    uri = annotations.get(ann.PREFIX + "checkpoint-uri")
-    if retention != "delete" or not uri:
-        kopf.info(body, reason="CheckpointsRetained", message=f"checkpoints kept at {uri}")
+def _retention(body: kopf.Body) -> tuple[str, str | None]:
+    """(checkpoint retention, checkpoint URI) from the application's annotations."""
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    return annotations.get(RETENTION, "retain"), annotations.get(URI) or None
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, annotations=OPTED_IN)
+def report_retained(body: kopf.Body, type: str, **_: Any) -> None:
+    """Say that an opted-in application's checkpoints stay, when the operator sees it go."""
+    retention, uri = _retention(body)
+    if type != "DELETED" or (retention == "delete" and uri):
         return
+    message = f"checkpoints kept at {uri}" if uri else f"no {URI}: no checkpoints to delete"
+    kopf.info(body, reason="CheckpointsRetained", message=message)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, annotations=DELETES_CHECKPOINTS)
+async def delete_checkpoints(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Delete the checkpoints, then let the deletion go on whatever happened."""
+    uri = _retention(body)[1]
+    assert uri is not None  # the filter requires it
     timeout = settings.of(memo).checkpoint_delete_timeout
     try:
         with metrics.reconciling(RESOURCE):

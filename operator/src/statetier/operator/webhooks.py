@@ -7,11 +7,15 @@ separate Deployment serves them) simply does not import this module.
 Mutation reads CompactionService endpoints from a kopf index kept by
 :mod:`statetier.operator.compaction_service_handlers`, so an admission never waits on an API call.
 
-Every webhook is ``persistent``: when kopf manages the webhook configurations it leaves them in
-place on a normal stop, so while no operator runs the apiserver fails closed
+The webhook configurations are not kopf's to manage: the operator applies them itself
+(:mod:`statetier.operator.webhook_server`, from
+:mod:`statetier.operator.webhook_configuration`, with the matchConditions kopf would drop) and
+leaves them in place on stop, so while no operator runs the apiserver fails closed
 (``failurePolicy: Fail``) instead of admitting an opted-in SparkApplication unmutated. Each
-webhook registers only the operations it judges (CREATE and UPDATE): a DELETE never waits for
-an operator that is not there.
+webhook judges CREATE and UPDATE only, and its conditions skip objects being deleted,
+metadata-only updates and SparkApplications without ``statetier.io/`` annotations: none of
+these waits for an operator that is not there. ``persistent=True`` keeps the handlers'
+declaration true for ``kopf run`` with kopf's managed mode.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
-from statetier.operator import compaction_service, metrics, settings, sparkapp
+from statetier.operator import compaction_service, metrics, refusals, settings, sparkapp
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 
@@ -74,12 +78,17 @@ OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
 @kopf.on.validate(
     GROUP, VERSION, PLURAL, id="validate-sparkapplication", operations=OPERATIONS, persistent=True
 )
-def validate(annotations: kopf.Annotations, **_: Any) -> None:
-    """Reject bad statetier.io/* annotations, naming each and its allowed values."""
+async def validate(
+    annotations: kopf.Annotations, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Reject bad statetier.io/* annotations, naming each and its allowed values: the user's
+    mistake, so a warning (:mod:`statetier.operator.refusals`)."""
     problems = ann.problems(dict(annotations))
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()
-        raise kopf.AdmissionError("; ".join(problems), code=422)
+        refusals.refuse(
+            body, kwargs.get("operation"), memo, "InvalidAnnotation", "; ".join(problems)
+        )
     metrics.ADMISSIONS.labels("validate", "allowed").inc()
 
 
@@ -140,12 +149,14 @@ def mutate(
     operations=OPERATIONS,
     persistent=True,
 )
-def validate_compaction_service(spec: kopf.Spec, **_: Any) -> None:
+async def validate_compaction_service(
+    spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """Reject what the schema cannot check. min above max is the CRD's CEL rule's to refuse
     (the apiserver runs it before any validating webhook); this repeats it for objects stored
     before the rule existed, and checks the image and prefixes."""
     problems = compaction_service.spec_problems(compaction_service.with_defaults(dict(spec)))
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()
-        raise kopf.AdmissionError("; ".join(problems), code=422)
+        refusals.refuse(body, kwargs.get("operation"), memo, "InvalidSpec", "; ".join(problems))
     metrics.ADMISSIONS.labels("validate", "allowed").inc()
