@@ -121,39 +121,42 @@ class Kube:
             return await self.read_deployment(meta["namespace"], meta["name"])
         return await self.read_service(meta["namespace"], meta["name"])
 
+    def _applier(self, kind: str) -> tuple[Callable[..., Awaitable[tuple[Any, int, Any]]], bool]:
+        """The generated client's patch call for ``kind`` (with HTTP info) and whether the
+        kind is namespaced."""
+        namespaced = {
+            "Deployment": self._apps.patch_namespaced_deployment_with_http_info,
+            "Service": self._core.patch_namespaced_service_with_http_info,
+        }
+        cluster = {
+            "MutatingWebhookConfiguration": (
+                self._admission.patch_mutating_webhook_configuration_with_http_info
+            ),
+            "ValidatingWebhookConfiguration": (
+                self._admission.patch_validating_webhook_configuration_with_http_info
+            ),
+        }
+        if kind in namespaced:
+            return namespaced[kind], True
+        return cluster[kind], False
+
     async def apply(self, obj: Obj) -> tuple[bool, Obj]:
-        """Server-side apply of a Deployment or Service, forcing ownership of the fields it
-        sets; (created?, the stored object)."""
+        """Server-side apply of a Deployment, a Service or one of the operator's webhook
+        configurations, forcing ownership of the fields it sets (the operator owns what it
+        creates and the webhooks it serves, whoever wrote them before); (created?, the stored
+        object)."""
         meta = obj["metadata"]
-        patch: Callable[..., Awaitable[tuple[Any, int, Any]]] = (
-            self._core.patch_namespaced_service_with_http_info
-            if obj["kind"] == "Service"
-            else self._apps.patch_namespaced_deployment_with_http_info
-        )
+        patch, namespaced = self._applier(obj["kind"])
+        where = (meta["namespace"],) if namespaced else ()
         # _content_type is a runtime option of the generated client its stubs do not list.
         options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True}
         options["_content_type"] = _APPLY
         try:
-            data, status, _ = await patch(meta["name"], meta["namespace"], obj, **options)
+            data, status, _ = await patch(meta["name"], *where, obj, **options)
         except ApiException as exc:
-            raise _error(exc, f"apply {obj['kind']} {meta['namespace']}/{meta['name']}") from None
-        return status == 201, self._plain(data)
-
-    async def apply_webhook_configuration(self, obj: Obj) -> None:
-        """Server-side apply of a Mutating- or ValidatingWebhookConfiguration, forced: the
-        operator owns the webhooks it serves, whoever (kopf, an earlier version) wrote them."""
-        name = obj["metadata"]["name"]
-        patch: Callable[..., Awaitable[Any]] = (
-            self._admission.patch_mutating_webhook_configuration
-            if obj["kind"] == "MutatingWebhookConfiguration"
-            else self._admission.patch_validating_webhook_configuration
-        )
-        options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True}
-        options["_content_type"] = _APPLY
-        try:
-            await patch(name, obj, **options)
-        except ApiException as exc:
+            name = "/".join([*where, meta["name"]])
             raise _error(exc, f"apply {obj['kind']} {name}") from None
+        return status == 201, self._plain(data)
 
     async def post_event(self, involved: Obj, kind: str, reason: str, message: str) -> None:
         """A core/v1 Event of type ``kind`` (Normal, Warning) about the stored object

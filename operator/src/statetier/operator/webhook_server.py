@@ -6,7 +6,7 @@ server starts and again on a normal stop. The conditions
 (:mod:`statetier.operator.webhook_configuration`) are what let a deletion, a finalizer removal
 or a label patch through while no operator runs, so they must be on the configurations at all
 times. The operator therefore leaves kopf's managed mode off and applies the two ``statetier.io``
-configurations itself (server-side apply, :meth:`Kube.apply_webhook_configuration`) each time the
+configurations itself (server-side apply, :meth:`Kube.apply`) each time the
 server yields its client config (its URL and CA bundle: at start, and after the serving
 certificate changes), before kopf sees that config. They are never removed on stop, so the
 apiserver fails closed while no operator runs, for what the conditions do send. With
@@ -37,5 +37,5 @@ class ConfiguringWebhookServer(kopf.WebhookServer):
             if self._client is not None:
                 for kind in ("Mutating", "Validating"):
                     obj = webhook_configuration.configuration(kind, dict(client_config))
-                    await self._client.apply_webhook_configuration(obj)
+                    await self._client.apply(obj)
             yield client_config
