@@ -45,22 +45,22 @@ NOT_BEING_DELETED = {
     "name": "not-being-deleted",
     "expression": "!has(object.metadata.deletionTimestamp)",
 }
-CHANGES_SPEC_OR_ANNOTATIONS = {
-    "name": "changes-spec-or-annotations",
-    "expression": (
-        "request.operation != 'UPDATE'"
-        " || (has(object.spec) ? object.spec : {}) != (has(oldObject.spec) ? oldObject.spec : {})"
-        " || (has(object.metadata.annotations) ? object.metadata.annotations : {})"
-        " != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})"
-    ),
-}
-CHANGES_SPEC = {
-    "name": "changes-spec",
-    "expression": (
-        "request.operation != 'UPDATE'"
-        " || (has(object.spec) ? object.spec : {}) != (has(oldObject.spec) ? oldObject.spec : {})"
-    ),
-}
+
+
+def _changes(name: str, *fields: str) -> dict[str, str]:
+    """A condition true for every operation but an UPDATE that leaves all ``fields`` (paths
+    under the object, possibly absent) as they were."""
+    changed = [
+        f"(has(object.{f}) ? object.{f} : {{}}) != (has(oldObject.{f}) ? oldObject.{f} : {{}})"
+        for f in fields
+    ]
+    return {"name": name, "expression": " || ".join(["request.operation != 'UPDATE'", *changed])}
+
+
+CHANGES_SPEC_OR_ANNOTATIONS = _changes(
+    "changes-spec-or-annotations", "spec", "metadata.annotations"
+)
+CHANGES_SPEC = _changes("changes-spec", "spec")
 HAS_STATETIER_ANNOTATIONS = {
     "name": "has-statetier-annotations",
     "expression": (
