@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from statetier.backend.options import option
+from statetier.operator.sparkapp import DEFAULT_EXECUTOR_METRICS_PORT
 
 __all__ = ["LOG_FORMATS", "OperatorSettings", "of"]
 
@@ -59,7 +60,7 @@ class OperatorSettings:
         flag="--no-manage-webhooks",
     )
     executor_metrics_port: int = option(
-        9108,
+        DEFAULT_EXECUTOR_METRICS_PORT,
         "backend metrics port written into opted-in applications (spark.statetier.metrics.port); "
         "the port the executor PodMonitor scrapes",
     )
