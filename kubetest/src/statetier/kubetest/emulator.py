@@ -1293,7 +1293,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
     def _conditions_call(hook: Obj, request: Obj) -> bool:
         """Whether the webhook's matchConditions send it this request; a condition that errors
         refuses the request under ``failurePolicy: Fail`` and skips the webhook under Ignore."""
-        decision = match_conditions.decide(hook, request["object"], request["oldObject"], request)
+        decision = match_conditions.decide(hook, request)
         if decision.outcome != "error":
             return decision.outcome == "call"
         if hook.get("failurePolicy") == "Ignore":

@@ -64,9 +64,11 @@ def _evaluate(expression: str, variables: Obj) -> bool:
     return result
 
 
-def decide(hook: Obj, obj: Obj | None, old: Obj | None, request: Obj) -> Decision:
-    """Evaluate every condition of ``hook``; a false one wins over an error."""
-    variables = {"object": obj, "oldObject": old, "request": request}
+def decide(hook: Obj, request: Obj) -> Decision:
+    """Evaluate every condition of ``hook`` on the AdmissionRequest ``request`` (its
+    ``object`` and ``oldObject`` are the variables of those names); a false one wins over an
+    error."""
+    variables = {"object": request["object"], "oldObject": request["oldObject"], "request": request}
     errors = []
     for condition in hook.get("matchConditions") or []:
         try:
