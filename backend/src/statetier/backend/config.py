@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -775,6 +776,14 @@ def load_config(
     _check_consistency(values)
     fields = {_BY_NAME[name].field: value for name, value in values.items()}
     return StatetierConfig(**fields, sources=sources)
+
+
+def warn_if_spill_off(config: StatetierConfig, logger: logging.Logger) -> None:
+    """Log :func:`spill_off_warning` on ``logger`` if there is one: what the runtimes do once
+    when they start (the driver, a state host per pipeline, a LocalRunner)."""
+    warning = spill_off_warning(config)
+    if warning:
+        logger.warning(warning)
 
 
 def spill_off_warning(config: StatetierConfig) -> str | None:

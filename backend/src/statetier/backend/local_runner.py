@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from statetier.backend.compaction_client import compactor_for
-from statetier.backend.config import StatetierConfig, spill_off_warning
+from statetier.backend.config import StatetierConfig, warn_if_spill_off
 from statetier.backend.keygroups import (
     assign_to_key_group,
     check_key,
@@ -90,9 +90,7 @@ class LocalRunner:
         restore_epoch = self.last_epoch if epochs else None
         if config is not None:
             serve_metrics(config.metrics_port)  # this process's endpoint, once
-            warning = spill_off_warning(config)
-            if warning:
-                log.warning(warning)
+            warn_if_spill_off(config, log)
         self.instances = [
             FunctionInstance(
                 factory,

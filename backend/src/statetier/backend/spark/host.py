@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar, cast
 
 import pyarrow as pa
-from statetier.backend.config import StatetierConfig, load_config, spill_off_warning
+from statetier.backend.config import StatetierConfig, load_config, warn_if_spill_off
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionInstance
@@ -610,9 +610,7 @@ def _loaded(settings: dict[str, Any]) -> StatetierConfig:
     """A pipeline's settings as the host resolves them, once per pipeline: a spill tier asked
     for by its parts but switched off is logged then, in the executor's log."""
     config = load_config(settings)
-    warning = spill_off_warning(config)
-    if warning:
-        log.warning(warning)
+    warn_if_spill_off(config, log)
     return config
 
 

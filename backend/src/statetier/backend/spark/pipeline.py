@@ -41,7 +41,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from statetier.backend import metrics as backend_metrics
-from statetier.backend.config import SETTINGS, StatetierConfig, load_config, spill_off_warning
+from statetier.backend.config import SETTINGS, StatetierConfig, load_config, warn_if_spill_off
 from statetier.backend.keygroups import (
     check_parallelism,
     compute_default_max_parallelism,
@@ -191,9 +191,7 @@ class StatefulPipeline:
         if self._store is None:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
-            warning = spill_off_warning(self.config)
-            if warning:
-                log.warning(warning)
+            warn_if_spill_off(self.config, log)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
             backend_metrics.serve_metrics(self.config.metrics_port)
         return self._store
