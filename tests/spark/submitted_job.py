@@ -80,12 +80,11 @@ def main() -> None:
         "spilled": spilled,
         "spill_files": spill_files(Path(config["spill"])),
         "metrics": metrics(config["port"]),
-        "settings": {k: v for k, v in pipeline.config.items()} if pipeline.config else {},
         "hosts": len(pipeline.hosts),
     }
     pipeline.stop_hosts()
     spark.stop()
-    print(json.dumps(result, default=str), flush=True)
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
