@@ -1,8 +1,10 @@
 """Event-time sessions on Spark (local[2]): a streaming query with ``withWatermark``, a session
 emitted by its event-time timer once the query's watermark passes its last click by the gap;
 the query stops and restarts at another parallelism, and a final batch run flushes the sessions
-still open (``end_of_input``). Every session is checked against an oracle: emitted exactly once,
-in the micro-batch where its gap timed out.
+still open (``end_of_input``). Each ``availableNow`` run ends with a micro-batch without input
+that fires the timers its last watermark made due, as Spark's own stateful operators do. Every
+session is checked against an oracle: emitted exactly once, in the micro-batch where its gap
+timed out.
 """
 
 from __future__ import annotations
@@ -60,17 +62,18 @@ def clicks(seed: int = 11) -> list[tuple[str, int]]:
     return sorted(events, key=lambda e: e[1])
 
 
-def oracle(batches: list[list[tuple[str, int]]]) -> list[tuple[int, Session]]:
+def oracle(epochs: list[list[tuple[str, int]]]) -> list[tuple[int, Session]]:
     """Each session and the epoch that must emit it: the first micro-batch whose watermark
     (the latest earlier click: no delay) reaches its end plus the gap, or that has the user's
-    next click; else the final batch run (epoch ``len(batches) + 1``)."""
+    next click; else the final batch run (epoch ``len(epochs) + 1``). An empty epoch is a
+    micro-batch without input, run for the timers its watermark made due."""
     watermarks: list[int | None] = []
     latest: int | None = None
-    for batch in batches:
+    for batch in epochs:
         watermarks.append(latest)
-        latest = max(t for _, t in batch)
+        latest = max([t for _, t in batch] + ([latest] if latest is not None else []), default=None)
     clicks_of: dict[str, list[tuple[int, int]]] = {}
-    for epoch, batch in enumerate(batches, 1):
+    for epoch, batch in enumerate(epochs, 1):
         for user, t in batch:
             clicks_of.setdefault(user, []).append((epoch, t))
     out = []
@@ -90,7 +93,7 @@ def oracle(batches: list[list[tuple[str, int]]]) -> list[tuple[int, Session]]:
                     for e, mark in enumerate(watermarks, 1)
                     if mark is not None and mark >= end + GAP
                 ),
-                len(batches) + 1,
+                len(epochs) + 1,
             )
             out.append((min([due, *next_click]), (user, start, end, n)))
     return sorted(out)
@@ -167,15 +170,19 @@ def main() -> int:
         print(f"query stopped after {half} micro-batches; restarting with 3 ranges instead of 2")
         write_files(work, batches, range(half, len(batches)))
         run_query(spark, work, 3, out)
+        streamed = len(out)
         flush = pipeline_at(work, 3)  # the input is over: fire every event-time timer
         flush.run(
             spark.createDataFrame([], "user string, ts bigint"), collect(out), end_of_input=True
         )
         flush.stop_hosts()
-        assert sorted(out) == oracle(batches), "sessions differ from the oracle"
+        # each run ended with a micro-batch without input: the timers of its last watermark
+        epochs = [*batches[:half], [], *batches[half:], []]
+        assert sorted(out) == oracle(epochs), "sessions differ from the oracle"
         print(
             f"{len(events)} clicks -> {len(out)} sessions, each emitted once, in the micro-batch "
-            "where its gap timed out"
+            f"where its gap timed out ({streamed} by the streaming runs, "
+            f"{len(out) - streamed} still open at the end of the input)"
         )
     finally:
         spark.stop()

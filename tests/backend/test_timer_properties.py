@@ -6,7 +6,8 @@ and now and then checkpoints and restores at another parallelism. The model is F
 semantics written out directly: a set of (key, timestamp) per domain; an advance fires, domain
 by domain (processing time first), the smallest due timer until none is due, and a firing may
 add a timer. The firings must be the model's, in the model's order within each instance (ties:
-key group, then key bytes); every key's pending timers must match after every step.
+key group, then key bytes); every key's pending timers, and each domain's earliest timer, must
+match after every step.
 """
 
 from __future__ import annotations
@@ -175,6 +176,14 @@ class TimerMachine(RuleBasedStateMachine):
                         instance.keyed.set_current_key(key)
                         found.update((key, ts) for ts in instance.timers.timers(domain))
             assert found == self.model.timers[domain]
+
+    @invariant()
+    def earliest_timer_matches(self) -> None:
+        """What a runtime asks to know when to move time next: the earliest live timer."""
+        for domain in DOMAINS:
+            earliest = [i.timers.earliest(domain) for i in self.runner.instances]
+            found = min((ts for ts in earliest if ts is not None), default=None)
+            assert found == min((ts for _, ts in self.model.timers[domain]), default=None)
 
 
 TestTimersAgainstModel = TimerMachine.TestCase

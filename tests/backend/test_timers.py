@@ -165,6 +165,17 @@ def test_delete_and_re_register() -> None:
     assert inst.timers.count(EVENT) == 0 and inst.timers.count(PROC) == 0
 
 
+def test_the_earliest_timer_skips_deleted_and_fired_ones() -> None:
+    inst = instance()
+    assert inst.timers.earliest(EVENT) is None and inst.timers.earliest(PROC) is None
+    run(inst, ("k", ("event", 5)), ("j", ("event", 8)), ("k", ("proc", 70)))
+    assert inst.timers.earliest(EVENT) == 5 and inst.timers.earliest(PROC) == 70
+    run(inst, ("k", ("del-event", 5)))
+    assert inst.timers.earliest(EVENT) == 8
+    inst.advance_time(watermark=8)
+    assert inst.timers.earliest(EVENT) is None and inst.timers.earliest(PROC) == 70
+
+
 def test_a_timer_already_due_fires_at_the_next_advance() -> None:
     """Flink: a timer registered at or before the current watermark fires at the next
     watermark; here at the next advance_time, even with the watermark unchanged."""

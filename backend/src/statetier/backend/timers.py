@@ -154,6 +154,18 @@ class _TimerQueue:
             if self._remove(self._maps[backend.context.index], key, timestamp):
                 yield timestamp, key
 
+    def earliest(self) -> int | None:
+        """The earliest live timer's timestamp (None: no timer). Stale heap entries on top (of
+        deleted or fired timers) are dropped on the way: the heap is only an index."""
+        while self._heap:
+            timestamp, key_group, _, _, key = self._heap[0]
+            assert self._maps is not None
+            stamps = self._maps[key_group - self._backend.key_groups.start].get(key)
+            if stamps and timestamp in stamps:
+                return timestamp
+            heapq.heappop(self._heap)
+        return None
+
     def timers_of_current_key(self) -> list[int]:
         ctx = self._backend.context
         ctx.require_key()
@@ -221,6 +233,11 @@ class TimerService:
         they are yielded, each with its key made current in the keyed backend."""
         time = self._watermark if domain is TimeDomain.EVENT_TIME else self._processing_time
         return self._queues[domain].due(time)
+
+    def earliest(self, domain: TimeDomain) -> int | None:
+        """When the next timer of ``domain`` is due (None: none is set): what a runtime that
+        moves time only when asked needs to know to ask in time (see spark.wakeups)."""
+        return self._queues[domain].earliest()
 
     def count(self, domain: TimeDomain) -> int:
         """Live timers of ``domain`` in this instance."""

@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.spark.messages import EpochTime
 
-__all__ = ["EpochTime", "micro_batch_time"]
+__all__ = ["EpochTime", "has_watermark", "micro_batch_time"]
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on a micro-batch's jobs
 
@@ -34,12 +34,22 @@ def micro_batch_time(batch: DataFrame, batch_id: int) -> EpochTime:
     offsets = entry.get()
     metadata = _metadata(offsets)
     watermark = int(metadata.batchWatermarkMs())
-    has_watermark = "EventTimeWatermark" in execution.logicalPlan().toString()
+    watermarked = _names_a_watermark(execution.logicalPlan())
     # Spark's watermark is 0 until a batch with event times ran: no event time yet
     return EpochTime(
-        watermark=watermark if has_watermark and watermark > 0 else None,
+        watermark=watermark if watermarked and watermark > 0 else None,
         processing_time=int(metadata.batchTimestampMs()),
     )
+
+
+def has_watermark(df: DataFrame) -> bool:
+    """Whether the streaming DataFrame ``df`` has an event-time watermark (``withWatermark``),
+    even on a column it no longer selects."""
+    return _names_a_watermark(df._jdf.queryExecution().logical())
+
+
+def _names_a_watermark(plan: Any) -> bool:
+    return "EventTimeWatermark" in plan.toString()
 
 
 def _metadata(offsets: Any) -> Any:

@@ -65,6 +65,7 @@ from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
 from statetier.backend.spill import default_spill_dirs
+from statetier.backend.timers import TimeDomain
 from statetier.backend.wire import Fields, MessageError
 
 __all__ = ["NotOwnerError", "StateHost", "main"]
@@ -539,6 +540,8 @@ class StateHost:
                 restored_bytes=(instance.restored_bytes if run.state is RangeStart.RESTORED else 0),
                 snapshot_cpu_s=snapshot_cpu_s,
                 compaction_base=done.compaction_base,
+                next_event_timer=instance.timers.earliest(TimeDomain.EVENT_TIME),
+                next_processing_timer=instance.timers.earliest(TimeDomain.PROCESSING_TIME),
             )
             body = result.encode()
             if not self.link.deliver(store.url(name), body):  # the driver lacks it: the file

@@ -30,7 +30,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark import cloudpickle
@@ -42,6 +42,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config, warn_if_spill_off
+from statetier.backend.keyed_backend import EVENT_TIMER_STATE, PROCESSING_TIMER_STATE
 from statetier.backend.keygroups import (
     check_parallelism,
     compute_default_max_parallelism,
@@ -63,7 +64,7 @@ from statetier.backend.spark.combining import (
     combined_schema,
     combining,
 )
-from statetier.backend.spark.epoch_time import micro_batch_time
+from statetier.backend.spark.epoch_time import has_watermark, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
@@ -78,6 +79,7 @@ from statetier.backend.spark.task import (
     partition_function,
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
+from statetier.backend.spark.wakeups import WakeUps, wake_at, with_wake_ups
 from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
@@ -130,6 +132,10 @@ class EpochReport:
     # of seconds: from the epoch's job's end to its commit (the ranges' last snapshots and the
     # manifest): the part of an epoch no task overlaps
     commit_seconds: float = 0.0
+    # the earliest timers of the epoch's ranges after it (None: none): when a streaming query
+    # needs a micro-batch without input (see wakeups)
+    next_event_timer: int | None = None
+    next_processing_timer: int | None = None
 
 
 class StatefulPipeline:
@@ -182,6 +188,7 @@ class StatefulPipeline:
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
+        self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
         # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
         self.clock = clock
 
@@ -270,7 +277,8 @@ class StatefulPipeline:
         per micro-batch.
         """
         static = self._static_spec(df.sparkSession)
-        keyed = self._keyed(df, static)
+        watermarked = has_watermark(df)
+        keyed = self._keyed(with_wake_ups(df, self._wake_ups_of_new_query()), static)
         # A combiner's Spark SQL aggregation is planned per micro-batch too: in the streaming
         # plan itself it would be a streaming aggregation, which append mode refuses.
         per_batch = self._plans_per_batch() or self.combiner is not None
@@ -295,11 +303,36 @@ class StatefulPipeline:
             context = batch.sparkSession.sparkContext
             context.setLocalProperty(key, json.dumps(spec.encode()))
             try:
-                self._run_and_commit(out, epoch, sink, started)
+                report = self._run_and_commit(out, epoch, sink, started)
             finally:
                 context.setLocalProperty(key, None)  # type: ignore[arg-type]
+            self._ask_wake_up(report, watermarked)
 
         return (keyed if planned is None else planned).writeStream.foreachBatch(on_batch)
+
+    def _wake_ups_of_new_query(self) -> WakeUps:
+        """The wake-up request of a query about to start (see wakeups): a micro-batch at once
+        when the checkpoint has timers, whose restored ranges may have some due already."""
+        if self._wake_ups is None:
+            self._wake_ups = WakeUps()
+        latest = self._latest
+        states = self.store.manifest(latest).states if latest else {}
+        timers = EVENT_TIMER_STATE in states or PROCESSING_TIMER_STATE in states
+        self._wake_ups.ask(_wall_ms() if timers else None)
+        return self._wake_ups
+
+    def _ask_wake_up(self, report: EpochReport, watermarked: bool) -> None:
+        """After a micro-batch's commit: ask for the next one when its timers will be due."""
+        assert self._wake_ups is not None
+        wake = wake_at(
+            records=report.records,
+            has_watermark=watermarked,
+            next_event_timer=report.next_event_timer,
+            next_processing_timer=report.next_processing_timer,
+            processing_time=self._now_ms(),
+            now_ms=_wall_ms(),
+        )
+        self._wake_ups.ask(wake)
 
     def transform(self, df: DataFrame, epoch: int, time: EpochTime | None = None) -> DataFrame:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
@@ -496,8 +529,8 @@ class StatefulPipeline:
                 self._completions[epoch] = keyed.sparkSession.sparkContext.accumulator(
                     frozenset(), RangeSet()
                 )
-            elif partitions == 1 or mode == "never":
-                routing = "direct"
+            elif partitions == 1 or (mode == "never" and partitions > 0):
+                routing = "direct"  # (none: a wake-up's micro-batch, every range needs a task)
         self._routing[epoch] = routing
         return routing
 
@@ -649,6 +682,8 @@ class StatefulPipeline:
             routing=routing,
             results_told=sum(was_told for _, was_told in told),
             commit_seconds=time.perf_counter() - commit_started,
+            next_event_timer=_earliest(r.next_event_timer for r in results),
+            next_processing_timer=_earliest(r.next_processing_timer for r in results),
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -689,14 +724,22 @@ class StatefulPipeline:
         hosts stay for the application's other pipelines, and so does the driver's merge process
         (until it has been idle a while). Its checkpoints are kept."""
         self.drain()
+        self._close_wake_ups()
         if self._registry is not None:
             self._registry.release_pipeline(self.name)
+
+    def _close_wake_ups(self) -> None:
+        """Remove the wake-up request (its query is over: a new one asks again)."""
+        if self._wake_ups is not None:
+            self._wake_ups.close()
+            self._wake_ups = None
 
     def stop_hosts(self, timeout: float = 10.0) -> None:
         """Stop the application's state hosts (shared by its pipelines) and the driver's
         registry, and the driver's merge process; they start again on the next epoch, restoring
         from the checkpoint."""
         self.drain()
+        self._close_wake_ups()
         stop_merge_process()
         registry, self._registry = self._registry, None
         if registry is None:
@@ -709,6 +752,14 @@ class StatefulPipeline:
             while host.node == here and process_alive(host.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
         self.hosts.clear()
+
+
+def _earliest(times: Iterable[int | None]) -> int | None:
+    return min((t for t in times if t is not None), default=None)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _perf_counter() -> float:

@@ -58,6 +58,10 @@ class RangeResult:
     restored_bytes: int = 0  # downloaded to restore the range (0 when warm or fresh)
     snapshot_cpu_s: float = 0.0  # CPU of the snapshot: its thread and its upload threads
     compaction_base: bool = False  # the snapshot wrote a base in place of a compaction
+    # the range's earliest timers after the epoch (None: none), so that the driver of a
+    # streaming query can ask Spark for a micro-batch when they are due (see wakeups)
+    next_event_timer: int | None = None
+    next_processing_timer: int | None = None
 
     def encode(self) -> bytes:
         """The result file's bytes."""
