@@ -185,7 +185,7 @@ def test_event_time_follows_the_query_watermark_across_a_restart_and_a_retry(
 
     # write_stream's query ends each run with a micro-batch without input that fires what the
     # last watermark made due (a wake-up, see spark.wakeups); a foreach_batch query does not
-    wake = [[]] if api == "write_stream" else []
+    wake: list[list[tuple[str, int]]] = [[]] if api == "write_stream" else []
     epochs = [*batches[:4], *wake, *batches[4:], *wake]
     # range 1 of epoch 3 fails once after its timers fired: the retry fires them again from
     # the restored state; Spark keeps one attempt's output

@@ -25,7 +25,7 @@ from pyspark.sql import functions as sf
 from statetier.backend.spark import StatefulPipeline
 
 from tests.spark.spark_support import run_available_now
-from tests.spark.timer_support import SCHEMA, EventTimer, TimerProbe
+from tests.spark.timer_support import SCHEMA, DelayedTimer, EventTimer
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "06-spark-sessions" / "example.py"
 LATE_BOUND_S = 15.0  # a timer's micro-batch, on two cores shared with other Spark tests
@@ -88,12 +88,12 @@ class Arrivals:
 def test_processing_time_timers_fire_on_a_quiet_stream(
     spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
 ) -> None:
-    """One file sets processing-time timers 4 s and 8 s ahead, then no input comes: each fires
-    in a micro-batch of its own, soon after it is due, and the query then waits."""
-    pipeline = make(pipelines, TimerProbe, tmp_path)
-    now = int(time.time() * 1000)
-    due = {"a": now + 4_000, "b": now + 8_000, "c": now + 8_000}
-    write_file(tmp_path / "in", 0, [f"{k},proc,{ts}" for k, ts in due.items()])
+    """One file sets processing-time timers 4 s and 8 s after its micro-batch's time, then no
+    input comes: each fires in a micro-batch of its own, soon after it is due, and the query
+    then waits."""
+    pipeline = make(pipelines, DelayedTimer, tmp_path)
+    delays = {"a": 4_000, "b": 8_000, "c": 8_000}
+    write_file(tmp_path / "in", 0, [f"{k},proc,{ms}" for k, ms in delays.items()])
     stream = spark.readStream.schema("key string, op string, ts bigint").csv(str(tmp_path / "in"))
     sink = Arrivals()
     query = (
@@ -102,17 +102,20 @@ def test_processing_time_timers_fire_on_a_quiet_stream(
         .start()
     )
     try:
-        sink.wait_for(3, timeout=60)
+        sink.wait_for(3, timeout=90)
         time.sleep(2)  # nothing is due any more: no micro-batch may follow
         epochs = [r.epoch for r in pipeline.reports]
     finally:
         query.stop()
     fired = {row[0]: (arrived, epoch, row) for arrived, epoch, row in sink.rows}
     assert sorted(fired) == ["a", "b", "c"]
+    assert (
+        fired["b"][2][2] - fired["a"][2][2] == 4_000 == fired["b"][2][2] - fired["c"][2][2] + 4_000
+    )
     for key, (arrived, epoch, row) in fired.items():
-        assert row[1:3] == ("proc", due[key]) and epoch > 1  # a micro-batch without input
-        late = arrived - due[key] / 1000
-        print(f"the timer of {key} arrived {late:.2f} s after it was due")
+        assert row[1] == "proc" and epoch > 1  # a micro-batch without input
+        late = arrived - row[2] / 1000
+        print(f"\nthe timer of {key} arrived {late:.2f} s after it was due")
         assert 0 <= late < LATE_BOUND_S, f"timer of {key} arrived {late:.1f} s after it was due"
     # the input's epoch, then one per due time (b and c share one): no other micro-batch ran
     assert epochs == [1, 2, 3], epochs
@@ -266,7 +269,7 @@ def test_the_last_sessions_are_emitted_soon_after_the_stream_stops(
     assert closed_by_watermark, "the last watermark closes some sessions"
     input_done = max(t for t, epoch, _ in sink.rows if epoch == len(batches))
     waited = max(closed_by_watermark) - input_done
-    print(f"the last sessions came {waited:.2f} s after the last input's")
+    print(f"\nthe last sessions came {waited:.2f} s after the last input's")
     assert waited < LATE_BOUND_S, f"the last sessions came {waited:.1f} s after the input's"
 
 

@@ -111,3 +111,16 @@ class ListenerProbe(KeyedProcessFunction[str, tuple[str, int], tuple[Any, ...]])
 
     def notify_checkpoint_aborted(self, epoch: int) -> None:
         self._log("aborted", epoch)
+
+
+class DelayedTimer(KeyedProcessFunction[str, tuple[str, int], tuple[Any, ...]]):
+    """Records ``(key, op, delay)``: a processing-time timer ``delay`` ms after the epoch's
+    processing time (whenever the micro-batch runs); emits each timer when it fires."""
+
+    def process(self, key: str, value: tuple[str, int], context: RuntimeContext) -> list[Any]:
+        timers = context.timer_service
+        timers.register_processing_time_timer(timers.current_processing_time() + value[1])
+        return []
+
+    def on_timer(self, timestamp: int, key: str, context: RuntimeContext) -> list[Any]:
+        return [_fired(key, timestamp, context)]
