@@ -175,6 +175,13 @@ def parse_uri(raw: object) -> str:
     return text
 
 
+def parse_optional_uri(raw: object) -> str:
+    """A location as :func:`parse_uri` takes it, or empty (the setting is off)."""
+    if isinstance(raw, str) and not raw.strip():
+        return ""
+    return parse_uri(raw)
+
+
 def parse_endpoint(raw: object) -> tuple[str, ...]:
     """Comma-separated gateway URLs, each ``http(s)://host[:port][/path]``."""
     endpoints = parse_list(raw)
@@ -353,6 +360,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Where epoch checkpoints are written: s3://bucket/prefix, file:///absolute/path or "
         "memory://name. The default, file://./ (the one relative form accepted), is the working "
         "directory: local to each pod, for a laptop only.",
+    ),
+    Setting(
+        "checkpoint.restore-from",
+        "uri",
+        parse_optional_uri,
+        "",
+        "A savepoint (statetier checkpoint savepoint) to start from when checkpoint.uri holds no "
+        "committed epoch yet: its state is copied into checkpoint.uri, at any parallelism, and "
+        "the savepoint is never written. Ignored (logged) once checkpoint.uri has epochs. "
+        "Empty: start empty.",
     ),
     Setting(
         "checkpoint.retained",
@@ -669,6 +686,7 @@ class StatetierConfig(Mapping[str, Any]):
     """
 
     checkpoint_uri: str
+    checkpoint_restore_from: str
     checkpoint_retained: int
     checkpoint_incremental: bool
     checkpoint_compression: Compression
