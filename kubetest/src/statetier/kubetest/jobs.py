@@ -238,7 +238,6 @@ def _terminated(code: int, message: str, started: str) -> Obj:
 async def run_pod(pod: Obj, lookup: Lookup, workdir: Path) -> Obj:
     """Run the Pod's first container to its end; the Pod's new ``status``."""
     container = pod["spec"]["containers"][0]
-    name = container.get("name", "")
     started = _stamp()
     folder = Path(tempfile.mkdtemp(prefix=pod["metadata"]["name"] + "-", dir=workdir))
     message_path, log_path = folder / "termination-log", folder / "output.log"
@@ -246,7 +245,7 @@ async def run_pod(pod: Obj, lookup: Lookup, workdir: Path) -> Obj:
         env = container_env(container, pod["metadata"]["namespace"], lookup)
     except LookupError as exc:
         waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
-        return {"phase": "Pending", "containerStatuses": [{"name": name, "state": waiting}]}
+        return {"phase": "Pending", "containerStatuses": [_container_status(container, waiting)]}
     mounted = container.get("terminationMessagePath", "/dev/termination-log")
     argv = [
         expand(str(part), env).replace(mounted, str(message_path))
@@ -271,7 +270,19 @@ async def run_pod(pod: Obj, lookup: Lookup, workdir: Path) -> Obj:
     return {
         "phase": "Succeeded" if code == 0 else "Failed",
         "startTime": started,
-        "containerStatuses": [
-            {"name": name, "ready": False, "restartCount": 0, "state": {"terminated": state}}
-        ],
+        "containerStatuses": [_container_status(container, {"terminated": state})],
+    }
+
+
+def _container_status(container: Obj, state: Obj) -> Obj:
+    """A container status with the fields the kubelet always writes (clients require
+    ``image`` and ``imageID``); the image is not pulled, so its ID is its name."""
+    return {
+        "name": container.get("name", ""),
+        "image": container.get("image", ""),
+        "imageID": container.get("image", ""),
+        "ready": False,
+        "started": False,
+        "restartCount": 0,
+        "state": state,
     }

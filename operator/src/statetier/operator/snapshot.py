@@ -29,6 +29,7 @@ __all__ = [
     "VERSION",
     "Source",
     "cleanup_job",
+    "job_finished",
     "job_name",
     "job_outcome",
     "savepoint_job",
@@ -167,6 +168,14 @@ def _waiting(pods: list[Obj]) -> str | None:
             waiting = (status.get("state") or {}).get("waiting")
             if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
                 return f"{waiting.get('reason')}: {waiting.get('message', '')}".strip()
+    return None
+
+
+def job_finished(job: Obj) -> str | None:
+    """``Complete`` or ``Failed`` once the Job ended, else None."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition["type"] in ("Complete", "Failed") and condition["status"] == "True":
+            return str(condition["type"])
     return None
 
 

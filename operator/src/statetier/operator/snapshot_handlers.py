@@ -179,15 +179,19 @@ async def delete_savepoint(
     job = snapshot.cleanup_job(dict(body), uri, secret, settings.of(memo).snapshot_image)
     await api.create(("batch", "v1", "jobs"), job)
     found = await api.read_job(meta["namespace"], job["metadata"]["name"]) or {}
-    pods = await api.job_pods(meta["namespace"], job["metadata"]["name"])
-    phase, fields = snapshot.job_outcome(found, pods)
-    if phase == "Succeeded" or (phase == "Failed" and fields["reason"] == "UnreadableResult"):
+    ended = snapshot.job_finished(found)
+    if ended == "Complete":
         kopf.info(body, reason="SavepointDeleted", message=f"savepoint at {uri} deleted")
         return
     timeout = settings.of(memo).checkpoint_delete_timeout
-    if phase == "Failed" or runtime.total_seconds() > timeout:
+    if ended == "Failed" or runtime.total_seconds() > timeout:
         metrics.ERRORS.labels(RESOURCE, "delete").inc()
-        why = fields["message"] if phase == "Failed" else f"not done within {timeout:g}s"
+        pods = await api.job_pods(meta["namespace"], job["metadata"]["name"])
+        why = (
+            snapshot.job_outcome(found, pods)[1]["message"]
+            if ended
+            else f"not done within {timeout:g}s"
+        )
         kopf.warn(
             body,
             reason="SavepointDeleteFailed",
