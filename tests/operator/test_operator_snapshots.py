@@ -282,3 +282,46 @@ def test_a_schedule_keeps_keep_snapshots(box: Sandbox, app: str) -> None:
         "/apis/statetier.io/v1alpha1/namespaces/default/scheduledstatesnapshots/every2s"
     )["status"]
     assert status["lastSuccessfulSnapshot"] == sorted(taken)[-1]
+
+
+RESTORE = "spark.statetier.checkpoint.restore-from"
+
+
+def _restored(box: Sandbox, name: str, value: str) -> str:
+    annotations = {"statetier.io/enabled": "true", "statetier.io/restore-from": value}
+    annotations["statetier.io/checkpoint-uri"] = f"s3://{BUCKET}/new-{uuid.uuid4().hex[:8]}"
+    return box.kubectl("apply", "-f", "-", stdin=_app(name, annotations), check=False)
+
+
+def test_restore_from_a_snapshot_name_configures_its_savepoint_uri(box: Sandbox, app: str) -> None:
+    manifest = _snapshot("for-restore", _destination(), sparkApplication=app, epoch=3)
+    box.kubectl("apply", "-f", "-", stdin=manifest)
+    box.kubectl("wait", "--for=condition=Ready", "statesnapshot/for-restore", "--timeout=60s")
+    uri = box.get(f"{SNAPSHOTS}/for-restore")["status"]["uri"]
+    _restored(box, "restored", "for-restore")
+    conf = box.kubectl_json("get", "sparkapplication", "restored")["spec"]["sparkConf"]
+    assert conf[RESTORE] == uri
+    _restored(box, "restored-uri", uri)  # a URI is taken as it is
+    conf = box.kubectl_json("get", "sparkapplication", "restored-uri")["spec"]["sparkConf"]
+    assert conf[RESTORE] == uri
+
+
+def test_restore_from_a_snapshot_that_did_not_succeed_is_refused(box: Sandbox, app: str) -> None:
+    manifest = _snapshot("never", _destination(), sparkApplication=app, epoch=77)
+    box.kubectl("apply", "-f", "-", stdin=manifest)
+    box.wait(
+        "a failed snapshot",
+        lambda: (box.get(f"{SNAPSHOTS}/never").get("status") or {}).get("phase") == "Failed",
+        timeout=60,
+    )
+    out = _restored(box, "from-failed", "never")
+    assert "StateSnapshot default/never is Failed, not Succeeded" in out
+    assert "kubectl wait --for=condition=Ready statesnapshot/never" in out
+    assert (
+        box.get(
+            "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications/from-failed"
+        )
+        is None
+    )
+    out = _restored(box, "from-nothing", "no-such-snapshot")
+    assert "no StateSnapshot default/no-such-snapshot" in out

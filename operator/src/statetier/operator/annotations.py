@@ -119,6 +119,13 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "On deletion of the application: keep the checkpoints (default) or delete them.",
     ),
     Annotation(
+        "restore-from",
+        "a savepoint URI (s3://, file://, memory://) or the name of a Succeeded StateSnapshot",
+        lambda v: bool(re.match(r"^(s3|file|memory)://.+", v) or _DNS_SUBDOMAIN.match(v)),
+        "Start the application's state from this savepoint (backend setting "
+        "checkpoint.restore-from) when its own checkpoint holds no committed epoch yet.",
+    ),
+    Annotation(
         "compaction-service",
         "a CompactionService name, or namespace/name",
         _service_ref,
@@ -194,6 +201,7 @@ class AppSettings:
     memory_budget: int | None = None
     memory_fraction: float = 0.5
     storage_secret: str | None = None
+    restore_from: str | None = None
 
 
 def enabled(annotations: Mapping[str, Any]) -> bool:
@@ -222,4 +230,5 @@ def parse(annotations: Mapping[str, str]) -> AppSettings:
         memory_budget=parse_size(get("memory-budget")) if get("memory-budget") else None,
         memory_fraction=float(get("memory-fraction") or 0.5),
         storage_secret=get("storage-secret"),
+        restore_from=get("restore-from"),
     )

@@ -83,6 +83,15 @@ def _record_success(namespace: str, spec: Obj, finished: str | None) -> None:
 # ------------------------------------------------------------------ StateSnapshot
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def snapshot_uris(
+    namespace: str | None, name: str, status: kopf.Status, **_: Any
+) -> dict[tuple[str, str], tuple[str | None, str | None]]:
+    """(phase, savepoint URI) of every StateSnapshot: the webhooks resolve a
+    ``statetier.io/restore-from`` name with it, without an API call during admission."""
+    return {(namespace or "", name): (status.get("phase"), status.get("uri"))}
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 async def start(

@@ -27,6 +27,8 @@ from statetier.operator import annotations as ann
 from statetier.operator import compaction_service, metrics, refusals, settings, sparkapp
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
+Obj = dict[str, Any]
+
 
 def _compaction_endpoint(
     namespace: str, ref: str | None, index: kopf.Index[Any, Any]
@@ -72,6 +74,39 @@ def _compaction_token(
     return str(secret), str(field)
 
 
+def restore_from_uri(
+    namespace: str, value: str | None, index: kopf.Index[Any, Any]
+) -> tuple[str | None, str | None]:
+    """(savepoint URI, problem) of a ``statetier.io/restore-from`` value: a URI as it is, a
+    StateSnapshot name resolved from the index of snapshots to its ``status.uri``, refused
+    (with the fix) unless it Succeeded."""
+    if not value or "://" in value:
+        return value, None
+    found = list(index.get((namespace, value), ()))
+    key = f"{ann.PREFIX}restore-from"
+    if not found:
+        return None, (
+            f"annotation {key}={value!r}: no StateSnapshot {namespace}/{value}: create it, or "
+            "give a savepoint URI"
+        )
+    phase, uri = found[0]
+    if phase != "Succeeded" or not uri:
+        return None, (
+            f"annotation {key}={value!r}: StateSnapshot {namespace}/{value} is "
+            f"{phase or 'Pending'}, not Succeeded: wait for it "
+            f"(kubectl wait --for=condition=Ready statesnapshot/{value}) or name another"
+        )
+    return str(uri), None
+
+
+def _restore_changed(annotations: dict[str, str], old: Any) -> bool:
+    """Whether the request sets restore-from anew (a create, or a changed value): an update
+    that keeps it is not refused because its snapshot was deleted since."""
+    key = f"{ann.PREFIX}restore-from"
+    previous = ((old or {}).get("metadata") or {}).get("annotations") or {}
+    return key in annotations and annotations.get(key) != previous.get(key)
+
+
 OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
 
 
@@ -84,6 +119,11 @@ async def validate(
     """Reject bad statetier.io/* annotations, naming each and its allowed values: the user's
     mistake, so a warning (:mod:`statetier.operator.refusals`)."""
     problems = ann.problems(dict(annotations))
+    if not problems and _restore_changed(dict(annotations), kwargs.get("old")):
+        namespace = body.get("metadata", {}).get("namespace") or "default"
+        value = annotations.get(f"{ann.PREFIX}restore-from")
+        problem = restore_from_uri(namespace, value, kwargs["snapshot_uris"])[1]
+        problems += [problem] if problem else []
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()
         refusals.refuse(
@@ -129,7 +169,16 @@ def mutate(
         namespace or "default", app.compaction_service, compaction_tokens, token_warnings
     )
     port = settings.of(memo).executor_metrics_port
-    result = sparkapp.mutate(dict(body), app, endpoint, problem, token, metrics_port=port)
+    restore, restore_problem = restore_from_uri(
+        namespace or "default", app.restore_from, kwargs["snapshot_uris"]
+    )
+    if restore_problem:
+        # Validation refuses a new value; one kept since its snapshot went stays as written.
+        warnings.append(restore_problem)
+        restore = _written_restore(dict(body))
+    result = sparkapp.mutate(
+        dict(body), app, endpoint, problem, token, metrics_port=port, restore_from=restore
+    )
     warnings.extend(result.warnings + (token_warnings if endpoint else []))
     if result.empty:
         metrics.ADMISSIONS.labels("mutate", "unchanged").inc()
@@ -139,6 +188,13 @@ def mutate(
     for key, value in result.annotations.items():
         patch.metadata.annotations[key] = value
     metrics.ADMISSIONS.labels("mutate", "mutated").inc()
+
+
+def _written_restore(body: Obj) -> str | None:
+    """The restore-from URI an earlier mutation wrote into the application's sparkConf."""
+    conf = (body.get("spec") or {}).get("sparkConf") or {}
+    value = conf.get(sparkapp.spark_key("checkpoint.restore-from"))
+    return str(value) if value else None
 
 
 @kopf.on.validate(
