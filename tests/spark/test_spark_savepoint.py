@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import s3fs  # type: ignore[import-untyped]
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.tools.bench.spark_functions import ArrowWordCount
