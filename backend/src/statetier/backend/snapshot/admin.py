@@ -7,10 +7,9 @@ tried 6 times with backoff; a refused connection fails in a few seconds. Storage
 -o key=value (-o endpoint_url=http://127.0.0.1:8333); credentials come from the usual AWS_*
 environment variables (AWS_ENDPOINT_URL too).
 
-Savepoints (docs/checkpoints.md): ``savepoint SOURCE_URI DEST_URI [--epoch N]
-[--spark-checkpoint URI] [--json]`` takes one, ``delete-savepoint URI`` deletes one,
-``restore-spark SAVEPOINT_URI NEW_SPARK_CHECKPOINT`` writes its Spark log entries into a new
-query's checkpoint location; list, inspect and verify read a savepoint as a checkpoint (verify
+Savepoints (docs/checkpoints.md): savepoint SOURCE_URI DEST_URI takes one, delete-savepoint URI
+deletes one, restore-spark SAVEPOINT_URI NEW_SPARK_CKPT_URI writes its Spark log entries into a
+new query's checkpoint location; list, inspect and verify read a savepoint as a checkpoint (verify
 checks its marker and Spark entries too), gc refuses one. These three exit 1 on any failure
 (2: a usage error).
 """

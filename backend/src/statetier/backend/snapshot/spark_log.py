@@ -12,8 +12,10 @@ own log (``sources/``). So a savepoint holds, under ``spark/``:
 - every ``sources/`` entry of a batch up to the batch (a file source's log, ``<b>`` or
   ``<b>.compact``; others such as a Kafka source's initial offsets, batch 0).
 
-Not the ``metadata`` file (the query id: the restored query is a new query, and Spark writes a
-new one) and not Spark's own state stores (``state/``), which a statetier pipeline does not use.
+Not the ``metadata`` file, which holds only the query id: the restored query is a new query, so
+the restore writes a ``metadata`` with a new id (Spark refuses logs without one, and two running
+queries with one id). Not Spark's own state stores (``state/``), which a statetier pipeline does
+not use.
 Hadoop's ``.crc`` side files are left out; Spark reads its logs without them.
 
 Locations are fsspec URLs or absolute paths; ``s3a://`` (Spark's name for S3) is read as
@@ -22,8 +24,10 @@ Locations are fsspec URLs or absolute paths; ``s3a://`` (Spark's name for S3) is
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import uuid
 from typing import Any
 
 import fsspec
@@ -123,4 +127,5 @@ def restore_spark_log(
     datas = savepoint.read_many(entries)  # all checked before anything is written
     for entry, data in zip(entries, datas, strict=True):
         put_whole(fs, f"{root}/{entry.path.removeprefix(SPARK_DIR + '/')}", data)
+    put_whole(fs, f"{root}/metadata", json.dumps({"id": str(uuid.uuid4())}).encode() + b"\n")
     return len(entries)
