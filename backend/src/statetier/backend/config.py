@@ -182,6 +182,15 @@ def parse_optional_uri(raw: object) -> str:
     return parse_uri(raw)
 
 
+def parse_optional_spark_uri(raw: object) -> str:
+    """A Spark checkpoint location as :func:`parse_optional_uri` takes it, ``s3a://`` (Spark's
+    name for S3) included."""
+    if isinstance(raw, str) and raw.strip().startswith("s3a://"):
+        parse_uri("s3://" + raw.strip().removeprefix("s3a://"))
+        return raw.strip()
+    return parse_optional_uri(raw)
+
+
 def parse_endpoint(raw: object) -> tuple[str, ...]:
     """Comma-separated gateway URLs, each ``http(s)://host[:port][/path]``."""
     endpoints = parse_list(raw)
@@ -370,6 +379,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "committed epoch yet: its state is copied into checkpoint.uri, at any parallelism, and "
         "the savepoint is never written. Ignored (logged) once checkpoint.uri has epochs. "
         "Empty: start empty.",
+    ),
+    Setting(
+        "checkpoint.spark-uri",
+        "uri",
+        parse_optional_spark_uri,
+        "",
+        "The query's Spark checkpoint location (s3a:// too), for the application to pass to "
+        "checkpointLocation: statetier does not read it. The operator sets it from the "
+        "statetier.io/spark-checkpoint-uri annotation and moves it on an upgrade "
+        "(statetier.io/upgrade-mode savepoint or stateless). Empty: the application's own.",
     ),
     Setting(
         "checkpoint.retained",
@@ -687,6 +706,7 @@ class StatetierConfig(Mapping[str, Any]):
 
     checkpoint_uri: str
     checkpoint_restore_from: str
+    checkpoint_spark_uri: str
     checkpoint_retained: int
     checkpoint_incremental: bool
     checkpoint_compression: Compression

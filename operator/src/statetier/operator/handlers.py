@@ -24,6 +24,7 @@ from statetier.operator import (
     refusals,
     snapshot_handlers,
     sparkapp_handlers,
+    upgrade_handlers,
     webhook_server,
 )
 from statetier.operator import settings as operator_settings
@@ -33,6 +34,7 @@ __all__ = [
     "compaction_service_handlers",
     "snapshot_handlers",
     "sparkapp_handlers",
+    "upgrade_handlers",
 ]
 
 

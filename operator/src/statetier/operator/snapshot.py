@@ -32,6 +32,7 @@ __all__ = [
     "job_finished",
     "job_name",
     "job_outcome",
+    "restore_spark_job",
     "savepoint_job",
     "savepoint_uri",
     "source_of",
@@ -150,6 +151,13 @@ def cleanup_job(snapshot: Obj, uri: str, secret: str | None, image: str) -> Obj:
     """The Job that deletes the savepoint (deletionPolicy: delete)."""
     argv = ["statetier", "checkpoint", "delete-savepoint", uri]
     return _job(snapshot, "delete", image, secret, argv)
+
+
+def restore_spark_job(snapshot: Obj, spark_uri: str, secret: str | None, image: str) -> Obj:
+    """The Job that writes the (Succeeded) snapshot's Spark log entries into ``spark_uri``, a
+    new query's empty Spark checkpoint location (an upgrade through a savepoint)."""
+    argv = ["statetier", "checkpoint", "restore-spark", snapshot["status"]["uri"], spark_uri]
+    return _job(snapshot, "restore-spark", image, secret, argv)
 
 
 def _terminated(pods: list[Obj]) -> Obj:

@@ -198,6 +198,9 @@ def _spark_conf(
         conf[spark_key("memory.budget")] = _checked("memory.budget", sizing.budget)
     if settings.checkpoint_uri:
         conf[spark_key("checkpoint.uri")] = _checked("checkpoint.uri", settings.checkpoint_uri)
+    if settings.spark_checkpoint_uri:
+        spark_uri = _checked("checkpoint.spark-uri", settings.spark_checkpoint_uri)
+        conf[spark_key("checkpoint.spark-uri")] = spark_uri
     if compaction_endpoint:
         endpoint = _checked("compaction.endpoints", compaction_endpoint)
         conf[spark_key("compaction.endpoints")] = endpoint
@@ -285,6 +288,7 @@ def mutate(
         "memoryOverheadOriginal": original,
         "memoryOverheadWritten": sizing.spark_overhead if sizing else None,
         "checkpointUri": settings.checkpoint_uri,
+        "sparkCheckpointUri": settings.spark_checkpoint_uri,
         "checkpointRetention": settings.retention,
         "compactionEndpoint": compaction_endpoint,
         "storageSecret": settings.storage_secret,
