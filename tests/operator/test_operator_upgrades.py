@@ -336,3 +336,41 @@ def test_savepoint_with_the_operator_down_in_the_middle_stays_suspended_until_it
     assert box.get(f"{APPS}/midway")["spec"]["suspend"] is False
     _check_new_run(box, "midway", old, location)
     old.close()
+
+
+def _events(box: Sandbox, name: str) -> list[str]:
+    items = box.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={name}")
+    return [e["reason"] for e in items["items"]]
+
+
+def test_a_failed_savepoint_keeps_the_application_suspended_until_a_retry_succeeds(
+    box: Sandbox, seaweed: S3Server
+) -> None:
+    location, spark_uri = _locations(seaweed)
+    old = location.runner(2, clock=ManualClock(CLOCK_MS))
+    for epoch in range(1, EPOCHS + 1):  # committed epochs, but the query's Spark log is missing
+        old.process(records(epoch))
+        old.checkpoint()
+    _savepoint_app(box, "retried", location, spark_uri)
+    _change_image(box, "retried", "spark:4.0.1")
+    _play_spark_operator(box, "retried")
+    box.wait("the upgrade failed", lambda: _record(box, "retried")["phase"] == "Failed", 60)
+    message = _record(box, "retried")["message"]
+    assert "StateSnapshot retried-upgrade-1 failed" in message and "offset log entry" in message
+    assert "kubectl delete statesnapshot retried-upgrade-1" in message
+    assert box.wait("the warning", lambda: "UpgradeFailed" in _events(box, "retried"))
+    out = box.kubectl(
+        "patch", "sparkapplication", "retried", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    assert "patched" in out
+    assert box.get(f"{APPS}/retried")["spec"]["suspend"] is True  # held while the upgrade fails
+    # the fix: the query's Spark log is where the annotation says; then the retry
+    old.close()
+    fs, root = location.store().fs, spark_uri.removeprefix("s3://")
+    for batch in range(EPOCHS):
+        fs.pipe(f"{root}/offsets/{batch}", b'v1\n{"batchWatermarkMs":0}\n{"logOffset":0}')
+        fs.pipe(f"{root}/commits/{batch}", b'v1\n{"nextBatchWatermarkMs":0}')
+    box.kubectl("delete", "statesnapshot", "retried-upgrade-1")
+    box.wait("the upgrade done", lambda: _record(box, "retried")["phase"] == "Done", 90)
+    assert box.get(f"{APPS}/retried")["spec"]["suspend"] is False
+    assert box.wait("the event", lambda: "UpgradeDone" in _events(box, "retried"))

@@ -116,6 +116,8 @@ async def start(
         job = snapshot.savepoint_job(dict(body), source, image)
         if await api.create(("batch", "v1", "jobs"), job):
             kopf.info(body, reason="SnapshotStarted", message=f"Job {job['metadata']['name']}")
+        else:
+            await _require_own_job(api, job, meta["uid"])
         fields = {
             "source": source.checkpoint_uri,
             "job": job["metadata"]["name"],
@@ -129,6 +131,21 @@ async def start(
             meta["name"],
             {"status": _status(dict(body), "Pending", fields)},
             status=True,
+        )
+
+
+async def _require_own_job(api: kube.Kube, job: Obj, uid: str) -> None:
+    """A Job of that name owned by an earlier StateSnapshot of the same name (deleted, and
+    recreated before the garbage collector took its Job) is not this snapshot's: wait for it to
+    go (kopf retries the handler) instead of reporting its outcome."""
+    meta = job["metadata"]
+    found = await api.read_job(meta["namespace"], meta["name"]) or {}
+    owners = [ref.get("uid") for ref in found.get("metadata", {}).get("ownerReferences") or []]
+    if found and uid not in owners:
+        raise kopf.TemporaryError(
+            f"Job {meta['name']} belongs to an earlier StateSnapshot of this name: waiting for "
+            "the garbage collector to delete it",
+            delay=1,
         )
 
 
@@ -159,6 +176,9 @@ async def job_changed(body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> 
     current = await api.read_custom(SNAPSHOTS, meta["namespace"], owner)
     if current is None or (current.get("status") or {}).get("phase") in TERMINAL:
         return
+    owners = [ref.get("uid") for ref in meta.get("ownerReferences") or []]
+    if current["metadata"]["uid"] not in owners:
+        return  # the Job of an earlier snapshot of that name, not yet collected
     phase, fields = snapshot.job_outcome(
         dict(body), await api.job_pods(meta["namespace"], meta["name"])
     )
