@@ -61,7 +61,18 @@ HELP = [
     ("bench",),
     *[("bench", name) for name in commands.BENCHMARKS],
     ("checkpoint",),
-    *[("checkpoint", action) for action in ("list", "inspect", "verify", "gc")],
+    *[
+        ("checkpoint", action)
+        for action in (
+            "list",
+            "inspect",
+            "verify",
+            "gc",
+            "savepoint",
+            "delete-savepoint",
+            "restore-spark",
+        )
+    ],
     ("config",),
     ("config", "docs"),
     ("config", "show"),

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -189,7 +191,12 @@ class ThreadedEmulator:
 
 # Owner kinds the operator sets blockOwnerDeletion on, by (apiVersion, kind): their resource.
 OWNER_RESOURCES = {
-    ("statetier.io/v1alpha1", "CompactionService"): ("statetier.io", "compactionservices")
+    ("statetier.io/v1alpha1", "CompactionService"): ("statetier.io", "compactionservices"),
+    ("statetier.io/v1alpha1", "StateSnapshot"): ("statetier.io", "statesnapshots"),
+    ("statetier.io/v1alpha1", "ScheduledStateSnapshot"): (
+        "statetier.io",
+        "scheduledstatesnapshots",
+    ),
 }
 
 
@@ -405,6 +412,69 @@ class FlowResult:
         self.peering: dict[str, Any] = {}
 
 
+def flow_checkpoint(workdir: Path) -> str:
+    """A real checkpoint of two committed epochs on file://, for the flow's StateSnapshots (a
+    Job's process reads it: memory:// would be empty there)."""
+    from tests.checkpoint.ckpt_support import Location, records
+
+    root = workdir / "flow-checkpoint"
+    location = Location("file", f"file://{root}", str(root), {})
+    runner = location.runner(2)
+    for epoch in (1, 2):
+        runner.process(records(epoch))
+        runner.checkpoint()
+    runner.close()
+    return location.uri
+
+
+def snapshot_flow(run: OperatorRun, workdir: Path, namespace: str) -> None:
+    """A StateSnapshot that succeeds and is deleted with its files (its Job, the finalizer and
+    the cleanup Job), and a schedule that takes snapshots and prunes them beyond ``keep``. The
+    emulator runs in this process: its Job double finds ``statetier`` on this PATH."""
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"
+    try:
+        _snapshot_flow(run, workdir, namespace)
+    finally:
+        os.environ["PATH"] = path
+
+
+def _snapshot_flow(run: OperatorRun, workdir: Path, namespace: str) -> None:
+    snapshots = ("statetier.io", "statesnapshots", namespace)
+    spec = {"sparkApplication": "flow-app", "destination": f"file://{workdir}/savepoints"}
+    snap: dict[str, Any] = {"apiVersion": "statetier.io/v1alpha1", "kind": "StateSnapshot"}
+    snap["metadata"] = {"name": "flow-snap", "namespace": namespace}
+    snap["spec"] = {**spec, "deletionPolicy": "delete"}
+    run.kubectl("apply", "-f", "-", stdin=json.dumps(snap))
+    run.wait_for(
+        "the snapshot's finalizer",
+        lambda: (run.read(*snapshots, "flow-snap") or {}).get("metadata", {}).get("finalizers"),
+        timeout=60,
+    )
+    schedule: dict[str, Any] = {
+        "apiVersion": "statetier.io/v1alpha1",
+        "kind": "ScheduledStateSnapshot",
+    }
+    schedule["metadata"] = {"name": "flow-sched", "namespace": namespace}
+    schedule["spec"] = {"schedule": "* * * * * *", "keep": 1, "snapshot": spec}
+    run.kubectl("apply", "-f", "-", stdin=json.dumps(schedule))
+    seen: set[str] = set()
+
+    def pruned() -> bool:
+        names = {
+            o["metadata"]["name"]
+            for o in run.emulator.emulator.list_objects("statetier.io", "statesnapshots")
+            if o["metadata"]["name"].startswith("flow-sched-")
+        }
+        gone = seen - names
+        seen.update(names)
+        return bool(gone)
+
+    run.wait_for("a pruned scheduled snapshot", pruned, timeout=60)
+    run.kubectl("delete", "scheduledstatesnapshot", "flow-sched", "-n", namespace)
+    run.kubectl("delete", "statesnapshot", "flow-snap", "-n", namespace, "--timeout=60s")
+
+
 def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") -> FlowResult:
     """Install the chart's CRDs, run the operator with the chart's arguments, and drive every
     API path it has: CompactionService create/ready/scale/drift/autoscaler/delete, an opted-in
@@ -542,7 +612,7 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
                 "namespace": namespace,
                 "annotations": {
                     "statetier.io/enabled": "true",
-                    "statetier.io/checkpoint-uri": "memory://flow-app/checkpoints",
+                    "statetier.io/checkpoint-uri": flow_checkpoint(workdir),
                     "statetier.io/checkpoint-retention": "delete",
                     "statetier.io/status": '{"volume": "emptyDir"}',
                 },
@@ -571,6 +641,7 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
                 .get("finalizers", [])
             ),
         )
+        snapshot_flow(run, workdir, namespace)
         run.kubectl("delete", "sparkapplication", "flow-app", "-n", namespace, "--timeout=30s")
         result.metrics = run.http_get(run.ports["metrics"], "/metrics")
         peering = next(d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering"))

@@ -175,6 +175,22 @@ def parse_uri(raw: object) -> str:
     return text
 
 
+def parse_optional_uri(raw: object) -> str:
+    """A location as :func:`parse_uri` takes it, or empty (the setting is off)."""
+    if isinstance(raw, str) and not raw.strip():
+        return ""
+    return parse_uri(raw)
+
+
+def parse_optional_spark_uri(raw: object) -> str:
+    """A Spark checkpoint location as :func:`parse_optional_uri` takes it, ``s3a://`` (Spark's
+    name for S3) included."""
+    if isinstance(raw, str) and raw.strip().startswith("s3a://"):
+        parse_uri("s3://" + raw.strip().removeprefix("s3a://"))
+        return raw.strip()
+    return parse_optional_uri(raw)
+
+
 def parse_endpoint(raw: object) -> tuple[str, ...]:
     """Comma-separated gateway URLs, each ``http(s)://host[:port][/path]``."""
     endpoints = parse_list(raw)
@@ -353,6 +369,26 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "Where epoch checkpoints are written: s3://bucket/prefix, file:///absolute/path or "
         "memory://name. The default, file://./ (the one relative form accepted), is the working "
         "directory: local to each pod, for a laptop only.",
+    ),
+    Setting(
+        "checkpoint.restore-from",
+        "uri",
+        parse_optional_uri,
+        "",
+        "A savepoint (statetier checkpoint savepoint) to start from when checkpoint.uri holds no "
+        "committed epoch yet: its state is copied into checkpoint.uri, at any parallelism, and "
+        "the savepoint is never written. Ignored (logged) once checkpoint.uri has epochs. "
+        "Empty: start empty.",
+    ),
+    Setting(
+        "checkpoint.spark-uri",
+        "uri",
+        parse_optional_spark_uri,
+        "",
+        "The query's Spark checkpoint location (s3a:// too), for the application to pass to "
+        "checkpointLocation: statetier does not read it. The operator sets it from the "
+        "statetier.io/spark-checkpoint-uri annotation and moves it on an upgrade "
+        "(statetier.io/upgrade-mode savepoint or stateless). Empty: the application's own.",
     ),
     Setting(
         "checkpoint.retained",
@@ -669,6 +705,8 @@ class StatetierConfig(Mapping[str, Any]):
     """
 
     checkpoint_uri: str
+    checkpoint_restore_from: str
+    checkpoint_spark_uri: str
     checkpoint_retained: int
     checkpoint_incremental: bool
     checkpoint_compression: Compression

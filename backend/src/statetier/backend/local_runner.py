@@ -36,6 +36,7 @@ from statetier.backend.snapshot import (
     Manifest,
     SnapshotStore,
 )
+from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.ttl import Clock, SystemClock
 
 log = logging.getLogger("statetier.local_runner")
@@ -72,6 +73,11 @@ class LocalRunner:
         self.store = (
             SnapshotStore(checkpoint_uri, **(storage_options or {})) if checkpoint_uri else None
         )
+        if self.store is not None and config is not None and config.checkpoint_restore_from:
+            # a lease of its own to commit the savepoint's epoch; the checkpointer's fences it
+            lease = self.store.acquire_writer()
+            options = storage_options or {}
+            seed_from_savepoint(self.store, config.checkpoint_restore_from, lease, **options)
         epochs = self.store.epochs() if self.store else []
         self.last_epoch = epochs[-1] if epochs else 0
         if epochs and self.store is not None:

@@ -65,6 +65,28 @@ def _deployment(spec: Obj) -> None:
         _pod_spec(template["spec"])
 
 
+def _job(obj: Obj, spec: Obj) -> None:
+    """The Job defaults of the batch/v1 API (1.31) and what its registry strategy adds on
+    create: a selector on the Job's uid and the four labels its Pods carry."""
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    meta = obj.get("metadata") or {}
+    uid, name = meta.get("uid"), meta.get("name")
+    template = spec.get("template")
+    if uid and not spec.get("selector") and isinstance(template, dict):
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        labels = template.setdefault("metadata", {}).setdefault("labels", {})
+        for prefix in ("batch.kubernetes.io/", ""):
+            labels[prefix + "controller-uid"] = uid
+            labels[prefix + "job-name"] = name
+    if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+        _pod_spec(template["spec"])
+
+
 def _service(spec: Obj) -> None:
     spec.setdefault("type", "ClusterIP")
     spec.setdefault("sessionAffinity", "None")
@@ -91,7 +113,7 @@ def _secret(obj: Obj) -> None:
 
 
 def apply_builtin_defaults(obj: Obj) -> Obj:
-    """``obj`` (a Deployment, Service, Pod or Secret; others untouched) with the apiserver's
+    """``obj`` (a Deployment, Service, Job, Pod or Secret; others untouched) with the apiserver's
     defaults."""
     if obj.get("kind") == "Secret":
         _secret(obj)
@@ -104,6 +126,8 @@ def apply_builtin_defaults(obj: Obj) -> Obj:
         _deployment(spec)
     elif kind == "Service":
         _service(spec)
+    elif kind == "Job":
+        _job(obj, spec)
     elif kind == "Pod":
         _pod_spec(spec)
     return obj

@@ -34,6 +34,9 @@ paths and answers every resource request itself, fixing these gaps:
   an object written with owners that are already all gone;
 * the Deployment controller's status (:mod:`.controllers`), written ``CONTROLLER_DELAY`` after
   every change of a Deployment, long before any Pod is ready;
+* the Job controller of Kubernetes 1.31 and a kubelet for Jobs only (:mod:`.jobs`): a Job's
+  container runs as a real local process with its environment, and the Pod and Job statuses
+  follow from its exit;
 * ``kubectl get`` tables with the CRD's printer columns (Name and Age for built-ins);
 * mutating and validating admission webhooks registered through ``*WebhookConfiguration``
   objects are called over HTTPS with the configured ``caBundle`` (DELETE included, and updates
@@ -41,9 +44,9 @@ paths and answers every resource request itself, fixing these gaps:
   ``matchConditions`` (:mod:`.match_conditions`) send the request; a configuration whose
   condition does not compile is refused.
 
-What it does not do: Pods and the kubelet (a Deployment's Pods are never ready unless a test
-reports them ready through the status subresource), authentication, RBAC, OpenAPI ``format``
-checks, protobuf.
+What it does not do: Pods and the kubelet beyond Jobs (a Deployment's Pods are never ready
+unless a test reports them ready through the status subresource), authentication, RBAC, OpenAPI
+``format`` checks, protobuf.
 """
 
 from __future__ import annotations
@@ -57,9 +60,12 @@ import datetime
 import functools
 import json
 import re
+import signal
 import ssl
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -73,6 +79,7 @@ from statetier.kubetest import (
     cel_rules,
     controllers,
     defaults,
+    jobs,
     match_conditions,
     openapi,
     pruning,
@@ -153,6 +160,7 @@ BUILTINS: tuple[ResourceDef, ...] = (
         short_names=("crd", "crds"),
         status=True,
     ),
+    ResourceDef("batch", "v1", "jobs", "Job", status=True),
     ResourceDef("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceDef("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
     ResourceDef(
@@ -449,6 +457,9 @@ class ApiEmulator(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=1, init=False)
     _changed: asyncio.Condition | None = attrs.field(default=None, init=False)
     _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _job_pending: set[tuple[str, str]] = attrs.field(factory=set, init=False)
+    job_workdir: Path | None = None
+    """Where the Job double (:mod:`.jobs`) keeps each Pod's output and termination message."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -859,6 +870,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
             raise ApiError(
                 422, "Invalid", "metadata.name: Required value: name or generateName is required"
             )
+        if rdef.kind == "Job":  # the Job strategy's selector and labels name the uid
+            meta["uid"] = str(uuid.uuid4())
         if rdef.namespaced:
             ns = parsed.namespace or meta.get("namespace") or "default"
             if meta.get("namespace") and meta["namespace"] != ns:
@@ -998,7 +1011,17 @@ class ApiEmulator(kmock.KubernetesEmulator):
             broken = schema_check.problems(rdef.schema, obj)
             if broken:
                 raise ApiError(422, "Invalid", self._invalid(rdef, obj, ", ".join(broken)))
-        if rdef.group in ("", "apps"):
+        if rdef.kind == "Job":
+            policy = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+                "restartPolicy"
+            )
+            if policy not in ("OnFailure", "Never"):
+                detail = (
+                    f'spec.template.spec.restartPolicy: Unsupported value: "{policy or ""}": '
+                    'supported values: "OnFailure", "Never"'
+                )
+                raise ApiError(422, "Invalid", self._invalid(rdef, obj, detail))
+        if rdef.group in ("", "apps", "batch"):
             defaults.apply_builtin_defaults(obj)
             try:
                 obj = typed.round_trip(obj)
@@ -1057,6 +1080,9 @@ class ApiEmulator(kmock.KubernetesEmulator):
         if (rdef.group, rdef.plural) == ("apps", "deployments"):
             key = (meta.get("namespace", ""), meta["name"])
             self._later(CONTROLLER_DELAY, functools.partial(self._sync_deployment, rdef, key))
+        if (rdef.group, rdef.plural) == ("batch", "jobs"):
+            key = (meta.get("namespace", ""), meta["name"])
+            self._later(CONTROLLER_DELAY, functools.partial(self._sync_job, key))
         owners = [ref.get("uid") for ref in meta.get("ownerReferences") or []]
         if owners and not any(self._uid_exists(uid) for uid in owners):
             for uid in owners:
@@ -1086,6 +1112,65 @@ class ApiEmulator(kmock.KubernetesEmulator):
         if progressing["reason"] in ("NewReplicaSetCreated", "ReplicaSetUpdated"):
             deadline = controllers.progress_deadline(new) + CONTROLLER_DELAY
             self._later(deadline, functools.partial(self._sync_deployment, rdef, key))
+
+    # ------------------------------------------------------------------ the Job double
+
+    def _job_pods(self, job: Obj) -> list[Obj]:
+        pods = self._bucket(self._defs[("", "v1", "pods")]).values()
+        return jobs.owned_pods(job, list(pods))
+
+    def _sync_job(self, key: tuple[str, str]) -> None:
+        """The Job controller's sync (:mod:`.jobs`): write the status, start the next Pod."""
+        rdef = self._defs[("batch", "v1", "jobs")]
+        current = self._bucket(rdef).get(key)
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            return
+        status = jobs.job_status(current, self._job_pods(current))
+        finished = {c["type"] for c in status.get("conditions") or []} & {"Complete", "Failed"}
+        if not finished and not status["active"] and key not in self._job_pending:
+            self._job_pending.add(key)
+            delay = jobs.backoff(int(status.get("failed", 0)))
+            self._later(CONTROLLER_DELAY + delay, functools.partial(self._start_job_pod, key))
+        if status == current.get("status"):
+            return
+        new = copy.deepcopy(current)
+        new["status"] = status
+        new = ssa.record_update(current, new, "kube-controller-manager", "status")
+        self._bump(new)
+        self._bucket(rdef)[key] = new
+        self._record((rdef.group, rdef.plural), "MODIFIED", new)
+
+    def _start_job_pod(self, key: tuple[str, str]) -> None:
+        """Create the Job's next Pod and run it in the background (the kubelet's part)."""
+        self._job_pending.discard(key)
+        job = self._bucket(self._defs[("batch", "v1", "jobs")]).get(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        pod = defaults.apply_builtin_defaults(jobs.new_pod(job))
+        pod["status"] = {"phase": "Running", "startTime": _now()}
+        pod = self._insert(("", "pods"), pod)
+        workdir = self.job_workdir or Path(tempfile.gettempdir())
+        pod_key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+        async def run() -> None:
+            status = await jobs.run_pod(copy.deepcopy(pod), self._lookup, workdir)
+            async with self._lock:
+                stored = self._store[("", "pods")].get(pod_key)
+                if stored is not None:
+                    new = copy.deepcopy(stored)
+                    new["status"] = {**stored.get("status", {}), **status}
+                    self._bump(new)
+                    self._store[("", "pods")][pod_key] = new
+                    self._record(("", "pods"), "MODIFIED", new)
+                self._sync_job(key)
+
+        task = asyncio.get_event_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._sync_job(key)
+
+    def _lookup(self, plural: str, namespace: str, name: str) -> Obj | None:
+        return self._store[("", plural)].get((namespace, name))
 
     def _patched(
         self,
@@ -1440,13 +1525,17 @@ def _kubeconfig_text(url: str) -> str:
     )
 
 
-async def _main(port: int, kubeconfig: str | None) -> None:
-    async with serve(port or None) as (_, url):
+async def _main(port: int, kubeconfig: str | None, job_workdir: str | None) -> None:
+    stop = asyncio.Event()
+    # SIGTERM ends the serve block, which stops the Job double's processes (no orphans).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with serve(port or None) as (emulator, url):
+        emulator.job_workdir = Path(job_workdir) if job_workdir else None
         if kubeconfig:
             with open(kubeconfig, "w", encoding="utf-8") as handle:
                 handle.write(_kubeconfig_text(url))
         print(url, flush=True)  # the parent reads the URL from the first line
-        await asyncio.Event().wait()
+        await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1456,9 +1545,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Kubernetes API emulator on 127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--kubeconfig", help="write a kubeconfig pointing here to this path")
+    parser.add_argument("--job-workdir", help="folder of the Job double's output files")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(args.port, args.kubeconfig))
+        asyncio.run(_main(args.port, args.kubeconfig, args.job_workdir))
 
 
 if __name__ == "__main__":

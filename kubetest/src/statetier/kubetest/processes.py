@@ -83,8 +83,12 @@ class Sandbox:
         namespace: str = "default",
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        emulator_env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        # The Job double's processes inherit it (PATH stands for the image's).
+        self.emulator_env = dict(emulator_env or {})
+        self.job_workdir = workdir / "jobs"
         self.env = dict(env or {})
         self.webhooks = webhooks
         self.start_operator = operator
@@ -122,6 +126,7 @@ class Sandbox:
             self.emulator.stdout.close()
 
     def _start_emulator(self) -> None:
+        self.job_workdir.mkdir(exist_ok=True)
         self.emulator = subprocess.Popen(
             [
                 sys.executable,
@@ -131,10 +136,13 @@ class Sandbox:
                 "0",
                 "--kubeconfig",
                 self.kubeconfig,
+                "--job-workdir",
+                str(self.job_workdir),
             ],
             stdout=subprocess.PIPE,
             stderr=open(self.workdir / "emulator.log", "w"),  # noqa: SIM115
             text=True,
+            env={**os.environ, **self.emulator_env},
         )
         assert self.emulator.stdout is not None
         line = self.emulator.stdout.readline().strip()

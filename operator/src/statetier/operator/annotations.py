@@ -15,11 +15,16 @@ from typing import Any
 
 from statetier.backend.config import parse_size
 
-__all__ = ["ANNOTATIONS", "PREFIX", "STATUS", "AppSettings", "parse", "problems"]
+__all__ = ["ANNOTATIONS", "PREFIX", "STATUS", "UPGRADE", "AppSettings", "parse", "problems"]
 
 PREFIX = "statetier.io/"
 STATUS = PREFIX + "status"
 """Written by the operator: what it configured (JSON). Users do not set it."""
+UPGRADE = PREFIX + "upgrade"
+"""Written by the operator: the last upgrade and its phase (JSON, :mod:`.upgrade`)."""
+_WRITTEN = (STATUS, UPGRADE)
+_URI = re.compile(r"^(s3|file|memory)://.+")
+_SPARK_URI = re.compile(r"^(s3|s3a|file|memory)://.+")
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -109,7 +114,7 @@ ANNOTATIONS: tuple[Annotation, ...] = (
     Annotation(
         "checkpoint-uri",
         "an s3://, file:// or memory:// URI",
-        lambda v: bool(re.match(r"^(s3|file|memory)://.+", v)),
+        lambda v: bool(_URI.match(v)),
         "Where checkpoints go (backend setting checkpoint.uri).",
     ),
     Annotation(
@@ -117,6 +122,33 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "retain, delete",
         _one_of("retain", "delete"),
         "On deletion of the application: keep the checkpoints (default) or delete them.",
+    ),
+    Annotation(
+        "restore-from",
+        "a savepoint URI (s3://, file://, memory://) or the name of a Succeeded StateSnapshot",
+        lambda v: bool(_URI.match(v) or _DNS_SUBDOMAIN.match(v)),
+        "Start the application's state from this savepoint (backend setting "
+        "checkpoint.restore-from) when its own checkpoint holds no committed epoch yet.",
+    ),
+    Annotation(
+        "spark-checkpoint-uri",
+        "an s3://, s3a://, file:// or memory:// URI",
+        lambda v: bool(_SPARK_URI.match(v)),
+        "The query's Spark checkpoint location (backend setting checkpoint.spark-uri, which "
+        "the application passes to checkpointLocation); an upgrade moves it with the state.",
+    ),
+    Annotation(
+        "upgrade-mode",
+        "last-state, savepoint, stateless",
+        _one_of("last-state", "savepoint", "stateless"),
+        "What the next run starts from when the spec changes (docs/state-lifecycle.md, "
+        "Upgrades): the running checkpoint, a savepoint taken of it, or nothing.",
+    ),
+    Annotation(
+        "savepoint-destination",
+        "an s3://, file:// or memory:// URI",
+        lambda v: bool(_URI.match(v)),
+        "Where upgrade-mode savepoint writes its StateSnapshots (their spec.destination).",
     ),
     Annotation(
         "compaction-service",
@@ -155,7 +187,7 @@ def problems(annotations: Mapping[str, str]) -> list[str]:
     """Every bad ``statetier.io/*`` annotation, each message naming it and what is allowed."""
     found: list[str] = []
     for key, value in sorted(annotations.items()):
-        if not key.startswith(PREFIX) or key == STATUS:
+        if not key.startswith(PREFIX) or key in _WRITTEN:
             continue
         spec = _BY_KEY.get(key)
         if spec is None:
@@ -176,7 +208,26 @@ def problems(annotations: Mapping[str, str]) -> list[str]:
                 f"annotation {PREFIX}spill-host-path is required when "
                 f"{PREFIX}spill-volume is hostPath: allowed values: an absolute path"
             )
+        found += _upgrade_problems(annotations)
     return found
+
+
+_UPGRADE_NEEDS = {
+    "savepoint": ("checkpoint-uri", "spark-checkpoint-uri", "savepoint-destination"),
+    "stateless": ("checkpoint-uri", "spark-checkpoint-uri"),
+}
+
+
+def _upgrade_problems(annotations: Mapping[str, str]) -> list[str]:
+    """An upgrade mode that moves the state needs both locations it moves (and a place for
+    the savepoint): without the Spark one, the new run would resume an old micro-batch."""
+    mode = annotations.get(PREFIX + "upgrade-mode", "")
+    return [
+        f"annotation {PREFIX}{key} is required when {PREFIX}upgrade-mode is {mode}: allowed "
+        f"values: {_BY_KEY[PREFIX + key].allowed}"
+        for key in _UPGRADE_NEEDS.get(mode, ())
+        if PREFIX + key not in annotations
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +245,10 @@ class AppSettings:
     memory_budget: int | None = None
     memory_fraction: float = 0.5
     storage_secret: str | None = None
+    restore_from: str | None = None
+    spark_checkpoint_uri: str | None = None
+    upgrade_mode: str | None = None
+    savepoint_destination: str | None = None
 
 
 def enabled(annotations: Mapping[str, Any]) -> bool:
@@ -222,4 +277,8 @@ def parse(annotations: Mapping[str, str]) -> AppSettings:
         memory_budget=parse_size(get("memory-budget")) if get("memory-budget") else None,
         memory_fraction=float(get("memory-fraction") or 0.5),
         storage_secret=get("storage-secret"),
+        restore_from=get("restore-from"),
+        spark_checkpoint_uri=get("spark-checkpoint-uri"),
+        upgrade_mode=get("upgrade-mode"),
+        savepoint_destination=get("savepoint-destination"),
     )

@@ -22,12 +22,20 @@ from statetier.operator import (
     kube,
     metrics,
     refusals,
+    snapshot_handlers,
     sparkapp_handlers,
+    upgrade_handlers,
     webhook_server,
 )
 from statetier.operator import settings as operator_settings
 
-__all__ = ["autoscaling_handlers", "compaction_service_handlers", "sparkapp_handlers"]
+__all__ = [
+    "autoscaling_handlers",
+    "compaction_service_handlers",
+    "snapshot_handlers",
+    "sparkapp_handlers",
+    "upgrade_handlers",
+]
 
 
 @kopf.on.login()

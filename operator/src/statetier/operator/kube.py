@@ -85,6 +85,7 @@ class Kube:
     def __init__(self, api: k8s.ApiClient) -> None:
         self._api = api
         self._apps = k8s.AppsV1Api(api)
+        self._batch = k8s.BatchV1Api(api)
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
         self._admission = k8s.AdmissionregistrationV1Api(api)
@@ -217,6 +218,102 @@ class Kube:
         except ApiException as exc:
             raise _error(exc, f"PATCH compactionservice {namespace}/{name}") from None
         return result
+
+    # -------------------------------------------------- StateSnapshots, their Jobs and Pods
+
+    async def read_custom(
+        self, resource: tuple[str, str, str], namespace: str, name: str
+    ) -> Obj | None:
+        """A custom object (``resource`` is (group, version, plural)), or None."""
+        read = self._custom.get_namespaced_custom_object(
+            *resource[:2], namespace, resource[2], name
+        )
+        return await self._get(read, f"{resource[2]} {namespace}/{name}")
+
+    async def list_custom(
+        self, resource: tuple[str, str, str], namespace: str, selector: str = ""
+    ) -> list[Obj]:
+        """The custom objects of a namespace matching a label selector."""
+        group, version, plural = resource
+        try:
+            found = await self._custom.list_namespaced_custom_object(
+                group, version, namespace, plural, label_selector=selector
+            )
+        except ApiException as exc:
+            raise _error(exc, f"LIST {plural} in {namespace}") from None
+        return list(found.get("items") or [])
+
+    async def create(self, resource: tuple[str, str, str], obj: Obj) -> bool:
+        """Create a custom object, or a Job (``("batch", "v1", "jobs")``), unless one of that
+        name exists (HTTP 409): whether it was created. Creating the same name twice is how a
+        retried handler stays idempotent."""
+        meta = obj["metadata"]
+        group, version, plural = resource
+        try:
+            if resource == ("batch", "v1", "jobs"):
+                await self._batch.create_namespaced_job(
+                    meta["namespace"], cast(k8s.V1Job, obj), field_manager=FIELD_MANAGER
+                )
+            else:
+                await self._custom.create_namespaced_custom_object(
+                    group, version, meta["namespace"], plural, obj, field_manager=FIELD_MANAGER
+                )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise _error(exc, f"create {plural} {meta['namespace']}/{meta['name']}") from None
+        return True
+
+    async def patch_custom(
+        self,
+        resource: tuple[str, str, str],
+        namespace: str,
+        name: str,
+        patch: Obj,
+        *,
+        status: bool = False,
+    ) -> Obj | None:
+        """Merge-patch a custom object or its status; None if it is gone."""
+        group, version, plural = resource
+        method: Callable[..., Awaitable[Obj]] = (
+            self._custom.patch_namespaced_custom_object_status
+            if status
+            else self._custom.patch_namespaced_custom_object
+        )
+        options: dict[str, Any] = {"field_manager": FIELD_MANAGER, "_content_type": _MERGE}
+        try:
+            return await method(group, version, namespace, plural, name, patch, **options)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _error(exc, f"PATCH {plural} {namespace}/{name}") from None
+
+    async def delete_custom(
+        self, resource: tuple[str, str, str], namespace: str, name: str
+    ) -> None:
+        """Delete a custom object (gone already is fine)."""
+        group, version, plural = resource
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                group, version, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _error(exc, f"DELETE {plural} {namespace}/{name}") from None
+
+    async def read_job(self, namespace: str, name: str) -> Obj | None:
+        read = self._batch.read_namespaced_job(name, namespace)
+        return await self._get(read, f"job {namespace}/{name}")
+
+    async def job_pods(self, namespace: str, job: str) -> list[Obj]:
+        """The Pods of a Job (by the job-name label the Job controller puts on them)."""
+        try:
+            found = await self._core.list_namespaced_pod(
+                namespace, label_selector=f"batch.kubernetes.io/job-name={job}"
+            )
+        except ApiException as exc:
+            raise _error(exc, f"LIST pods of job {namespace}/{job}") from None
+        return list(self._plain(found).get("items") or [])
 
     async def close(self) -> None:
         await self._api.close()

@@ -10,7 +10,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 
 __all__ = [
     "ADMISSIONS",
@@ -22,9 +29,13 @@ __all__ = [
     "ERRORS",
     "MANAGED_APPLICATIONS",
     "RECONCILE_SECONDS",
+    "SNAPSHOT_DOCUMENTED",
     "RECONCILIATIONS",
+    "SNAPSHOTS",
+    "SNAPSHOT_LAST_SUCCESS",
     "WORKERS_CURRENT",
     "WORKERS_DESIRED",
+    "advance_last_success",
     "reconciling",
     "serve",
 ]
@@ -69,6 +80,19 @@ WORKERS_CURRENT = Gauge(
     ["namespace", "name"],
 )
 
+SNAPSHOTS = Counter(
+    "statetier_snapshots",
+    "StateSnapshots that ended, by namespace, application (or source checkpoint URI) and "
+    "outcome (succeeded, failed).",
+    ["namespace", "application", "outcome"],
+)
+SNAPSHOT_LAST_SUCCESS = Gauge(
+    "statetier_snapshot_last_success_timestamp_seconds",
+    "Finish time (Unix seconds) of the newest StateSnapshot that succeeded, per namespace and "
+    "application (or source checkpoint URI); its age is time() minus it.",
+    ["namespace", "application"],
+)
+
 AUTOSCALER_DECISIONS = Counter(
     "statetier_operator_autoscaler_decisions",
     "Autoscaling periods of CompactionServices, by what was decided (up, down, unchanged, "
@@ -105,6 +129,21 @@ DOCUMENTED: tuple[str, ...] = (
     "statetier_operator_autoscaler_decisions_total",
 )
 
+# Per-application series of StateSnapshots: they exist once a snapshot of that application ended.
+SNAPSHOT_DOCUMENTED: tuple[str, ...] = (
+    "statetier_snapshots_total",
+    "statetier_snapshot_last_success_timestamp_seconds",
+)
+
+
+def advance_last_success(namespace: str, application: str, timestamp: float) -> None:
+    """Move an application's last successful snapshot time forward, never back: a snapshot
+    older than the newest one, seen again when the operator resumes, changes nothing."""
+    labels = {"namespace": namespace, "application": application}
+    name = "statetier_snapshot_last_success_timestamp_seconds"
+    current = REGISTRY.get_sample_value(name, labels) or 0.0
+    SNAPSHOT_LAST_SUCCESS.labels(namespace, application).set(max(current, timestamp))
+
 
 @contextlib.contextmanager
 def reconciling(resource: str) -> Iterator[None]:
@@ -125,7 +164,7 @@ def serve(addr: str, port: int) -> None:
     """Start the metrics endpoint in a background thread (prometheus-client's own server)."""
     # Touch the label-less series and the outcome labels so a scrape lists every metric at once,
     # before the first event happens.
-    for resource in ("compactionservice", "sparkapplication"):
+    for resource in ("compactionservice", "sparkapplication", "statesnapshot"):
         RECONCILIATIONS.labels(resource, "success")
         RECONCILIATIONS.labels(resource, "error")
         RECONCILE_SECONDS.labels(resource)

@@ -67,6 +67,11 @@ class OperatorSettings:
     checkpoint_delete_timeout: float = option(
         60.0, "seconds a finalizer may spend deleting checkpoints before it lets go"
     )
+    snapshot_image: str = option(
+        "statetier/operator:0.1.0",
+        "image of the Jobs that take and delete StateSnapshots (it needs the statetier CLI with "
+        "the s3 extra: the operator image has it)",
+    )
     log_format: str = option(
         "json", "json: structured logs, one object per line", choices=LOG_FORMATS
     )

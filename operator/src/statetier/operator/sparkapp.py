@@ -198,9 +198,24 @@ def _spark_conf(
         conf[spark_key("memory.budget")] = _checked("memory.budget", sizing.budget)
     if settings.checkpoint_uri:
         conf[spark_key("checkpoint.uri")] = _checked("checkpoint.uri", settings.checkpoint_uri)
+    if settings.spark_checkpoint_uri:
+        spark_uri = _checked("checkpoint.spark-uri", settings.spark_checkpoint_uri)
+        conf[spark_key("checkpoint.spark-uri")] = spark_uri
     if compaction_endpoint:
         endpoint = _checked("compaction.endpoints", compaction_endpoint)
         conf[spark_key("compaction.endpoints")] = endpoint
+    return conf
+
+
+def _restore_conf(conf: Obj, restore_from: str | None, previous: Obj) -> Obj:
+    """``conf`` with ``checkpoint.restore-from`` set to the resolved savepoint URI, or without
+    the value an earlier mutation wrote once the annotation is gone (a value the user wrote in
+    sparkConf is theirs and stays)."""
+    key = spark_key("checkpoint.restore-from")
+    if restore_from:
+        return {**conf, key: _checked("checkpoint.restore-from", restore_from)}
+    if previous.get("restoreFrom") and conf.get(key) == previous["restoreFrom"]:
+        return {k: v for k, v in conf.items() if k != key}
     return conf
 
 
@@ -211,6 +226,7 @@ def mutate(
     compaction_problem: str | None = None,
     compaction_token_ref: tuple[str, str] | None = None,
     metrics_port: int = DEFAULT_EXECUTOR_METRICS_PORT,
+    restore_from: str | None = None,
 ) -> Mutation:
     """Compute what to change in ``body`` (a SparkApplication) for statetier.
 
@@ -218,6 +234,8 @@ def mutate(
     endpoint, the driver and executors get it as ``STATETIER_COMPACTION_TOKEN`` from the
     Secret (``env`` ``valueFrom``), never as a value in ``sparkConf``. ``metrics_port`` is the
     port the chart's executor PodMonitor scrapes (the operator's ``--executor-metrics-port``).
+    ``restore_from`` is the savepoint URI of ``statetier.io/restore-from``, a StateSnapshot name
+    already resolved to its ``status.uri``.
     """
     spec = copy.deepcopy(body.get("spec") or {})
     warnings: list[str] = []
@@ -244,6 +262,7 @@ def mutate(
         sizing = None
         warnings.append(f"executor memory left as it is, no state budget set: {exc}")
     conf = _spark_conf(spec, settings, sizing, compaction_endpoint, metrics_port)
+    conf = _restore_conf(conf, restore_from, _previous_summary(body))
     if sizing is not None:
         executor["memoryOverhead"] = sizing.spark_overhead
     if not settings.checkpoint_uri:
@@ -269,9 +288,11 @@ def mutate(
         "memoryOverheadOriginal": original,
         "memoryOverheadWritten": sizing.spark_overhead if sizing else None,
         "checkpointUri": settings.checkpoint_uri,
+        "sparkCheckpointUri": settings.spark_checkpoint_uri,
         "checkpointRetention": settings.retention,
         "compactionEndpoint": compaction_endpoint,
         "storageSecret": settings.storage_secret,
+        "restoreFrom": restore_from,
         "compactionTokenSecret": "/".join(token_ref) if token_ref else None,
     }
     if warnings:

@@ -24,8 +24,10 @@ from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
-from statetier.operator import compaction_service, metrics, refusals, settings, sparkapp
+from statetier.operator import compaction_service, metrics, refusals, settings, sparkapp, upgrade
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
+
+Obj = dict[str, Any]
 
 
 def _compaction_endpoint(
@@ -72,6 +74,43 @@ def _compaction_token(
     return str(secret), str(field)
 
 
+def restore_from_uri(
+    namespace: str, value: str | None, index: kopf.Index[Any, Any]
+) -> tuple[str | None, str | None]:
+    """(savepoint URI, problem) of a ``statetier.io/restore-from`` value: a URI as it is, a
+    StateSnapshot name resolved from the index of snapshots to its ``status.uri``, refused
+    (with the fix) unless it Succeeded."""
+    if not value or "://" in value:
+        return value, None
+    found = list(index.get((namespace, value), ()))
+    key = f"{ann.PREFIX}restore-from"
+    if not found:
+        return None, (
+            f"annotation {key}={value!r}: no StateSnapshot {namespace}/{value}: create it, or "
+            "give a savepoint URI"
+        )
+    phase, uri = found[0]
+    if phase != "Succeeded" or not uri:
+        return None, (
+            f"annotation {key}={value!r}: StateSnapshot {namespace}/{value} is "
+            f"{phase or 'Pending'}, not Succeeded: wait for it "
+            f"(kubectl wait --for=condition=Ready statesnapshot/{value}) or name another"
+        )
+    return str(uri), None
+
+
+def _annotations_of(obj: Any) -> dict[str, str]:
+    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+
+def _restore_changed(annotations: dict[str, str], old: Any) -> bool:
+    """Whether the request sets restore-from anew (a create, or a changed value): an update
+    that keeps it is not refused because its snapshot was deleted since."""
+    key = f"{ann.PREFIX}restore-from"
+    previous = _annotations_of(old)
+    return key in annotations and annotations.get(key) != previous.get(key)
+
+
 OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
 
 
@@ -84,6 +123,13 @@ async def validate(
     """Reject bad statetier.io/* annotations, naming each and its allowed values: the user's
     mistake, so a warning (:mod:`statetier.operator.refusals`)."""
     problems = ann.problems(dict(annotations))
+    if kwargs.get("old"):
+        problems += upgrade.last_state_problems(_annotations_of(kwargs["old"]), dict(annotations))
+    if not problems and _restore_changed(dict(annotations), kwargs.get("old")):
+        namespace = body.get("metadata", {}).get("namespace") or "default"
+        value = annotations.get(f"{ann.PREFIX}restore-from")
+        problem = restore_from_uri(namespace, value, kwargs["snapshot_uris"])[1]
+        problems += [problem] if problem else []
     if problems:
         metrics.ADMISSIONS.labels("validate", "rejected").inc()
         refusals.refuse(
@@ -103,42 +149,90 @@ def mutate(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    """Add the spill volume, its mount and the backend settings to an opted-in application.
+    """Add the spill volume, its mount and the backend settings to an opted-in application;
+    on a spec change with ``statetier.io/upgrade-mode``, move its state as the mode says
+    (:mod:`statetier.operator.upgrade`).
 
-    ``kwargs["compaction_endpoints"]`` and ``kwargs["compaction_tokens"]`` are the indices of
-    CompactionService endpoints and token Secrets (kopf passes indices by name), so admission
+    ``kwargs["compaction_endpoints"]``, ``kwargs["compaction_tokens"]`` and
+    ``kwargs["snapshot_uris"]`` are kopf indices (kopf passes indices by name), so admission
     never waits on an API call.
     """
-    compaction_endpoints: kopf.Index[Any, Any] = kwargs["compaction_endpoints"]
-    compaction_tokens: kopf.Index[Any, Any] = kwargs["compaction_tokens"]
-    annotations = dict(body.get("metadata", {}).get("annotations") or {})
-    if not ann.enabled(annotations):
+    annotations = _annotations_of(body)
+    if not ann.enabled(annotations) or ann.problems(annotations):
+        # The validating webhook rejects bad ones with the full message; do not half-configure.
         metrics.ADMISSIONS.labels("mutate", "skipped").inc()
         return
-    try:
-        app = ann.parse(annotations)
-    except ValueError:
-        # The validating webhook rejects it with the full message; do not half-configure it.
-        metrics.ADMISSIONS.labels("mutate", "skipped").inc()
-        return
-    endpoint, problem = _compaction_endpoint(
-        namespace or "default", app.compaction_service, compaction_endpoints
-    )
-    token_warnings: list[str] = []
-    token = _compaction_token(
-        namespace or "default", app.compaction_service, compaction_tokens, token_warnings
-    )
-    port = settings.of(memo).executor_metrics_port
-    result = sparkapp.mutate(dict(body), app, endpoint, problem, token, metrics_port=port)
-    warnings.extend(result.warnings + (token_warnings if endpoint else []))
-    if result.empty:
+    result = _configure(body, annotations, namespace or "default", memo, kwargs)
+    old = kwargs.get("old")
+    if old:
+        new_spec = {**dict(body.get("spec") or {}), **result.spec_changes}
+        changed = upgrade.spec_changed(dict(old.get("spec") or {}), new_spec)
+        name = body["metadata"]["name"]
+        plan = upgrade.admit(
+            _annotations_of(old), annotations, changed, name, namespace or "default"
+        )
+        if plan.annotations:
+            moved = {k: v for k, v in {**annotations, **plan.annotations}.items() if v is not None}
+            result = _configure(body, moved, namespace or "default", memo, kwargs)
+        for key, value in plan.annotations.items():
+            patch.metadata.annotations[key] = value
+        if plan.suspend and (body.get("spec") or {}).get("suspend") is not True:
+            patch.spec["suspend"] = True
+    warnings.extend(result.warnings)
+    if result.empty and not patch:
         metrics.ADMISSIONS.labels("mutate", "unchanged").inc()
         return
+    spec = dict(body.get("spec") or {})
     for key, value in result.spec_changes.items():
-        patch.spec[key] = value
+        patch.spec[key] = _replacing(spec.get(key), value)
     for key, value in result.annotations.items():
         patch.metadata.annotations[key] = value
     metrics.ADMISSIONS.labels("mutate", "mutated").inc()
+
+
+def _configure(
+    body: kopf.Body, annotations: dict[str, str], namespace: str, memo: kopf.Memo, kwargs: Any
+) -> sparkapp.Mutation:
+    """The mutation for ``annotations`` (the application's, or those an upgrade moved), with
+    its warnings."""
+    app = ann.parse(annotations)
+    endpoint, problem = _compaction_endpoint(
+        namespace, app.compaction_service, kwargs["compaction_endpoints"]
+    )
+    token_warnings: list[str] = []
+    token = _compaction_token(
+        namespace, app.compaction_service, kwargs["compaction_tokens"], token_warnings
+    )
+    port = settings.of(memo).executor_metrics_port
+    restore, restore_problem = restore_from_uri(
+        namespace, app.restore_from, kwargs["snapshot_uris"]
+    )
+    extra = token_warnings if endpoint else []
+    if restore_problem:
+        # Validation refuses a new value; one kept since its snapshot went stays as written.
+        extra.append(restore_problem)
+        restore = _written_restore(dict(body))
+    result = sparkapp.mutate(
+        dict(body), app, endpoint, problem, token, metrics_port=port, restore_from=restore
+    )
+    result.warnings.extend(extra)
+    return result
+
+
+def _replacing(old: Any, new: Any) -> Any:
+    """``new`` as a merge patch over ``old``: kopf merges a mapping into the field, so a key
+    the mutation dropped (a restore-from an upgrade left behind) is set to None to go."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    gone: dict[str, Any] = {k: None for k in old if k not in new}
+    return {**gone, **{k: _replacing(old.get(k), v) for k, v in new.items()}}
+
+
+def _written_restore(body: Obj) -> str | None:
+    """The restore-from URI an earlier mutation wrote into the application's sparkConf."""
+    conf = (body.get("spec") or {}).get("sparkConf") or {}
+    value = conf.get(sparkapp.spark_key("checkpoint.restore-from"))
+    return str(value) if value else None
 
 
 @kopf.on.validate(

@@ -5,7 +5,13 @@ block and what is wrong; the exit status is 0 when all is well, 1 when verify fo
 2 when the command could not run (bad URI, no checkpoint, storage unreachable). A storage call is
 tried 6 times with backoff; a refused connection fails in a few seconds. Storage options go as
 -o key=value (-o endpoint_url=http://127.0.0.1:8333); credentials come from the usual AWS_*
-environment variables.
+environment variables (AWS_ENDPOINT_URL too).
+
+Savepoints (docs/checkpoints.md): savepoint SOURCE_URI DEST_URI takes one, delete-savepoint URI
+deletes one, restore-spark SAVEPOINT_URI NEW_SPARK_CKPT_URI writes its Spark log entries into a
+new query's checkpoint location; list, inspect and verify read a savepoint as a checkpoint (verify
+checks its marker and Spark entries too), gc refuses one. These three exit 1 on any failure
+(2: a usage error).
 """
 
 from __future__ import annotations
@@ -19,8 +25,16 @@ from typing import Any
 
 from statetier.backend.snapshot.format import CorruptFileError
 from statetier.backend.snapshot.gc import collect_garbage
+from statetier.backend.snapshot.savepoint import (
+    MARKER,
+    delete_savepoint,
+    read_savepoint,
+    require_savepoint,
+    take_savepoint,
+)
+from statetier.backend.snapshot.spark_log import restore_spark_log
 from statetier.backend.snapshot.store import NoSnapshotError, SnapshotStore
-from statetier.backend.snapshot.verify import verify_store
+from statetier.backend.snapshot.verify import verify_savepoint, verify_store
 from tqdm import tqdm
 
 __all__ = ["main"]
@@ -55,11 +69,36 @@ def _parser() -> argparse.ArgumentParser:
         if name == "gc":
             cmd.add_argument("--retained", type=int, default=3, help="epochs to keep")
             cmd.add_argument("--dry-run", action="store_true", help="only say what would go")
+    _savepoint_parsers(sub)
     return parser
+
+
+def _savepoint_parsers(sub: Any) -> None:
+    take = sub.add_parser("savepoint", help="copy one committed epoch into a savepoint")
+    take.add_argument("uri", metavar="SOURCE_URI", help="the checkpoint location")
+    take.add_argument("dest", metavar="DEST_URI", help="where the savepoint goes (empty)")
+    take.add_argument("--epoch", type=int, help="a committed epoch (default: the latest)")
+    take.add_argument(
+        "--spark-checkpoint",
+        metavar="SPARK_CKPT_URI",
+        help="the query's Spark checkpoint location: its log entries of the epoch's micro-batch",
+    )
+    take.add_argument("--json", action="store_true", help="print one JSON object")
+    delete = sub.add_parser("delete-savepoint", help="delete a savepoint's files")
+    delete.add_argument("uri", metavar="URI", help="the savepoint")
+    spark = sub.add_parser(
+        "restore-spark", help="write a savepoint's Spark log entries into a new query's location"
+    )
+    spark.add_argument("uri", metavar="SAVEPOINT_URI", help="the savepoint")
+    spark.add_argument("spark_uri", metavar="NEW_SPARK_CKPT_URI", help="an empty location")
+    for cmd in (take, delete, spark):
+        cmd.add_argument("-o", "--option", action="append", default=[], help="storage key=value")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.action in _SAVEPOINT_ACTIONS:
+        return _savepoint_main(args)
     try:
         store = SnapshotStore(args.uri, **_options(args.option))
         return int(_ACTIONS[args.action](store, args))
@@ -72,6 +111,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"statetier checkpoint {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+
+
+def _savepoint_main(args: argparse.Namespace) -> int:
+    """The savepoint actions: 0, or a line naming the failure and 1 (the contract the
+    operator's snapshot Job is written against)."""
+    try:
+        options = _options(args.option)
+        return int(_SAVEPOINT_ACTIONS[args.action](SnapshotStore(args.uri, **options), args))
+    except (OSError, ValueError) as exc:  # storage, corrupt files, refusals, bad settings
+        print(f"statetier checkpoint {args.action}: {_reason(exc)}", file=sys.stderr)
+        return 1
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an error, with its kind unless its own message says it all."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    plain = isinstance(exc, (NoSnapshotError, FileExistsError, CorruptFileError))
+    return text if plain else f"{type(exc).__name__}: {text}"
+
+
+def _savepoint(source: SnapshotStore, args: argparse.Namespace) -> int:
+    options = _options(args.option)
+    dest = SnapshotStore(args.dest, **options)
+    marker = take_savepoint(source, dest, args.epoch, args.spark_checkpoint, options)
+    manifest = dest.manifest(marker.epoch)
+    files = [*manifest.files(), *marker.spark_files]
+    report = {
+        "uri": args.dest,
+        "source": args.uri,
+        "epoch": marker.epoch,
+        "bytes": sum(f.size for f in files),
+        "files": len(files),
+        "spark_batch": marker.spark_batch,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"savepoint of epoch {marker.epoch} of {args.uri} at {args.dest}: {len(files)} "
+            f"file(s), {report['bytes']:,} bytes; Spark micro-batch {marker.spark_batch}"
+        )
+    return 0
+
+
+def _delete_savepoint(store: SnapshotStore, args: argparse.Namespace) -> int:
+    deleted = delete_savepoint(store)
+    print(f"deleted the savepoint at {store.uri}: {len(deleted)} file(s)")
+    return 0
+
+
+def _restore_spark(store: SnapshotStore, args: argparse.Namespace) -> int:
+    marker = require_savepoint(store)
+    if marker.spark_batch is None:
+        raise NoSnapshotError(
+            f"the savepoint at {store.uri} holds no Spark log entries (taken without "
+            "--spark-checkpoint)"
+        )
+    count = restore_spark_log(store, marker.spark_files, args.spark_uri, _options(args.option))
+    print(
+        f"wrote {count} Spark log entries (up to micro-batch {marker.spark_batch}) to "
+        f"{args.spark_uri}: a query started there resumes after epoch {marker.epoch}"
+    )
+    return 0
 
 
 def _list(store: SnapshotStore, args: argparse.Namespace) -> int:
@@ -145,6 +247,7 @@ def _verify(store: SnapshotStore, args: argparse.Namespace) -> int:
     with bar:
         epochs = None if args.epoch is None else [args.epoch]
         report = verify_store(store, epochs, progress=bar.update, on_plan=planned)
+    report.problems += verify_savepoint(store)
     if not report.epochs:
         raise NoSnapshotError(f"no committed snapshot under {store.uri}")
     for problem in report.problems:
@@ -158,6 +261,11 @@ def _verify(store: SnapshotStore, args: argparse.Namespace) -> int:
 
 
 def _gc(store: SnapshotStore, args: argparse.Namespace) -> int:
+    if read_savepoint(store) is not None:
+        raise ValueError(
+            f"{store.uri} is a savepoint ({MARKER}): gc never touches one; delete it with "
+            f"statetier checkpoint delete-savepoint {store.uri}"
+        )
     if not store.epochs():  # a mistyped URI: nothing there is ours to delete
         raise NoSnapshotError(f"no committed snapshot under {store.uri}; nothing to collect")
     with tqdm(desc="gc", unit="file", disable=None, file=sys.stderr) as bar:
@@ -173,3 +281,8 @@ def _gc(store: SnapshotStore, args: argparse.Namespace) -> int:
 
 
 _ACTIONS = {"list": _list, "inspect": _inspect, "verify": _verify, "gc": _gc}
+_SAVEPOINT_ACTIONS = {
+    "savepoint": _savepoint,
+    "delete-savepoint": _delete_savepoint,
+    "restore-spark": _restore_spark,
+}

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 from statetier.backend.snapshot.format import CorruptFileError, DataFileReader, decode_operator_file
 from statetier.backend.snapshot.manifest import FileEntry
+from statetier.backend.snapshot.savepoint import read_savepoint
 from statetier.backend.snapshot.store import SnapshotStore
 
-__all__ = ["VerifyReport", "verify_store"]
+__all__ = ["VerifyReport", "verify_savepoint", "verify_store"]
 
 
 @dataclasses.dataclass
@@ -79,3 +80,30 @@ def verify_store(
         if progress:
             progress(entry.size)
     return VerifyReport(epochs, len(files), total_bytes, entries, problems)
+
+
+def verify_savepoint(store: SnapshotStore) -> list[str]:
+    """The problems of what a savepoint holds besides its epoch (which :func:`verify_store`
+    checks): its marker, the epoch it names, its Spark log entries. None for a location that
+    is no savepoint."""
+    try:
+        marker = read_savepoint(store)
+    except CorruptFileError as exc:
+        return [str(exc)]
+    if marker is None:
+        return []
+    problems = []
+    epochs = store.epochs()
+    if epochs != [marker.epoch]:
+        problems.append(
+            f"{store.uri}: the savepoint is of epoch {marker.epoch}, the location holds "
+            f"epochs {epochs}"
+        )
+    for entry in marker.spark_files:
+        try:
+            store.read(entry)
+        except CorruptFileError as exc:
+            problems.append(str(exc))
+        except OSError as exc:
+            problems.append(f"{store.full_path(entry.path)}: cannot be read: {exc}")
+    return problems

@@ -55,6 +55,7 @@ from statetier.backend.snapshot import (
 )
 from statetier.backend.snapshot.layout import results_dir
 from statetier.backend.snapshot.process_compactor import stop_merge_process
+from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
@@ -174,6 +175,7 @@ class StatefulPipeline:
         self.config: StatetierConfig | None = None
         self._store: SnapshotStore | None = None
         self._lease: WriterLease | None = None
+        self._restored_from = 0  # the savepoint epoch this driver's location started from
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
         self._tokens_epoch = -1
         # what this driver knows of the location, so that a micro-batch costs no listing:
@@ -242,6 +244,7 @@ class StatefulPipeline:
         clock's processing time; ``end_of_input`` then fires every event-time timer.
         """
         store = self._setup(df.sparkSession)
+        self._take_lease(store)  # (and a start from checkpoint.restore-from) before listing
         epochs = store.epochs()
         time_ = EpochTime(watermark, self._now_ms(), end_of_input)
         return self.run_epoch(df, (epochs[-1] if epochs else 0) + 1, sink, time=time_)
@@ -356,6 +359,7 @@ class StatefulPipeline:
         every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
         lease = self._take_lease(store)
+        self._check_after_savepoint(epoch)
         latest = self._location(store, epoch)[0]
         if epoch > latest + 1:
             raise ValueError(
@@ -387,7 +391,26 @@ class StatefulPipeline:
         if self._lease is None:
             # before looking at the epochs: a writer fenced from here on cannot commit more
             self._lease = store.acquire_writer()
+            assert self.config is not None
+            if self.config.checkpoint_restore_from:
+                seeded = seed_from_savepoint(
+                    store, self.config.checkpoint_restore_from, self._lease, **self.storage_options
+                )
+                self._restored_from = seeded.epoch if seeded is not None else 0
         return self._lease
+
+    def _check_after_savepoint(self, epoch: int) -> None:
+        """An epoch at or before the savepoint this driver started from is a query that did
+        not restore its Spark checkpoint too: it would replay input the state holds."""
+        if epoch <= self._restored_from:
+            assert self.config is not None
+            raise ValueError(
+                f"epoch {epoch} (micro-batch {epoch - 1}) cannot follow the savepoint of epoch "
+                f"{self._restored_from} this pipeline started from: restore the query's Spark "
+                "checkpoint from the savepoint too (statetier checkpoint restore-spark "
+                f"{self.config.checkpoint_restore_from} "
+                "NEW_SPARK_CHECKPOINT) and start the query there"
+            )
 
     def _static_spec(self, spark: SparkSession) -> PipelineSpec:
         """What every task of this pipeline needs, whatever the epoch."""
