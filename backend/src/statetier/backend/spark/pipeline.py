@@ -560,10 +560,10 @@ class StatefulPipeline:
     def _run_job(self, out: DataFrame, epoch: int, sink: Sink | None) -> None:
         """Run the sink on ``out``. RangesLostError when a range of a gathered epoch cannot
         reach the sink (see deliveries): its pieces were lost with a state host, or its outputs
-        with the executor of the task that got them. The job then failed before the sink could
-        commit the micro-batch without them (cancelled at the first task that found a range
-        lost; a sink that runs no job over every partition, such as ``take``, succeeds without
-        them), and must run again."""
+        with the executor of the task that got them. The sink's job then failed (cancelled at
+        the first task that found a range lost) before it could commit the micro-batch without
+        them, and the epoch must run again; so must one whose sink read only some partitions
+        (``take``), which succeeds without them."""
         registry = self._registry
         if self._routing.get(epoch) != "gathered" or registry is None:
             self._run_sink(out, epoch, sink)
