@@ -7,7 +7,7 @@ import os
 import random
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -236,3 +236,27 @@ def run_available_now(writer: Any, checkpoint: Any, timeout: float = 180) -> Non
     query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination(timeout)
     query.stop()
+
+
+def committed_counts(store: Any, epoch: int) -> dict[str, int]:
+    """The word counts a :class:`VectorWordCount` pipeline committed in ``epoch``, each range
+    restored from the checkpoint as a new state host would."""
+    from statetier.backend.runtime import FunctionInstance
+
+    manifest = store.manifest(epoch)
+    counts: dict[str, int] = {}
+    for index in range(manifest.parallelism):
+        instance = FunctionInstance(
+            cast(Any, VectorWordCount),  # a KeyGroupFunction: open() is all a restore needs
+            index,
+            manifest.parallelism,
+            manifest.max_parallelism,
+            store=store,
+            restore_epoch=epoch,
+        )
+        state = cast(VectorWordCount, instance.function).count
+        for key in instance.keyed.keys("count"):
+            instance.keyed.set_current_key(key)
+            counts[key] = state.value() or 0
+        instance.close()
+    return counts

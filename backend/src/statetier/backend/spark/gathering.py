@@ -21,8 +21,8 @@ row thus leaves Spark through exactly one task, the completer, whatever the timi
 
 Pieces sent to a host that dies are lost with it, and so are the outputs a completing task got
 before its executor died; the tasks that sent or got them are done, so Spark does not send them
-again. The driver learns which ranges' outputs left Spark from the successful tasks, and runs
-the epoch again when one is missing (see pipeline).
+again. Each task tells the driver which ranges' outputs it passed on, and the driver fails the
+job (then runs the epoch again) rather than let it succeed without a range (see deliveries).
 
 A micro-batch of more partitions than the cluster runs at once has pieces waiting for tasks
 Spark has not started yet. The pieces a host holds in memory are bounded (``PieceMemory``): the

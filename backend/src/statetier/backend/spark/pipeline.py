@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark import cloudpickle
-from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -183,8 +182,6 @@ class StatefulPipeline:
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
         self._routing: dict[int, str] = {}  # planned epoch -> "exchange", "direct", "gathered"
-        # gathered epoch -> the ranges whose outputs a successful task returned (see gathering)
-        self._completions: dict[int, Accumulator[frozenset[int]]] = {}
         self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
@@ -300,7 +297,7 @@ class StatefulPipeline:
                 )
             if planned is None:  # the records of this micro-batch, routed as it needs
                 routing = self._routing_of(batch, epoch)
-                out = self._route(batch, static, None, routing, self._completions.get(epoch))
+                out = self._route(batch, static, None, routing)
             else:
                 out = batch
             context = batch.sparkSession.sparkContext
@@ -344,7 +341,7 @@ class StatefulPipeline:
         spec = self._static_spec(df.sparkSession)
         keyed = self._keyed(df, spec)
         routing = self._routing_of(keyed, epoch)
-        out = self._route(keyed, spec, epoch_spec, routing, self._completions.get(epoch))
+        out = self._route(keyed, spec, epoch_spec, routing)
         if runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
@@ -482,19 +479,17 @@ class StatefulPipeline:
         spec: PipelineSpec,
         epoch: EpochSpec | None,
         routing: str,
-        completions: Accumulator[frozenset[int]] | None = None,
     ) -> DataFrame:
         """The tasks that stream ``keyed``'s ranges to their hosts (of ``epoch``; None: of
         whichever epoch the job says, see :meth:`write_stream`): after Spark's exchange into
         ranges; ``direct``, from one task that cuts its partition into every range; or
-        ``gathered``, from every partition's task (see gathering), whose successful tasks add
-        the ranges whose outputs they returned to ``completions``."""
+        ``gathered``, from every partition's task (see gathering), each of which tells the
+        driver which ranges' outputs it returned (see deliveries)."""
         schema = self._output_schemas()[0]
         combiner = self.combiner
         if routing == "gathered":
-            assert completions is not None
             pieces = partition_count(keyed)
-            run = gather_function(spec, epoch, self.function_bytes, pieces, completions)
+            run = gather_function(spec, epoch, self.function_bytes, pieces)
             return keyed.mapInArrow(run, schema)
         if routing == "direct":
             assert self.config is not None
@@ -549,9 +544,6 @@ class StatefulPipeline:
             partitions = partition_count(keyed)
             if partitions > 1 and (self.combiner is None or self.combiner.map_side):
                 routing = "gathered"
-                self._completions[epoch] = keyed.sparkSession.sparkContext.accumulator(
-                    frozenset(), RangeSet()
-                )
             elif partitions == 1 or (mode == "never" and partitions > 0):
                 routing = "direct"  # (none: a wake-up's micro-batch, every range needs a task)
         self._routing[epoch] = routing
@@ -622,20 +614,39 @@ class StatefulPipeline:
         raise AssertionError("unreachable")
 
     def _run_job(self, out: DataFrame, epoch: int, sink: Sink | None) -> None:
-        """Run the sink on ``out``. RangesLostError when a range of a gathered epoch returned
-        no outputs through a successful task (see gathering): its completing task died after
-        it got them, or pieces were lost with a state host, so the job must run again."""
-        completions = self._completions.get(epoch)
-        if completions is not None:
-            completions.value = frozenset()  # what this run's tasks add
-        self._run_sink(out, epoch, sink)
-        if completions is not None:
-            lost = sorted(set(range(self.parallelism)) - completions.value)
-            if lost:
+        """Run the sink on ``out``. RangesLostError when a range of a gathered epoch cannot
+        reach the sink (see deliveries): its pieces were lost with a state host, or its outputs
+        with the executor of the task that got them. The sink's job then failed (cancelled at
+        the first task that found a range lost) before it could commit the micro-batch without
+        them, and the epoch must run again; so must one whose sink read only some partitions
+        (``take``), which succeeds without them."""
+        registry = self._registry
+        if self._routing.get(epoch) != "gathered" or registry is None:
+            self._run_sink(out, epoch, sink)
+            return
+        deliveries = registry.deliveries
+        context = out.sparkSession.sparkContext
+        tag = f"statetier-{self.name}-epoch-{epoch}"  # the jobs the sink runs in this thread
+        deliveries.begin(self.name, epoch, lambda: context.cancelJobsWithTag(tag))
+        context.addJobTag(tag)
+        try:
+            self._run_sink(out, epoch, sink)
+        except Exception as e:
+            refused = deliveries.refused(self.name, epoch)
+            if refused:
                 raise RangesLostError(
-                    f"no task returned the outputs of ranges {lost} of epoch {epoch}: the hosts "
-                    "gathered them from every task, and a task or host that held them was lost"
-                )
+                    f"the outputs of ranges {list(refused)} of epoch {epoch} were lost with a "
+                    "state host or executor: the sink's job failed without them"
+                ) from e
+            raise
+        finally:
+            context.removeJobTag(tag)
+        lost = sorted(set(range(self.parallelism)) - deliveries.delivered(self.name, epoch))
+        if lost:
+            raise RangesLostError(
+                f"no task returned the outputs of ranges {lost} of epoch {epoch}: the hosts "
+                "gathered them from every task, and a task or host that held them was lost"
+            )
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
@@ -667,7 +678,8 @@ class StatefulPipeline:
             self.hosts[r.host_id] = r.host_pid
         committed_before = self._committed_before.pop(epoch, None)
         routing = self._routing.pop(epoch, "exchange")
-        self._completions.pop(epoch, None)
+        if routing == "gathered" and self._registry is not None:
+            self._registry.deliveries.forget(self.name, epoch)
         adopted = epoch in store.epochs() if committed_before is None else committed_before
         if adopted:
             self._tokens, self._tokens_epoch = {}, -1  # the committed files are not ours
@@ -798,15 +810,3 @@ def _one_executor(spark: SparkSession) -> bool:
 def _local_master(spark: SparkSession) -> bool:
     """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
     return (spark.sparkContext.master or "").startswith("local")
-
-
-class RangeSet(AccumulatorParam[frozenset[int]]):
-    """Range indexes, merged from the successful tasks of a gathered epoch."""
-
-    def zero(self, value: frozenset[int]) -> frozenset[int]:
-        return frozenset()
-
-    def addInPlace(  # noqa: N802 (Spark's name)
-        self, value1: frozenset[int], value2: frozenset[int]
-    ) -> frozenset[int]:
-        return value1 | value2

@@ -4,7 +4,8 @@ Spark runs a task on whatever executor has a free core, so a range's task lands 
 executor from one micro-batch to the next. State stays warm anyway because ownership is the
 driver's decision, not Spark's placement: every state host registers here when it starts
 (its endpoints, pid, executor) and keeps one connection open with a heartbeat; every task asks
-here which host owns its range (:meth:`HostRegistry.route`) and streams its records to that host.
+here which host owns its range (:meth:`HostRegistry.route`) and streams its records to that host;
+every task of a gathered epoch reports here which ranges it delivered (see deliveries).
 
 Ownership is sticky. A range is assigned once, to the asking task's own host while that host owns
 fewer than its share (``ceil(parallelism / live hosts)``), else to the least loaded live host, and
@@ -33,6 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
+from statetier.backend.spark.deliveries import Deliveries, DeliveryReport
 from statetier.backend.spark.protocol import RESULT
 from statetier.backend.wire import LOCAL, Fields, MessageError, decode_fields, encode_fields
 
@@ -184,6 +186,7 @@ class HostRegistry:
         self.executors = 0  # executors the application has (the driver updates it each epoch)
         self.join_wait = JOIN_WAIT_S
         self.written: dict[str, bytes] = {}  # results and error files the hosts told
+        self.deliveries = Deliveries()  # which gathered ranges' outputs tasks delivered
         self._only_here: set[str] = set()  # of those, results no file holds (acknowledged)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -201,6 +204,10 @@ class HostRegistry:
             op = request.text("op")
             if op == "register":
                 self._host_link(conn, HostInfo.from_json(request.mapping("host")))
+                return
+            if op == "delivered":
+                refusal = self.deliveries.report(DeliveryReport.decode(request))
+                conn.send_bytes(json.dumps({"refused": refusal}).encode())
                 return
             if op != "route":
                 raise MessageError(f"unknown request {op!r}")

@@ -30,11 +30,12 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from statetier.backend.spark.channel import Endpoint, connect
+from statetier.backend.spark.deliveries import DeliveryReport, report_delivered
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
@@ -48,9 +49,6 @@ from statetier.backend.spark.protocol import (
     write_batch,
 )
 from statetier.backend.spark.registry import HostInfo, ask_route
-
-if TYPE_CHECKING:
-    from pyspark.accumulators import Accumulator
 
 __all__ = [
     "bind_address",
@@ -364,15 +362,14 @@ def gather_function(
     epoch: EpochSpec | None,
     function_bytes: bytes,
     pieces: int,
-    completed: Accumulator[frozenset[int]],
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an epoch the state hosts gather (see gathering): the task
     of partition ``p`` of the micro-batch's ``pieces`` cuts it into the key-group ranges and
     sends piece ``p`` of every range to the range's host, then reads back the outputs of the
-    ranges its piece completed, and adds those ranges to ``completed``: Spark merges only a
-    successful task's additions, so the driver learns which ranges' outputs left Spark (see
-    pipeline). The epoch and Spark's stage name the pieces of one run, so that a host never
-    mixes them with those of another job over the same epoch."""
+    ranges its piece completed, and before it ends tells the driver which ranges those were:
+    the driver fails it when a range can no longer be delivered (see deliveries), so that the
+    sink's job never succeeds without a range. The epoch and Spark's stage name the pieces of
+    one run, so that a host never mixes them with those of another job over the same epoch."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -387,7 +384,16 @@ def gather_function(
             attempt=f"{this_epoch.epoch}.{task.stageId()}",
         )
         ranges = yield from _send_ranges(spec, this_epoch, task, slices, function_bytes, gather)
-        completed.add(frozenset(ranges))
+        report = DeliveryReport(
+            pipeline=spec.state.pipeline,
+            epoch=this_epoch.epoch,
+            stage=task.stageId(),
+            piece=gather.piece,
+            pieces=pieces,
+            ranges=spec.state.parallelism,
+            delivered=tuple(ranges),
+        )
+        report_delivered(spec.registry, spec.secret, report)
 
     return run
 
