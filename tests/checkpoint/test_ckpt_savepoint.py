@@ -76,7 +76,7 @@ def test_a_savepoint_is_one_epoch_self_contained_with_its_chains_merged(source: 
         "spark_batch": None,
     }
     assert store.epochs() == [4] and manifest.parallelism == 2
-    assert all(not chain.deltas for chain in manifest.chains())  # merged into bases
+    assert all(not chain.deltas for chain in manifest.chains())  # 3 deltas each: merged
     assert any(chain.deltas for chain in origin.manifest(4).chains())
     listed = set(store.list_files())
     assert {f.path for f in manifest.files()} | {store.manifest_name(4)} == listed
