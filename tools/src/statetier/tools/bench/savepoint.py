@@ -9,14 +9,16 @@ one run against the same server, ``--repeats`` times, which side goes first alte
 - savepoint: ``take_savepoint`` of the latest epoch (the payload bases copied by the store, the
   counts' chains merged into bases) vs ``s3fs.copy`` of every file the epoch's manifest names
   to a fresh prefix (one bulk call): time and bytes;
-- restore: a new location started from the savepoint (``checkpoint.restore-from``: the copy
-  into it and the commit) and every range restored from it, side by side, vs every range
-  restored from the running checkpoint's epoch. Both restores are checked to answer lookups of
-  sampled keys with the right values.
+- restore: a new location started from the savepoint (``checkpoint.restore-from``) and every
+  range restored, side by side, from the savepoint while its copy into the location runs in the
+  background, vs every range restored from the running checkpoint's epoch. Both restores are
+  checked to answer lookups of sampled keys with the right values. Reported beside: the
+  seconds until the copy into the new location is done (its first checkpoint waits for it and
+  commits the savepoint's epoch there first; the location is then independent of it).
 
 Targets: the savepoint takes at most 3 times the raw copy (it merges chains, which the copy
 does not) and holds no more bytes; the restore from a savepoint takes at most 2 times the
-restore from the checkpoint (it copies the savepoint into the new location first). Medians.
+restore from the checkpoint (its reads share the store with the copy). Medians.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from statetier.backend.snapshot import (
     SnapshotStore,
     SubtaskWriter,
 )
-from statetier.backend.snapshot.restore_from import seed_from_savepoint
+from statetier.backend.snapshot.restore_from import start_from_savepoint
 from statetier.backend.snapshot.savepoint import take_savepoint
 from statetier.tools.bench import print_table
 from statetier.tools.bench.checkpoint import (
@@ -106,8 +108,10 @@ def measure_restore(
     sizes: tuple[int, int],
     ours_first: bool,
 ) -> dict[str, float]:
-    """Every range restored from the running checkpoint, and from the savepoint into a new
-    location (its copy and commit, then the same restore); both checked by lookups."""
+    """Every range restored from the running checkpoint, and from a savepoint as a new
+    location starts from it (the restore reads the savepoint while it is copied into the
+    location); both checked by lookups. Also the seconds until the copy into the location is
+    done (what its first checkpoint may wait for)."""
     ranges = [key_group_range_for_instance(MAX_P, PARALLELISM, i) for i in range(PARALLELISM)]
 
     def from_checkpoint() -> float:
@@ -119,16 +123,22 @@ def measure_restore(
     target = SnapshotStore(f"s3://{BUCKET}/restored-{uuid.uuid4().hex[:8]}", **options)
     lease = target.acquire_writer()
     t0 = time.perf_counter()
-    seeded = seed_from_savepoint(target, savepoint_uri, lease, **options)
-    copy_s = time.perf_counter() - t0
-    assert seeded is not None
-    restore_s, _, payloads = restore_ranges(target, seeded, ranges)
+    seeding = start_from_savepoint(target, savepoint_uri, lease, **options)
+    assert seeding is not None
+    start_s = time.perf_counter() - t0
+    copied_at: list[float] = []  # when the copy ended (the callback runs in its thread)
+    seeding.copied.add_done_callback(lambda _: copied_at.append(time.perf_counter()))
+    restore_s, _, payloads = restore_ranges(seeding.savepoint, seeding.manifest, ranges)
+    seeded = seeding.commit()
+    while not copied_at:  # the copy's result may be seen just before the callback ran
+        time.sleep(0.001)
+    assert target.manifest().epoch == seeded.epoch and not target.missing(seeded.files())
     check_lookups(payloads, *sizes, seed=2)
     checkpoint_s = from_checkpoint() if ours_first else checkpoint_s
     return {
         "restore_checkpoint_s": checkpoint_s,
-        "restore_savepoint_s": copy_s + restore_s,
-        "restore_savepoint_copy_s": copy_s,
+        "restore_savepoint_s": start_s + restore_s,
+        "restore_savepoint_owned_s": copied_at[0] - t0,
     }
 
 
@@ -211,7 +221,8 @@ def report(result: dict[str, Any]) -> None:
     )
     print(f"  bytes: savepoint {result['savepoint_mb']} MiB, raw copy {result['raw_copy_mb']} MiB")
     print(
-        f"  of the restore from savepoint, copying it in: {seconds['restore_savepoint_copy_s']} s"
+        "  from the start until the savepoint is copied into the new location (its first "
+        f"checkpoint waits for it): {seconds['restore_savepoint_owned_s']} s"
     )
     print(f"  each repeat: {result['each_repeat']}")
     verdict = "meets" if result["meets_target"] else "MISSES"
