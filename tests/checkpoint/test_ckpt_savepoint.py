@@ -76,7 +76,7 @@ def test_a_savepoint_is_one_epoch_self_contained_with_its_chains_merged(source: 
         "spark_batch": None,
     }
     assert store.epochs() == [4] and manifest.parallelism == 2
-    assert all(not chain.deltas for chain in manifest.chains())  # merged into bases
+    assert all(not chain.deltas for chain in manifest.chains())  # 3 deltas each: merged
     assert any(chain.deltas for chain in origin.manifest(4).chains())
     listed = set(store.list_files())
     assert {f.path for f in manifest.files()} | {store.manifest_name(4)} == listed
@@ -150,6 +150,8 @@ def test_bit_flips_in_a_savepoint_are_found_by_verify_and_by_the_restore(
     config = load_config({"checkpoint.restore-from": dest.uri})
     with pytest.raises(CorruptFileError, match=damaged.path.rsplit("/", 1)[-1]):
         target.runner(3, config=config)
+    # the damage never became the new location's epoch: a next start tries the savepoint again
+    assert target.store().epochs() == []
     flip_a_bit(store, MARKER)
     verify = statetier("checkpoint", "verify", dest.uri, *dest.cli_options())
     assert verify.returncode == 1 and "savepoint marker fails its checksum" in verify.stdout
@@ -177,6 +179,30 @@ def test_restore_from_starts_a_new_location_at_another_parallelism(source: Locat
     again = target.runner(2, config=config)
     assert again.restored_epoch == EPOCHS + 1
     again.close()
+
+
+def test_a_location_started_from_a_savepoint_outlives_it(source: Location) -> None:
+    """The restore reads the savepoint while its copy runs; the first checkpoint commits the
+    copy first, so deleting the savepoint and collecting the location break nothing."""
+    dest = sibling(source, "savepoint")
+    assert take(source, dest, "--epoch", "4").returncode == 0
+    target = sibling(source, "restored")
+    config = load_config({"checkpoint.restore-from": dest.uri, "checkpoint.retained": 1})
+    runner = target.runner(2, config=config, clock=ManualClock(CLOCK_MS))
+    assert runner.restored_epoch == 4 and dump_keyed(runner) == expected_keyed(4)
+    assert target.store().epochs() == []  # nothing committed before the first checkpoint
+    runner.process(records(5))
+    runner.checkpoint()  # a delta on the copied chains; retention then drops epoch 4
+    runner.close()
+    assert target.store().epochs() == [5]
+    deleted = statetier("checkpoint", "delete-savepoint", dest.uri, *dest.cli_options())
+    assert deleted.returncode == 0, deleted.stderr
+    gc = statetier("checkpoint", "gc", target.uri, "--retained", "1", *target.cli_options())
+    assert gc.returncode == 0, gc.stderr
+    assert statetier("checkpoint", "verify", target.uri, *target.cli_options()).returncode == 0
+    resumed = target.runner(3, config=config)
+    assert resumed.restored_epoch == 5 and dump_keyed(resumed) == expected_keyed(5)
+    resumed.close()
 
 
 def test_a_savepoint_is_refused_as_a_pipelines_own_location(source: Location) -> None:

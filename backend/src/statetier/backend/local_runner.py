@@ -36,7 +36,7 @@ from statetier.backend.snapshot import (
     Manifest,
     SnapshotStore,
 )
-from statetier.backend.snapshot.restore_from import seed_from_savepoint
+from statetier.backend.snapshot.restore_from import Seeding, start_from_savepoint
 from statetier.backend.ttl import Clock, SystemClock
 
 log = logging.getLogger("statetier.local_runner")
@@ -73,15 +73,23 @@ class LocalRunner:
         self.store = (
             SnapshotStore(checkpoint_uri, **(storage_options or {})) if checkpoint_uri else None
         )
+        # A start from a savepoint: restored from the savepoint while it is copied in
+        self._seeding: Seeding | None = None
+        lease = None  # the seed's commit and the checkpointer's share it (another would fence)
         if self.store is not None and config is not None and config.checkpoint_restore_from:
-            # a lease of its own to commit the savepoint's epoch; the checkpointer's fences it
             lease = self.store.acquire_writer()
             options = storage_options or {}
-            seed_from_savepoint(self.store, config.checkpoint_restore_from, lease, **options)
-        epochs = self.store.epochs() if self.store else []
+            self._seeding = start_from_savepoint(
+                self.store, config.checkpoint_restore_from, lease, **options
+            )
+        restore_store = self._seeding.savepoint if self._seeding else self.store
+        if self._seeding is not None:
+            epochs = [self._seeding.manifest.epoch]
+        else:
+            epochs = self.store.epochs() if self.store else []
         self.last_epoch = epochs[-1] if epochs else 0
-        if epochs and self.store is not None:
-            stored_max = self.store.manifest(self.last_epoch).max_parallelism
+        if epochs and restore_store is not None:
+            stored_max = restore_store.manifest(self.last_epoch).max_parallelism
             if max_parallelism not in (None, stored_max):
                 raise ValueError(
                     f"the checkpoint at {checkpoint_uri} has max parallelism {stored_max}, "
@@ -97,25 +105,32 @@ class LocalRunner:
         if config is not None:
             serve_metrics(config.metrics_port)  # this process's endpoint, once
             warn_if_spill_off(config, log)
-        self.instances = [
-            FunctionInstance(
-                factory,
-                index,
-                parallelism,
-                self.max_parallelism,
-                store=self.store,
-                restore_epoch=restore_epoch,
-                clock=self.clock,
-                config=config,
-            )
-            for index in range(parallelism)
-        ]
+        try:
+            self.instances = [
+                FunctionInstance(
+                    factory,
+                    index,
+                    parallelism,
+                    self.max_parallelism,
+                    store=self.store,
+                    restore_epoch=restore_epoch,
+                    restore_store=restore_store,
+                    clock=self.clock,
+                    config=config,
+                )
+                for index in range(parallelism)
+            ]
+        except BaseException:
+            if self._seeding is not None:  # a failed restore: let the copy end, commit nothing
+                self._seeding.copied.exception()
+            raise
         # The first checkpoint takes the writer lease, which fences any earlier writer.
         self.checkpointer = (
             Checkpointer(
                 self.store,
                 [i.writer for i in self.instances],
                 checkpoint_settings(config),
+                lease=lease,
                 compactor=compactor_for(config, self.store),  # remote if compaction.endpoints
             )
             if self.store is not None
@@ -124,6 +139,11 @@ class LocalRunner:
 
     def close(self) -> None:
         """Finish pending commits (and tell the functions), release every instance's spill files."""
+        if self._seeding is not None:
+            try:  # the copy ends before the runner does; the restored epoch is committed
+                self._commit_seed()
+            except Exception as exc:  # closing: the next start seeds again
+                log.warning("the start from checkpoint.restore-from was not committed: %s", exc)
         if self.checkpointer is not None:
             self.checkpointer.close()
         self._notify_done()
@@ -210,6 +230,7 @@ class LocalRunner:
         background (processing may go on); the future holds the committed manifest."""
         if self.checkpointer is None:
             raise RuntimeError("the runner has no checkpoint_uri")
+        self._commit_seed()
         self._notify_done()
         epoch = self.last_epoch + 1
         for instance in self.instances:
@@ -218,6 +239,13 @@ class LocalRunner:
         self.last_epoch = epoch
         self._unnotified.append((epoch, future))
         return future
+
+    def _commit_seed(self) -> None:
+        """Commit the savepoint this runner started from, once copied: its location's first
+        epoch, before any of its own (raises the copy's error: nothing is committed then)."""
+        if self._seeding is not None:
+            self._seeding.commit()
+            self._seeding = None
 
     def _notify_done(self) -> None:
         """Tell the functions the outcome of every finished epoch, in epoch order; an epoch

@@ -65,6 +65,7 @@ class FunctionInstance:
         *,
         store: SnapshotStore | None = None,
         restore_epoch: int | None = None,
+        restore_store: SnapshotStore | None = None,
         clock: Clock | None = None,
         config: StatetierConfig | None = None,
     ) -> None:
@@ -82,8 +83,10 @@ class FunctionInstance:
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
         if restored:
             assert store is not None
-            manifest = restore_keyed_state(store, self.keyed, restore_epoch)
-            restore_operator_state(store, self.operator_state, manifest.epoch)
+            # restore_store: a savepoint that is being copied into store (restore_from)
+            source = restore_store or store
+            manifest = restore_keyed_state(source, self.keyed, restore_epoch)
+            restore_operator_state(source, self.operator_state, manifest.epoch)
             self.writer.restored_from(manifest)
             self.restored_bytes = restored_bytes(manifest, key_groups)
         # Held by whoever uses this instance (the Spark state host: while a task processes or

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "wordcount": "statetier.tools.bench.wordcount",
     "state-scale": "statetier.tools.bench.state_scale",
     "checkpoint": "statetier.tools.bench.checkpoint",
+    "savepoint": "statetier.tools.bench.savepoint",
     "compaction": "statetier.tools.bench.compaction",  # needs statetier-compaction installed
     "spark-wordcount": "statetier.tools.bench.spark_wordcount",  # needs the spark extra
     "timers": "statetier.tools.bench.spark_timers",  # needs the spark extra
@@ -29,6 +30,7 @@ BENCHMARK_HELP = {
     "wordcount": "word count on the heap, spilled to disk, and on RocksDB",
     "state-scale": "keyed state from 0.5x to 10x a memory budget: spilled, heap, RocksDB",
     "checkpoint": "checkpoint upload and restore against raw object-store transfers",
+    "savepoint": "a savepoint against a raw copy; restore from it against from the checkpoint",
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
     "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
