@@ -117,9 +117,11 @@ def test_processing_time_timers_fire_on_a_quiet_stream(
         late = arrived - row[2] / 1000
         print(f"\nthe timer of {key} arrived {late:.2f} s after it was due")
         assert 0 <= late < LATE_BOUND_S, f"timer of {key} arrived {late:.1f} s after it was due"
-    # the input's epoch, then one per due time (b and c share one): no other micro-batch ran
-    assert epochs == [1, 2, 3], epochs
-    assert [r.records for r in pipeline.reports] == [3, 0, 0]
+    # the input's epoch, then one per due time (b and c share one; a first micro-batch slower
+    # than 4 s, on a loaded machine, makes a due with them): no micro-batch fired nothing
+    assert epochs[0] == 1 and len(epochs) in (2, 3), epochs
+    assert sorted({epoch for _, epoch, _ in sink.rows}) == epochs[1:], (epochs, sink.rows)
+    assert [r.records for r in pipeline.reports] == [3] + [0] * (len(epochs) - 1)
 
 
 def test_an_available_now_run_fires_the_timers_due_at_its_final_watermark(
