@@ -146,17 +146,24 @@ def parse_duration(raw: object) -> float:
 
 
 URI_SCHEMES = ("s3", "file", "memory")
+CHAIN_URL_PROBLEM = (
+    "'::' chains two locations (an fsspec chain URL), which statetier does not follow; give "
+    "one location, such as s3://bucket/prefix or file:///absolute/path"
+)
 _BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?")  # S3 wants 3+; others less
 
 
 def parse_uri(raw: object) -> str:
     """A checkpoint location: ``s3://bucket[/prefix]``, ``file:///absolute/path``,
     ``memory://name``, or ``file://./dir`` (the one relative form, explicit about it: the
-    default). Anything else relative (``""``, ``dir``, ``file://dir``), another scheme or a
-    malformed URL (``s3:/bucket``) is refused rather than guessed at."""
+    default). Anything else relative (``""``, ``dir``, ``file://dir``), another scheme, a
+    malformed URL (``s3:/bucket``) or an fsspec chain (``file:///a::s3://b``: data would land
+    under the first part, which no compaction reads) is refused rather than guessed at."""
     if not isinstance(raw, str):
         raise ValueError(f"expected a URI string, got {type(raw).__name__}")
     text = raw.strip()
+    if "::" in text:
+        raise ValueError(CHAIN_URL_PROBLEM)
     scheme, sep, rest = text.partition("://")
     if not sep:
         raise ValueError("expected a URI such as s3://bucket/prefix or file:///absolute/path")
