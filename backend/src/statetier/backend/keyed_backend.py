@@ -47,12 +47,14 @@ from statetier.backend.state.heap import (
     HeapMapState,
     HeapReducingState,
     HeapValueState,
+    KeyGroupHandle,
     KeyGroupMaps,
 )
 from statetier.backend.state.key_batch import KeyBatch, as_list
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
+from statetier.backend.state.writable import accept, write_check
 from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
 
 __all__ = [
@@ -378,6 +380,21 @@ class KeyedStateBackend:
                 kg_map[key_loads(key_bytes)] = decode(value_bytes)
 
     def _make_handle(self, table: StateTable) -> State:
+        """The handle of ``table``'s state, checking what it writes (state.writable)."""
+        handle = self._plain_handle(table)
+        descriptor = table.descriptor
+        user_keys = (
+            descriptor.key_serializer if isinstance(descriptor, MapStateDescriptor) else None
+        )
+        handle.check_writes(
+            write_check(descriptor.serializer, descriptor.name, "value", self.context),
+            write_check(user_keys, descriptor.name, "map key", self.context)
+            if user_keys is not None
+            else accept,
+        )
+        return handle  # type: ignore[return-value]
+
+    def _plain_handle(self, table: StateTable) -> KeyGroupHandle:
         descriptor, ctx, maps = table.descriptor, self.context, table.maps
         if descriptor.ttl is not None:
             cleanup = IncrementalCleanup(
@@ -391,12 +408,12 @@ class KeyedStateBackend:
             self._cleanups.append(cleanup)
             if descriptor.ttl.cleanup_per_record:
                 self.add_record_hook(cleanup.on_record)
-            return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)  # type: ignore[return-value]
+            return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)
         if isinstance(descriptor, ReducingStateDescriptor):
             return HeapReducingState(ctx, maps, descriptor)
         if isinstance(descriptor, AggregatingStateDescriptor):
             return HeapAggregatingState(ctx, maps, descriptor)
-        handle_types: dict[StateKind, Callable[[KeyContext, KeyGroupMaps], State]] = {
+        handle_types: dict[StateKind, Callable[[KeyContext, KeyGroupMaps], KeyGroupHandle]] = {
             StateKind.VALUE: HeapValueState,
             StateKind.LIST: HeapListState,
             StateKind.MAP: HeapMapState,
