@@ -53,6 +53,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.layout import results_dir
+from statetier.backend.snapshot.location import default_location_notice, open_location
 from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
@@ -193,6 +194,9 @@ class StatefulPipeline:
             self.config = load_config(self.overrides, spark_conf=conf)
             warn_if_spill_off(self.config, log)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
+            opened = open_location(self._store)
+            if self.config.source("checkpoint.uri") == "default":
+                log.warning(default_location_notice(self._store, opened))
             backend_metrics.serve_metrics(self.config.metrics_port)
         return self._store
 
