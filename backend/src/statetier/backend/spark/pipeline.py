@@ -79,6 +79,7 @@ from statetier.backend.spark.task import (
     partition_function,
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
+from statetier.backend.spark.writers import claim_location
 from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
@@ -326,7 +327,7 @@ class StatefulPipeline:
         """Check that ``epoch`` can run here; what its tasks need to know of it (read once:
         every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
-        lease = self._take_lease(store)
+        lease = self._take_lease(spark, store)
         latest = self._location(store, epoch)[0]
         if epoch > latest + 1:
             raise ValueError(
@@ -354,17 +355,19 @@ class StatefulPipeline:
         status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
         registry.executors = max(0, int(status.size()) - 1)  # less the driver
 
-    def _take_lease(self, store: SnapshotStore) -> WriterLease:
+    def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
+        """The writer lease, taken by the first epoch (not when a query is planned: taking it
+        fences the writer that had it, which may be another live query; see writers)."""
         if self._lease is None:
-            # before looking at the epochs: a writer fenced from here on cannot commit more
+            claim_location(spark, store.uri, self.name)
             self._lease = store.acquire_writer()
+            self._latest = None  # list the epochs again, now that nobody else commits
         return self._lease
 
     def _static_spec(self, spark: SparkSession) -> PipelineSpec:
         """What every task of this pipeline needs, whatever the epoch."""
         store = self._setup(spark)
         assert self.config is not None
-        self._take_lease(store)
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)
