@@ -248,3 +248,22 @@ def test_an_unhashable_key_names_its_type_and_the_fix(key: Any, type_name: str) 
     message = one_or_two_lines(str(info.value))
     assert message.startswith(f"a record's key is a {type_name} ({key!r})"), message
     assert "keys must be hashable" in message and "tuple(key)" in message
+
+
+@pytest.mark.parametrize("counting", [False, True])  # the plain path; the spill tier's counting
+@pytest.mark.parametrize(("key", "type_name"), [([1, 2], "list"), ({3}, "set")])
+def test_an_unhashable_current_key_names_its_type_and_the_fix(
+    key: Any, type_name: str, counting: bool
+) -> None:
+    backend = KeyedStateBackend(KeyGroupRange.of(8), 8)
+    count = backend.get_state(ValueStateDescriptor[int]("count"))
+    if counting:
+        backend.count_hits([0] * 8)
+    backend.set_current_key("fine")
+    count.update(1)
+    with pytest.raises(TypeError) as info:
+        backend.set_current_key(key)
+    message = one_or_two_lines(str(info.value))
+    assert message.startswith(f"a record's key is a {type_name} ({key!r})"), message
+    assert "keys must be hashable" in message and "tuple(key)" in message
+    assert backend.context.key == "fine" and count.value() == 1  # still the last key

@@ -30,6 +30,7 @@ from statetier.backend.keygroups import (
     assign_to_key_group,
     check_key,
     check_parallelism,
+    unhashable_key_error,
 )
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
 from statetier.backend.state import (
@@ -139,7 +140,10 @@ class KeyedStateBackend:
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key all state handles read and write."""
-        slot = self._touched.get(key)
+        try:  # free for hashable keys; an unhashable one is named, not Python's bare words
+            slot = self._touched.get(key)
+        except TypeError:
+            raise unhashable_key_error(key) from None
         ctx = self.context
         # index first: a refused key must leave the previous key current, not half-switched
         ctx.index = self._slot_of(key) if slot is None else slot
@@ -157,7 +161,10 @@ class KeyedStateBackend:
         It runs for every record while spilling is on, so it is the plain path plus one list
         increment and one test; states with per-record hooks get the variant below.
         """
-        slot = self._touched.get(key)
+        try:
+            slot = self._touched.get(key)
+        except TypeError:
+            raise unhashable_key_error(key) from None
         ctx = self.context
         ctx.index = slot = self._slot_of(key) if slot is None else slot
         ctx.key = key
