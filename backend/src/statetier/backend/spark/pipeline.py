@@ -73,6 +73,7 @@ from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
+from statetier.backend.spark.shipping import check_function_ships
 from statetier.backend.spark.task import (
     direct_function,
     gather_function,
@@ -194,6 +195,7 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             warn_if_spill_off(self.config, log)
+            check_function_ships(spark, self.function_bytes)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
             opened = open_location(self._store)
             if self.config.source("checkpoint.uri") == "default":
