@@ -107,6 +107,9 @@ def test_reference_page_is_generated_from_the_schema() -> None:
         ("checkpoint.uri", "file://tmp/ckpt", "is a relative path"),
         ("checkpoint.uri", "file:///tmp/../etc", "'..' segments"),
         ("checkpoint.uri", "memory://", "expected memory://name"),
+        # fsspec chains: data would land under the first part, where no compaction looks
+        ("checkpoint.uri", "file:///a::file:/b", "'::' chains two locations"),
+        ("checkpoint.uri", "s3://bucket/p::file:/x", "'::' chains two locations"),
         ("compaction.endpoints", "not a url", "is not an http(s)://host[:port] URL"),
         ("compaction.endpoints", "http://gw:8080, ftp://gw", "'ftp://gw' is not an http(s)"),
         ("compaction.endpoints", "http://gw:99999", "Port out of range"),

@@ -4,6 +4,7 @@ the serializer cannot write still fails with the message that names its type."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -92,15 +93,19 @@ def _nested(depth: int) -> list[Any]:
 @pytest.mark.parametrize(
     ("value", "named"),
     [
-        ({"p": Point(1, 2)}, "cannot write Point"),
-        ([2**64], "cannot write int"),
+        ({"p": Point(1, 2)}, "cannot write Point values"),
+        ([2**64], "the int 18446744073709551616 is outside the 64-bit range"),
         # msgpack's own error, raw from the bulk packer, gets the checked message too
         (_nested(3000), "cannot write list: recursion limit"),
     ],
 )
 def test_an_unwritable_value_is_named_when_snapshotting(value: object, named: str) -> None:
-    backend = _backend({"ok": 1, "bad": value})
-    with pytest.raises(SerializationError, match=named):
+    """A value changed in place after its write (the write checks what it is given, see
+    test_user_errors) is named with its state and key when the snapshot cannot write it."""
+    backend = _backend({"ok": 1, "bad": [0]})
+    backend.set_current_key("bad")
+    backend.get_state(ValueStateDescriptor[object]("v")).value()[0] = value  # type: ignore[index]
+    with pytest.raises(SerializationError, match=rf"^state 'v', key 'bad': .*{re.escape(named)}"):
         serialize.encode_table(backend, backend.tables["v"], 1, None, "none")
 
 

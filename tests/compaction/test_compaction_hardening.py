@@ -69,6 +69,12 @@ def _request(prefix: str, job_id: str = "job-1", size: int = 10) -> dict[str, An
     }
 
 
+def body_url(body: dict[str, Any], where: str) -> str:
+    """The URL of a request body's first input or its output prefix."""
+    url: str = body["inputs"][0]["url"] if where == "input" else body["output_prefix"]
+    return url
+
+
 def _refusals(gateway: str, reason: str) -> float:
     with socket.create_connection(("127.0.0.1", int(gateway.rsplit(":", 1)[1])), 5) as s:
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -142,12 +148,16 @@ def test_a_sandbox_gateway_still_bounds_a_worker_s_slots(procs: Processes, prefi
     [
         (lambda root: "file://" + root.lstrip("/"), "not an absolute file URL"),
         (lambda root: "FILE://" + root, "write the scheme in lower case"),
+        # an fsspec chain: the worker wrote under the part before '::' and reported the rest
+        (lambda root: f"file://{root}::file:{root}/../elsewhere/j1", "fsspec chain URL"),
     ],
 )
 def test_relative_or_differently_spelled_file_urls_are_refused(
     procs: Processes, tmp_path: Path, where: str, spell: Any, why: str
 ) -> None:
-    """``file://tmp/.../allowed/x`` was accepted and read ``<worker cwd>/tmp/.../x``."""
+    """``file://tmp/.../allowed/x`` was accepted and read ``<worker cwd>/tmp/.../x``; a chain
+    ``file://.../allowed/o::file:/...`` was accepted and written under ``allowed/o``. The
+    refusal names the field and the value."""
     allowed = str(tmp_path / "allowed")
     gateway, _ = procs.gateway([f"file://{allowed}"])
     body = _request(f"file://{allowed}")
@@ -157,6 +167,8 @@ def test_relative_or_differently_spelled_file_urls_are_refused(
         body["output_prefix"] = spell(f"{allowed}/app/out")
     status, answer = call_json("POST", f"{gateway}/v1/jobs", body)
     assert status == 403 and why in answer["message"], answer
+    field = "inputs[0].url" if where == "input" else "output_prefix"
+    assert answer["message"].startswith(f"{field} {body_url(body, where)!r}"), answer
     assert call_json("GET", f"{gateway}/v1/jobs")[1]["jobs"] == []
 
 

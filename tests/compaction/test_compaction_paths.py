@@ -48,6 +48,9 @@ def test_allowed(url: str) -> None:
         (" s3://bucket/ckpt/x", "scheme ' s3' is not served"),
         ("s3://bucket/ckpt/x y", "whitespace"),
         ("s3://bucket/ckpt/%5C..%5Cx", "'..' path segment"),
+        # fsspec chains: fsspec would open the part before '::', not the whole text checked
+        ("file:///data/checkpoints/o::file:/elsewhere/j1", "fsspec chain URL"),
+        ("s3://bucket/ckpt/x::file:///data/checkpoints/y", "fsspec chain URL"),
     ],
 )
 def test_refused(url: str, reason: str) -> None:

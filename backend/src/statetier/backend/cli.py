@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 
 from statetier.backend import config
+from statetier.backend.snapshot.location import CREDENTIALS_HINT
 
 # Commands that the developer tools add (the statetier-tools distribution): the ``statetier``
 # command lists them, and runs the one registered under its name in this entry-point group.
@@ -74,11 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # Errors whose message already says what is wrong: shown without their class name.
-PLAIN_ERRORS = {"ConfigError", "DemoDirError", "NoSnapshotError", "StorageError"}
+PLAIN_ERRORS = {
+    "CheckpointLocationError",
+    "ConfigError",
+    "DemoDirError",
+    "NoSnapshotError",
+    "StorageError",
+}
 # What to do about errors whose own message does not say it.
 HINTS = {
-    "NoCredentialsError": "object-store credentials: set AWS_ACCESS_KEY_ID and "
-    "AWS_SECRET_ACCESS_KEY in the environment",
+    "NoCredentialsError": CREDENTIALS_HINT,
 }
 
 

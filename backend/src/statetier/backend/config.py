@@ -40,6 +40,7 @@ T = TypeVar("T")
 
 ENV_PREFIX = "STATETIER_"
 SPARK_PREFIX = "spark.statetier."
+log = logging.getLogger("statetier.config")
 
 
 class ConfigError(ValueError):
@@ -146,17 +147,24 @@ def parse_duration(raw: object) -> float:
 
 
 URI_SCHEMES = ("s3", "file", "memory")
+CHAIN_URL_PROBLEM = (
+    "'::' chains two locations (an fsspec chain URL), which statetier does not follow; give "
+    "one location, such as s3://bucket/prefix or file:///absolute/path"
+)
 _BUCKET = re.compile(r"[a-z0-9](?:[a-z0-9.\-]{0,61}[a-z0-9])?")  # S3 wants 3+; others less
 
 
 def parse_uri(raw: object) -> str:
     """A checkpoint location: ``s3://bucket[/prefix]``, ``file:///absolute/path``,
     ``memory://name``, or ``file://./dir`` (the one relative form, explicit about it: the
-    default). Anything else relative (``""``, ``dir``, ``file://dir``), another scheme or a
-    malformed URL (``s3:/bucket``) is refused rather than guessed at."""
+    default). Anything else relative (``""``, ``dir``, ``file://dir``), another scheme, a
+    malformed URL (``s3:/bucket``) or an fsspec chain (``file:///a::s3://b``: data would land
+    under the first part, which no compaction reads) is refused rather than guessed at."""
     if not isinstance(raw, str):
         raise ValueError(f"expected a URI string, got {type(raw).__name__}")
     text = raw.strip()
+    if "::" in text:
+        raise ValueError(CHAIN_URL_PROBLEM)
     scheme, sep, rest = text.partition("://")
     if not sep:
         raise ValueError("expected a URI such as s3://bucket/prefix or file:///absolute/path")
@@ -795,6 +803,8 @@ def load_config(
     spark_conf = spark_conf or {}
     overrides = _normalize_overrides(overrides or {})
     _reject_unknown(env, spark_conf)
+    for warning in misspelled_prefixes(env, spark_conf):
+        log.warning(warning)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for setting in SETTINGS:
@@ -864,6 +874,49 @@ def _reject_unknown(env: Mapping[str, str], spark_conf: Mapping[str, str]) -> No
     for key in spark_conf:
         if key.startswith(SPARK_PREFIX) and key not in known_spark:
             raise ConfigError(f"unknown Spark conf key {key}{_did_you_mean(key, known_spark)}")
+
+
+def misspelled_prefixes(env: Mapping[str, str], spark_conf: Mapping[str, str]) -> list[str]:
+    """A warning for each key that looks meant for statetier but misses its prefix
+    (``spark.statetiers.checkpoint.uri``, ``STATETIERS_CHECKPOINT_URI``): such a key is
+    someone else's to Spark, so it would be ignored without a word and the setting would keep
+    its default (for ``checkpoint.uri``, the working directory)."""
+    known_spark = {s.spark_key for s in SETTINGS}
+    known_env = {s.env_var for s in SETTINGS}
+    found = [
+        (key, "Spark conf key", SPARK_PREFIX, known_spark)
+        for key in spark_conf
+        if _near_prefix(key, ".", SPARK_PREFIX)
+    ]
+    found += [
+        (key, "environment variable", ENV_PREFIX, known_env)
+        for key in env
+        if _near_prefix(key, "_", ENV_PREFIX)
+    ]
+    return [
+        f"{what} {key} is not a statetier setting and is ignored (its prefix is not "
+        f"{prefix}){_did_you_mean(_respelled(key, prefix), known)}"
+        for key, what, prefix, known in found
+    ]
+
+
+def _head(key: str, separator: str, parts: int) -> str:
+    return separator.join(key.split(separator)[:parts])
+
+
+def _near_prefix(key: str, separator: str, prefix: str) -> bool:
+    """Whether ``key`` starts with a near miss of ``prefix`` (not with ``prefix`` itself)."""
+    parts = prefix.count(separator)
+    head, want = _head(key, separator, parts).lower(), prefix[:-1].lower()
+    if key.startswith(prefix) or key.count(separator) < parts:
+        return False
+    return head != want and difflib.SequenceMatcher(None, head, want).ratio() >= 0.85
+
+
+def _respelled(key: str, prefix: str) -> str:
+    """``key`` with its near-miss prefix replaced by ``prefix``."""
+    separator = prefix[-1]
+    return prefix + key.split(separator, prefix.count(separator))[-1]
 
 
 def _did_you_mean(key: str, known: Iterable[str]) -> str:

@@ -30,6 +30,7 @@ from statetier.backend.keygroups import (
     assign_to_key_group,
     check_key,
     check_parallelism,
+    unhashable_key_error,
 )
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
 from statetier.backend.state import (
@@ -47,12 +48,14 @@ from statetier.backend.state.heap import (
     HeapMapState,
     HeapReducingState,
     HeapValueState,
+    KeyGroupHandle,
     KeyGroupMaps,
 )
 from statetier.backend.state.key_batch import KeyBatch, as_list
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
+from statetier.backend.state.writable import accept, write_check
 from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
 
 __all__ = [
@@ -137,7 +140,10 @@ class KeyedStateBackend:
 
     def set_current_key(self, key: Any) -> None:
         """Make ``key`` the key all state handles read and write."""
-        slot = self._touched.get(key)
+        try:  # free for hashable keys; an unhashable one is named, not Python's bare words
+            slot = self._touched.get(key)
+        except TypeError:
+            raise unhashable_key_error(key) from None
         ctx = self.context
         # index first: a refused key must leave the previous key current, not half-switched
         ctx.index = self._slot_of(key) if slot is None else slot
@@ -155,7 +161,10 @@ class KeyedStateBackend:
         It runs for every record while spilling is on, so it is the plain path plus one list
         increment and one test; states with per-record hooks get the variant below.
         """
-        slot = self._touched.get(key)
+        try:
+            slot = self._touched.get(key)
+        except TypeError:
+            raise unhashable_key_error(key) from None
         ctx = self.context
         ctx.index = slot = self._slot_of(key) if slot is None else slot
         ctx.key = key
@@ -378,6 +387,21 @@ class KeyedStateBackend:
                 kg_map[key_loads(key_bytes)] = decode(value_bytes)
 
     def _make_handle(self, table: StateTable) -> State:
+        """The handle of ``table``'s state, checking what it writes (state.writable)."""
+        handle = self._plain_handle(table)
+        descriptor = table.descriptor
+        user_keys = (
+            descriptor.key_serializer if isinstance(descriptor, MapStateDescriptor) else None
+        )
+        handle.check_writes(
+            write_check(descriptor.serializer, descriptor.name, "value", self.context),
+            write_check(user_keys, descriptor.name, "map key", self.context)
+            if user_keys is not None
+            else accept,
+        )
+        return handle  # type: ignore[return-value]
+
+    def _plain_handle(self, table: StateTable) -> KeyGroupHandle:
         descriptor, ctx, maps = table.descriptor, self.context, table.maps
         if descriptor.ttl is not None:
             cleanup = IncrementalCleanup(
@@ -391,12 +415,12 @@ class KeyedStateBackend:
             self._cleanups.append(cleanup)
             if descriptor.ttl.cleanup_per_record:
                 self.add_record_hook(cleanup.on_record)
-            return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)  # type: ignore[return-value]
+            return make_ttl_state(descriptor, ctx, maps, self.clock, cleanup)
         if isinstance(descriptor, ReducingStateDescriptor):
             return HeapReducingState(ctx, maps, descriptor)
         if isinstance(descriptor, AggregatingStateDescriptor):
             return HeapAggregatingState(ctx, maps, descriptor)
-        handle_types: dict[StateKind, Callable[[KeyContext, KeyGroupMaps], State]] = {
+        handle_types: dict[StateKind, Callable[[KeyContext, KeyGroupMaps], KeyGroupHandle]] = {
             StateKind.VALUE: HeapValueState,
             StateKind.LIST: HeapListState,
             StateKind.MAP: HeapMapState,

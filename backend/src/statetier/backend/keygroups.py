@@ -70,6 +70,16 @@ def check_key(key: object) -> None:
         )
 
 
+def unhashable_key_error(key: object) -> TypeError:
+    """The error for a record's key that cannot be a dict key (a list, a dict, a set): what it
+    is and how to make it one, instead of Python's ``unhashable type: 'list'``."""
+    shown = repr(key) if len(repr(key)) <= 40 else repr(key)[:37] + "..."
+    return TypeError(
+        f"a record's key is a {type(key).__name__} ({shown}), and keys must be hashable: use "
+        "a str, bytes, int, or a tuple of those (tuple(key) for a list)"
+    )
+
+
 def _hash_field(field: object, seed: int) -> int:
     """One field's contribution; ``seed`` and the result are unsigned 64-bit."""
     if isinstance(field, str):

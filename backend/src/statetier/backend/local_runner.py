@@ -27,6 +27,7 @@ from statetier.backend.keygroups import (
     check_key,
     compute_default_max_parallelism,
     instance_for_key_group,
+    unhashable_key_error,
 )
 from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionFactory, FunctionInstance
@@ -36,6 +37,7 @@ from statetier.backend.snapshot import (
     Manifest,
     SnapshotStore,
 )
+from statetier.backend.snapshot.location import open_location
 from statetier.backend.snapshot.restore_from import Seeding, start_from_savepoint
 from statetier.backend.ttl import Clock, SystemClock
 
@@ -73,6 +75,7 @@ class LocalRunner:
         self.store = (
             SnapshotStore(checkpoint_uri, **(storage_options or {})) if checkpoint_uri else None
         )
+        epochs = open_location(self.store) if self.store else []
         # A start from a savepoint: restored from the savepoint while it is copied in
         self._seeding: Seeding | None = None
         lease = None  # the seed's commit and the checkpointer's share it (another would fence)
@@ -85,8 +88,6 @@ class LocalRunner:
         restore_store = self._seeding.savepoint if self._seeding else self.store
         if self._seeding is not None:
             epochs = [self._seeding.manifest.epoch]
-        else:
-            epochs = self.store.epochs() if self.store else []
         self.last_epoch = epochs[-1] if epochs else 0
         if epochs and restore_store is not None:
             stored_max = restore_store.manifest(self.last_epoch).max_parallelism
@@ -168,7 +169,10 @@ class LocalRunner:
         owner: dict[Any, int] = {}
         for record in records:
             key = record[0]
-            index = owner.get(key)
+            try:
+                index = owner.get(key)
+            except TypeError:
+                raise unhashable_key_error(key) from None
             if index is None:
                 check_key(key)
                 kg = assign_to_key_group(key, max_p)

@@ -12,6 +12,7 @@ exactly (tuples stay tuples, sets stay sets). Anything else is refused with the 
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 from collections.abc import Callable
@@ -28,6 +29,9 @@ __all__ = [
     "SerializationError",
     "PackMany",
     "bulk_dumps",
+    "first_unwritable",
+    "short_repr",
+    "unwritable_reason",
     "pack_many",
     "register_serializer",
     "serializer_by_id",
@@ -36,6 +40,56 @@ __all__ = [
 
 class SerializationError(TypeError):
     """A value cannot be written (unsupported type) or read (malformed bytes)."""
+
+
+# what the default serializer writes as it is, and the containers it writes element by element
+_SCALARS = frozenset({str, int, float, bool, bytes, bytearray, memoryview, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
+_INT_RANGE = range(-(1 << 63), 1 << 64)  # int64 and uint64
+WRITABLE = object()  # first_unwritable's answer for a value it can write whole
+
+
+def first_unwritable(value: Any) -> Any:
+    """The first part of ``value`` (itself or a nested element, key or value) that the default
+    serializer cannot write, or :data:`WRITABLE`: what a write checks before it stores a value
+    whose bytes are only made later (spill, checkpoint)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return WRITABLE if kind is not int or value in _INT_RANGE else value
+    if kind in _SEQUENCES:
+        parts: Any = value
+    elif kind is dict:
+        parts = itertools.chain.from_iterable(value.items())
+    else:
+        return value
+    for part in parts:
+        bad = first_unwritable(part)
+        if bad is not WRITABLE:
+            return bad
+    return WRITABLE
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def unwritable_reason(part: Any) -> str:
+    """Why the default serializer cannot write ``part`` (from :func:`first_unwritable`), and
+    what to do, in one sentence."""
+    shown = short_repr(part)
+    if type(part) is int:
+        return (
+            f"the int {shown} is outside the 64-bit range the default serializer writes "
+            "(-2**63 to 2**64-1); store it as a str (str(n)) or declare the state with "
+            "serializer=PickleSerializer()"
+        )
+    return (
+        f"the default serializer cannot write {type(part).__name__} values ({shown}); store "
+        "None, bool, int, float, str, bytes, or a list/tuple/dict/set of those (a datetime as "
+        ".timestamp() or .isoformat()), or declare the state with serializer=PickleSerializer()"
+    )
 
 
 @runtime_checkable
@@ -90,11 +144,7 @@ class MsgpackSerializer:
             return msgpack.ExtType(_EXT_FROZENSET, self._pack_nested(_ordered(value)))
         if isinstance(value, set):
             return msgpack.ExtType(_EXT_SET, self._pack_nested(_ordered(value)))
-        raise SerializationError(
-            f"the default serializer cannot write {type(value).__name__} values; use "
-            "PickleSerializer() in the state descriptor, or convert to a supported type "
-            "(None, bool, int, float, str, bytes, list, tuple, dict, set)"
-        )
+        raise SerializationError(unwritable_reason(value))
 
     def _pack_nested(self, items: list[Any]) -> bytes:
         packed: bytes = msgpack.packb(
@@ -180,6 +230,12 @@ class MsgpackSerializer:
         except SerializationError:
             raise
         except (TypeError, OverflowError, ValueError) as exc:
+            try:
+                bad = first_unwritable(value)
+            except RecursionError:
+                bad = WRITABLE  # too deep to look into: msgpack's own error says so
+            if bad is not WRITABLE:
+                raise SerializationError(unwritable_reason(bad)) from None
             raise SerializationError(
                 f"the default serializer cannot write {type(value).__name__}: {exc}"
             ) from None

@@ -12,7 +12,9 @@ spelled in lower case (``FILE://``), a ``file://`` URL that is not absolute (``f
 is the relative path ``tmp/x`` to fsspec, resolved against the worker's working directory),
 ``memory:///x`` (the same object as ``memory://x``), ``..`` and ``.`` segments (also
 percent-encoded), backslashes, empty segments, queries, fragments, whitespace and control
-characters. Gateway and worker both check: a worker does not trust the gateway to have done it.
+characters, and fsspec chain URLs (``file:///a::s3://b``, which fsspec opens as one location
+inside another: a check of the whole text would allow what the part before ``::`` is not).
+Gateway and worker both check: a worker does not trust the gateway to have done it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def _split_scheme(url: str, what: str) -> tuple[str, str]:
     if "://" not in url:
         raise RefusedPathError(
             f"{what} {url!r} is not a URL (expected s3://, file:/// or memory://)"
+        )
+    if "::" in url:
+        raise RefusedPathError(
+            f"{what} {url!r} is an fsspec chain URL ('::' joins two locations); give one "
+            "location, such as s3://bucket/path or file:///absolute/path"
         )
     scheme, rest = url.split("://", 1)
     if scheme.lower() not in _SCHEMES:

@@ -22,7 +22,7 @@ from typing import Any, cast
 from statetier.backend.keyed_backend import KeyedStateBackend, RestoredState, TouchedKeys
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.operator_state import OperatorStateBackend
-from statetier.backend.serializers import PackMany, bulk_dumps, pack_many
+from statetier.backend.serializers import PackMany, SerializationError, bulk_dumps, pack_many
 from statetier.backend.snapshot.columns import Items, Packed, ValueItems
 from statetier.backend.snapshot.format import (
     BASE,
@@ -34,6 +34,7 @@ from statetier.backend.snapshot.format import (
 from statetier.backend.snapshot.manifest import FileEntry
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import purge_expired
+from statetier.backend.state.writable import UnwritableValueError, unwritable_message
 
 __all__ = [
     "PreparedFile",
@@ -118,11 +119,38 @@ def encode_table(
         keys_out = ColumnWriter(bulk_dumps(serializer), pack_many(serializer))
         values_out = ColumnWriter(values.bulk_encoder(), values.bulk_packer())
         blocks = _table_blocks(backend, table, touched, keys_out, values_out)
-    except (TypeError, OverflowError, ValueError):
+    except Exception:
         # the bulk encoders' errors are raw; the checked ones name the value that failed
         keys_out, values_out = ColumnWriter(serializer.dumps), ColumnWriter(values.encode)
-        blocks = _table_blocks(backend, table, touched, keys_out, values_out)
+        try:
+            blocks = _table_blocks(backend, table, touched, keys_out, values_out)
+        except Exception as exc:
+            raise _unwritable_entry(table, exc) from None
     return encode_data_file_columns(header, blocks)
+
+
+def _unwritable_entry(table: StateTable, error: Exception) -> Exception:
+    """The error of the first entry of ``table`` whose value its serializer cannot write, naming
+    the state and the key (writes check what they can, state.writable; a big int or what
+    another serializer refuses is found here), or ``error`` when every value can be written."""
+    encode = table.codec.encode
+    for kg_map in table.maps:
+        for key, stored in list(kg_map.items()):
+            try:
+                encode(stored)
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, SerializationError) else _fix_for(table, exc)
+                return UnwritableValueError(unwritable_message(table.name, key, "value", reason))
+    return error
+
+
+def _fix_for(table: StateTable, error: Exception) -> str:
+    """The reason and fix of a value another serializer than the default one refused."""
+    serializer = table.descriptor.serializer.id
+    return (
+        f"the {serializer} serializer cannot write it ({error}); store a value it can write "
+        "(no locks, sockets, open files or local functions)"
+    )
 
 
 def _table_blocks(

@@ -1,9 +1,9 @@
 """Where snapshots live: the file I/O and the commit, through fsspec.
 
 The names of the objects under a checkpoint URI are :mod:`statetier.backend.snapshot.layout`'s.
-Any fsspec URL works:
-``file://`` (the embedded default), ``memory://``, ``s3://``. Every call is retried on transient
-errors (see retry).
+Any fsspec URL works: ``file://`` (the embedded default), ``memory://``, ``s3://``, but not a
+chain of them (``file:///a::s3://b``), which would put the data under the first part only. Every
+call is retried on transient errors (see retry).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from statetier.backend.config import CHAIN_URL_PROBLEM, ConfigError
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import layout
 from statetier.backend.snapshot.fencing import (
@@ -121,6 +122,8 @@ class SnapshotStore:
     def __init__(
         self, uri: str, *, retry: RetryPolicy | None = None, **storage_options: Any
     ) -> None:
+        if "::" in uri:
+            raise ConfigError(f"checkpoint URI {uri!r}: {CHAIN_URL_PROBLEM}")
         self.uri = uri.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(uri, **storage_options_for(uri, storage_options))
         single_attempt(self.fs)

@@ -53,6 +53,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.layout import results_dir
+from statetier.backend.snapshot.location import default_location_notice, open_location
 from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.snapshot.writer import epoch_clock
@@ -73,6 +74,7 @@ from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
+from statetier.backend.spark.shipping import check_function_ships
 from statetier.backend.spark.task import (
     direct_function,
     gather_function,
@@ -80,6 +82,7 @@ from statetier.backend.spark.task import (
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
 from statetier.backend.spark.wakeups import WakeUps, wake_at, with_wake_ups
+from statetier.backend.spark.writers import claim_location
 from statetier.backend.ttl import Clock, SystemClock
 
 __all__ = ["EpochReport", "RangesLostError", "StatefulPipeline"]
@@ -198,7 +201,11 @@ class StatefulPipeline:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
             warn_if_spill_off(self.config, log)
+            check_function_ships(spark, self.function_bytes)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
+            opened = open_location(self._store)
+            if self.config.source("checkpoint.uri") == "default":
+                log.warning(default_location_notice(self._store, opened))
             backend_metrics.serve_metrics(self.config.metrics_port)
         return self._store
 
@@ -355,7 +362,7 @@ class StatefulPipeline:
         """Check that ``epoch`` can run here; what its tasks need to know of it (read once:
         every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
-        lease = self._take_lease(store)
+        lease = self._take_lease(spark, store)
         self._check_after_savepoint(epoch)
         latest = self._location(store, epoch)[0]
         if epoch > latest + 1:
@@ -384,9 +391,11 @@ class StatefulPipeline:
         status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
         registry.executors = max(0, int(status.size()) - 1)  # less the driver
 
-    def _take_lease(self, store: SnapshotStore) -> WriterLease:
+    def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
+        """The writer lease, taken by the first epoch (not when a query is planned: taking it
+        fences the writer that had it, which may be another live query; see writers)."""
         if self._lease is None:
-            # before looking at the epochs: a writer fenced from here on cannot commit more
+            claim_location(spark, store.uri, self.name)
             self._lease = store.acquire_writer()
             assert self.config is not None
             if self.config.checkpoint_restore_from:
@@ -394,6 +403,7 @@ class StatefulPipeline:
                     store, self.config.checkpoint_restore_from, self._lease, **self.storage_options
                 )
                 self._restored_from = seeded.epoch if seeded is not None else 0
+            self._latest = None  # list the epochs again, now that nobody else commits
         return self._lease
 
     def _check_after_savepoint(self, epoch: int) -> None:
@@ -413,7 +423,6 @@ class StatefulPipeline:
         """What every task of this pipeline needs, whatever the epoch."""
         store = self._setup(spark)
         assert self.config is not None
-        self._take_lease(store)
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)

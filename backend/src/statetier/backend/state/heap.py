@@ -4,6 +4,8 @@ These are the handles for states without TTL; they are the hot path of every pip
 method does the least it can: find the key group's dict through the shared key context and read
 or write one entry. A key group's dict may be replaced by a spilled map with the same mapping
 interface, which is why handles go through ``maps[index]`` on every access instead of caching it.
+A write looks at the type of what it stores and checks anything not plain (state.writable), so
+a value the checkpoint could not write fails at the write, naming the state and the key.
 """
 
 from __future__ import annotations
@@ -24,15 +26,19 @@ from statetier.backend.state import (
 )
 from statetier.backend.state.context import KeyContext
 from statetier.backend.state.key_batch import KeyBatch
+from statetier.backend.state.writable import PLAIN, WriteCheck, accept, check_each
 
 KeyGroupMaps = list[MutableMapping[Any, Any]]
 
 
-def checked_elements(values: Iterable[Any]) -> list[Any]:
-    """``values`` as a list, none of them None (a list state holds no None elements)."""
+def checked_elements(values: Iterable[Any], check: WriteCheck = accept) -> list[Any]:
+    """``values`` as a list, none of them None (a list state holds no None elements), each one
+    the state can store (``check``)."""
     new = list(values)
     for value in new:
         check_not_none(value, "a list element")
+        if type(value) not in PLAIN:
+            check(value)
     return new
 
 
@@ -53,15 +59,32 @@ def store_or_drop(maps: KeyGroupMaps, ctx: KeyContext, new: list[Any] | dict[Any
         maps[ctx.index].pop(ctx.key, None)
 
 
+def check_entries(entries: dict[Any, Any], check_key: WriteCheck, check: WriteCheck) -> None:
+    """Check the user keys and values a map state is given to store."""
+    for user_key, value in entries.items():
+        if type(user_key) not in PLAIN:
+            check_key(user_key)
+        if type(value) not in PLAIN:
+            check(value)
+
+
 class KeyGroupHandle:
     """What every handle shares: the key context and the key groups' maps, in which it reads and
-    writes the current key's entry, and ``clear``, which drops that entry."""
+    writes the current key's entry, ``clear``, which drops that entry, and the checks of what it
+    writes (values, and a map's user keys), which the backend sets (``check_writes``)."""
 
-    __slots__ = ("_ctx", "_maps")
+    __slots__ = ("_check", "_check_key", "_ctx", "_maps")
 
     def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
         self._ctx = ctx
         self._maps = maps
+        self._check: WriteCheck = accept
+        self._check_key: WriteCheck = accept
+
+    def check_writes(self, values: WriteCheck, user_keys: WriteCheck = accept) -> None:
+        """Check each written value with ``values`` and each map key with ``user_keys``."""
+        self._check = values
+        self._check_key = user_keys
 
     def clear(self) -> None:
         ctx = self._ctx
@@ -80,6 +103,8 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
         if value is None:
             self._maps[ctx.index].pop(ctx.key, None)
         else:
+            if type(value) not in PLAIN:
+                self._check(value)
             self._maps[ctx.index][ctx.key] = value
 
     def values(self, batch: KeyBatch) -> list[Any]:
@@ -95,6 +120,7 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
     def update_all(self, batch: KeyBatch, values: Iterable[Any]) -> None:
         new = batch.checked_values(self._ctx, values)
         maps, keys = self._maps, batch.keys
+        check_each(self._check, new, keys)
         batch.forget_written(maps)
         # no key to clear (`is`, not `in`: a value's == may be elementwise): one update each
         if batch.runs is not None and not any(map(operator.is_, new, itertools.repeat(None))):
@@ -118,6 +144,8 @@ class HeapListState(KeyGroupHandle, ListState[Any]):
 
     def add(self, value: Any) -> None:
         check_not_none(value, "a list element")
+        if type(value) not in PLAIN:
+            self._check(value)
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         elements = kg_map.get(ctx.key)
@@ -128,10 +156,10 @@ class HeapListState(KeyGroupHandle, ListState[Any]):
             kg_map[ctx.key] = elements  # a spilled map must see the write
 
     def add_all(self, values: Iterable[Any]) -> None:
-        append_elements(self._maps, self._ctx, checked_elements(values))
+        append_elements(self._maps, self._ctx, checked_elements(values, self._check))
 
     def update(self, values: Iterable[Any]) -> None:
-        store_or_drop(self._maps, self._ctx, checked_elements(values))
+        store_or_drop(self._maps, self._ctx, checked_elements(values, self._check))
 
 
 class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
@@ -149,6 +177,8 @@ class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
 
     def add(self, value: Any) -> None:
         check_not_none(value, "a reduced value")
+        if type(value) not in PLAIN:
+            self._check(value)
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         current = kg_map.get(ctx.key)
@@ -164,6 +194,7 @@ class HeapReducingState(KeyGroupHandle, ReducingState[Any]):
             check_not_none(None, "a reduced value")
         out: list[Any] = []
         maps, keys = self._maps, batch.keys
+        check_each(self._check, new, keys)
         batch.forget_written(maps)
         if batch.runs is None:
             for key, slot, value in zip(keys, batch.slots, new, strict=True):
@@ -216,7 +247,10 @@ class HeapAggregatingState(KeyGroupHandle, AggregatingState[Any, Any]):
         accumulator = kg_map.get(ctx.key)
         if accumulator is None:
             accumulator = self._fn.create_accumulator()
-        kg_map[ctx.key] = self._fn.add(value, accumulator)
+        accumulator = self._fn.add(value, accumulator)
+        if type(accumulator) not in PLAIN:
+            self._check(accumulator)
+        kg_map[ctx.key] = accumulator
 
 
 class HeapMapState(KeyGroupHandle, MapState[Any, Any]):
@@ -233,6 +267,10 @@ class HeapMapState(KeyGroupHandle, MapState[Any, Any]):
         return self._entries().get(user_key)
 
     def put(self, user_key: Any, value: Any) -> None:
+        if type(user_key) not in PLAIN:
+            self._check_key(user_key)
+        if type(value) not in PLAIN:
+            self._check(value)
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         entries = kg_map.get(ctx.key)
@@ -245,6 +283,7 @@ class HeapMapState(KeyGroupHandle, MapState[Any, Any]):
     def put_all(self, entries: dict[Any, Any]) -> None:
         if not entries:
             return
+        check_entries(entries, self._check_key, self._check)
         ctx = self._ctx
         kg_map = self._maps[ctx.index]
         current = kg_map.get(ctx.key) or {}

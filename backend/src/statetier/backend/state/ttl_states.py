@@ -24,11 +24,13 @@ from statetier.backend.state.heap import (
     KeyGroupHandle,
     KeyGroupMaps,
     append_elements,
+    check_entries,
     checked_elements,
     store_or_drop,
 )
 from statetier.backend.state.key_batch import KeyBatch
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
+from statetier.backend.state.writable import PLAIN
 from statetier.backend.ttl import Clock, StateTtlConfig, StateVisibility, UpdateType
 
 Stamped = tuple[Any, int]
@@ -85,6 +87,8 @@ class _TtlHandle(KeyGroupHandle):
         return stamped[0]
 
     def _write(self, value: Any, now: int) -> None:
+        if type(value) not in PLAIN:
+            self._check(value)
         ctx = self._ctx
         self._maps[ctx.index][ctx.key] = (value, now)
 
@@ -188,11 +192,13 @@ class TtlListState(_TtlHandle, handles.ListState[Any]):
 
     def add_all(self, values: Iterable[Any]) -> None:
         now = self._access()
-        append_elements(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
+        new = checked_elements(values, self._check)
+        append_elements(self._maps, self._ctx, [(v, now) for v in new])
 
     def update(self, values: Iterable[Any]) -> None:
         now = self._access()
-        store_or_drop(self._maps, self._ctx, [(v, now) for v in checked_elements(values)])
+        new = checked_elements(values, self._check)
+        store_or_drop(self._maps, self._ctx, [(v, now) for v in new])
 
 
 class TtlMapState(_TtlHandle, handles.MapState[Any, Any]):
@@ -238,6 +244,7 @@ class TtlMapState(_TtlHandle, handles.MapState[Any, Any]):
         now = self._access()
         if not entries:
             return
+        check_entries(entries, self._check_key, self._check)
         current = self._entries() or {}
         for user_key, value in entries.items():
             current[user_key] = (value, now)

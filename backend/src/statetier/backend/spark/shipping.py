@@ -1,0 +1,54 @@
+"""Whether the executors can load the pipeline's function, asked once before its first epoch.
+
+A function defined in a module that only the driver can import (a file beside the driver's
+script, a notebook's folder) fails where the state host unpickles it: every task attempt of
+every epoch, each failure a Python traceback inside Spark's Java stack, until Spark gives up.
+One task that *returns* the import error instead of raising it is never retried, and tells
+the driver which module to ship and how.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Iterable, Iterator
+
+from pyspark.sql import SparkSession
+
+__all__ = ["FunctionNotShippedError", "check_function_ships"]
+
+
+class FunctionNotShippedError(ImportError):
+    """The executors cannot import a module the pipeline's function needs."""
+
+
+def check_function_ships(spark: SparkSession, function_bytes: bytes) -> None:
+    """Unpickle the function in one task on an executor: :class:`FunctionNotShippedError`,
+    in one line naming the module and how to ship it, if a module is missing there."""
+
+    def load(_: Iterable[object]) -> Iterator[str | None]:
+        try:
+            pickle.loads(function_bytes)
+        except ImportError as e:  # ModuleNotFoundError, or a name the module lacks there
+            yield e.name or str(e)
+        else:
+            yield None
+
+    (missing,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
+    if missing is not None:
+        raise FunctionNotShippedError(_message(missing), name=missing)
+
+
+def _message(module: str) -> str:
+    here = getattr(sys.modules.get(module), "__file__", None)
+    if here is None:
+        what = "its file or a .zip of its package"
+    elif here.endswith("__init__.py"):
+        what = f"a .zip of its package {here.rsplit('/', 2)[0]}"
+    else:
+        what = repr(here)
+    return (
+        f"the executors cannot import module {module!r}, which the pipeline's function needs: "
+        f"ship it with spark.sparkContext.addPyFile({what}) before the first epoch, "
+        "spark-submit --py-files, or install it in the executors' image"
+    )

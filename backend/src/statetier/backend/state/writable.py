@@ -1,0 +1,96 @@
+"""Refuse a value at the write when the state's serializer could not write it later.
+
+Heap state holds Python objects; their bytes are made only when a key group spills or is
+checkpointed. A value the serializer cannot write (a ``datetime`` under the default serializer)
+would be taken by ``update()`` and fail the epoch at commit, after the sink wrote, naming neither
+the state nor the key. The handles therefore check what they store, where the user wrote it.
+
+The check must cost nothing on the per-record path: a handle looks at the value's type only,
+and a type in :data:`PLAIN` (what most state holds) needs nothing more. Any other value is looked
+at in full here. An int of a plain type may still be too large for 64 bits: it is found when its
+bytes are made, and the snapshot's error names the state and the key too (snapshot.serialize).
+Only the default serializer is checked here; what another serializer (pickle, a custom one)
+refuses is named at the snapshot, since finding out would mean serializing every value twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from statetier.backend.serializers import (
+    WRITABLE,
+    MsgpackSerializer,
+    SerializationError,
+    Serializer,
+    first_unwritable,
+    short_repr,
+    unwritable_reason,
+)
+from statetier.backend.state.context import KeyContext
+
+__all__ = [
+    "PLAIN",
+    "UnwritableValueError",
+    "WriteCheck",
+    "accept",
+    "check_each",
+    "unwritable_message",
+    "write_check",
+]
+
+# the types a handle stores without a closer look (int: its range is checked at the snapshot)
+PLAIN = frozenset({str, int, float, bool, bytes})
+
+CURRENT = object()  # a check's key: the context's current key
+
+
+class WriteCheck(Protocol):
+    """Raises :class:`UnwritableValueError` for a value the state cannot store, naming ``key``
+    (by default the current key)."""
+
+    def __call__(self, value: Any, key: Any = CURRENT) -> None: ...
+
+
+class UnwritableValueError(SerializationError):
+    """A value written to a state is one its serializer cannot write."""
+
+
+def accept(value: Any, key: Any = CURRENT) -> None:
+    """The check of a state whose serializer is not the default one: nothing to look at."""
+
+
+def unwritable_message(state: str, key: Any, what: str, reason: str) -> str:
+    """The one-line error of a ``what`` (``"value"``, ``"map key"``) that cannot be written:
+    the state, the key, the reason and the fix."""
+    where = "" if what == "value" else f" ({what})"
+    return f"state {state!r}, key {short_repr(key)}{where}: {reason}"
+
+
+def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) -> WriteCheck:
+    """The check a handle of ``state`` calls on a written ``what`` (``"value"``, ``"map key"``)
+    whose type is not in :data:`PLAIN`: it raises :class:`UnwritableValueError` naming the state
+    and the current key when the default serializer cannot write it."""
+    if not isinstance(serializer, MsgpackSerializer):
+        return accept
+
+    def check(value: Any, key: Any = CURRENT) -> None:
+        try:
+            bad = first_unwritable(value)
+        except RecursionError:  # nested past Python's limit: the snapshot names it
+            return
+        if bad is not WRITABLE:
+            named = ctx.key if key is CURRENT else key
+            reason = unwritable_reason(bad)
+            raise UnwritableValueError(unwritable_message(state, named, what, reason))
+
+    return check
+
+
+def check_each(check: WriteCheck, values: list[Any], keys: list[Any]) -> None:
+    """Check the values of a bulk write (``keys[i]`` writes ``values[i]``), naming the key of
+    the first that cannot be written: a C-level pass over the types when all are plain."""
+    if check is accept or PLAIN.issuperset(map(type, values)):
+        return
+    for key, value in zip(keys, values, strict=True):
+        if value is not None and type(value) not in PLAIN:
+            check(value, key)
