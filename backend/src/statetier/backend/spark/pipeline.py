@@ -248,7 +248,8 @@ class StatefulPipeline:
         clock's processing time; ``end_of_input`` then fires every event-time timer.
         """
         store = self._setup(df.sparkSession)
-        self._take_lease(df.sparkSession, store)  # (and a start from checkpoint.restore-from) before listing
+        # the lease (and a start from checkpoint.restore-from) before listing the epochs
+        self._take_lease(df.sparkSession, store)
         epochs = store.epochs()
         time_ = EpochTime(watermark, self._now_ms(), end_of_input)
         return self.run_epoch(df, (epochs[-1] if epochs else 0) + 1, sink, time=time_)
