@@ -211,33 +211,39 @@ def stream(
 
 
 class CtrlC:
-    """Ctrl-C as a flag, checked between steps. PySpark's own SIGINT handler raises in the middle
-    of a Py4J call, which then prints pages of tracebacks from both sides of the bridge."""
+    """Ctrl-C (and SIGTERM, a timeout's or a CI limit's) as a flag, checked between steps.
+    PySpark's own SIGINT handler raises in the middle of a Py4J call, which then prints pages
+    of tracebacks from both sides of the bridge; Python's default SIGTERM ends the process
+    without stopping the object store and the state hosts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.pressed = threading.Event()
-        self.previous: Any = None
+        self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        signal.signal(signal.SIGINT, lambda *_: self.pressed.set())
+        for signum in self.SIGNALS:
+            signal.signal(signum, lambda *_: self.pressed.set())
 
     def __enter__(self) -> CtrlC:
-        self.previous = signal.getsignal(signal.SIGINT)
+        self.previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
         self.install()
         return self
 
     def __exit__(self, *_: object) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
     def deferred(self, start: Callable[..., T], *args: Any) -> T:
         """``start(*args)`` with Ctrl-C held back until it returned: starting a SparkContext
         installs PySpark's handler, which is replaced by this one again afterwards."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(self.SIGNALS))
         try:
             return start(*args)
         finally:
             self.install()
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))
             self.check()
 
     def check(self) -> None:
