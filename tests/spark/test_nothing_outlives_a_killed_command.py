@@ -90,6 +90,7 @@ def stop_and_check(command: subprocess.Popen[bytes], value: str, signum: int) ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the command's start (240 s under load), its stop, then 60 s
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_demo_stopped_mid_run_leaves_no_process(signum: int, tmp_path: Path) -> None:
     value = uuid.uuid4().hex
@@ -103,6 +104,7 @@ def test_a_demo_stopped_mid_run_leaves_no_process(signum: int, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_benchmark_stopped_mid_run_leaves_no_process(signum: int) -> None:
     value = uuid.uuid4().hex

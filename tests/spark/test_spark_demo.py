@@ -105,7 +105,15 @@ def run_printed(command: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+# Each demo run starts a JVM, a SeaweedFS server and a state host: alone a run takes under a
+# minute, beside a loaded machine's other work (load 12-20 on 2 cores) over 100 s. These tests run
+# several in a row, so their budget is the sum of their runs' hang guards, not pytest's default
+# for one test (300 s), which a fresh clone's `make test` under load exceeded.
+SEVERAL_RUNS = pytest.mark.timeout(1200)
+
+
 @pytest.mark.slow
+@SEVERAL_RUNS
 def test_demo_spills_checkpoints_to_seaweedfs_and_resumes_exactly(tmp_path: Path) -> None:
     before = host_pids()
     args = [
@@ -157,6 +165,7 @@ def test_demo_spills_checkpoints_to_seaweedfs_and_resumes_exactly(tmp_path: Path
 
 
 @pytest.mark.slow
+@SEVERAL_RUNS
 def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) -> None:
     directory = tmp_path / "d"
     args = [
