@@ -221,9 +221,9 @@ _NAME_ATTEMPTS = 8
 def generated_name(
     prefix: str, taken: Callable[[str], bool], draw: Callable[[str], str] = secrets.choice
 ) -> str:
-    """A name for ``generateName: prefix`` that ``taken`` says is free. With a suffix drawn once
-    and never again, a busy suite's events collided (kopf posts an Event per handler outcome,
-    all named ``kopf-event-...``) and the loser's 409 AlreadyExists landed in the logs."""
+    """A name for ``generateName: prefix`` that ``taken`` says is free. A suffix drawn once and
+    never again could collide (kopf names every Event it posts ``kopf-event-...``), and the
+    loser's 409 AlreadyExists would land in the operator's log, which a real apiserver spares."""
     for _ in range(_NAME_ATTEMPTS):
         name = prefix[:58] + "".join(draw(_NAME_ALPHABET) for _ in range(5))
         if not taken(name):
