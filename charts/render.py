@@ -11,13 +11,41 @@ names the key. ``make manifests`` writes dist/statetier.yaml this way.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import helm_python
 import yaml
 
 CHART = Path(__file__).resolve().parent / "statetier"
+# Helm's Go code logs to the process's stderr with Go's default logger, below Python's logging
+# (helm_python.enable_logging does not reach it): "2026/01/02 03:04:05 INFO found symbolic link".
+GO_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (?:INFO|DEBUG) ")
+
+
+@contextlib.contextmanager
+def quiet_go_info() -> Iterator[None]:
+    """Hold file descriptor 2 while Helm's Go code runs; pass on what it wrote except Go's
+    INFO and DEBUG lines, which say nothing a user of the rendered manifests needs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not GO_INFO.match(line):
+                    sys.stderr.write(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     values: dict[str, object] = {}
     for path in args.values:
         values = _merge(values, yaml.safe_load(Path(path).read_text()) or {})
-    with helm_python.Chart.load(str(CHART)) as chart:
+    with quiet_go_info(), helm_python.Chart.load(str(CHART)) as chart:
         try:
             rendered = chart.render(values, name=args.name, namespace=args.namespace)
         except helm_python.HelmValuesError as exc:
-            print(f"invalid values: {exc}", file=sys.stderr)
-            return 2
+            invalid = exc
+        else:
+            invalid = None
+    if invalid is not None:
+        print(f"invalid values: {invalid}", file=sys.stderr)
+        return 2
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt") or not text.strip():
             continue

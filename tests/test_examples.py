@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*/example.py"))
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*/example.py"))
 
 
 def test_examples_are_found() -> None:
@@ -30,3 +32,31 @@ def test_example_runs(example: Path) -> None:
         assert "Exception" not in result.stderr, result.stderr
     else:
         assert result.stderr == "", f"an example runs without warnings or errors:\n{result.stderr}"
+
+
+QUOTE = re.compile(r"<!-- example: (?P<path>\S+) -->\n```python\n(?P<code>.*?)```\n", re.DOTALL)
+PAGES = sorted((REPO / "docs").glob("*.md"))
+
+
+def quotes(page: Path) -> list[tuple[str, str]]:
+    """Each code block ``page`` marks as quoted from an example: (the example's path, the code)."""
+    return [(m["path"], m["code"]) for m in QUOTE.finditer(page.read_text())]
+
+
+def test_the_spark_guide_opens_with_a_quoted_streaming_example() -> None:
+    quoted = quotes(REPO / "docs" / "spark.md")
+    paths = {path for path, _ in quoted}
+    assert paths == {
+        "examples/07-spark-guide/sessions.py",
+        "examples/07-spark-guide/example.py",
+    }
+    job = "".join(code for path, code in quoted if path.endswith("example.py"))
+    needed = ["withWatermark", "checkpointLocation", "checkpoint.uri", "addPyFile", "end_of_input"]
+    assert [part for part in needed if part not in job] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_quoted_code_is_the_examples_own(page: Path) -> None:
+    """A page's quote of an example is a verbatim part of it, so the page shows code that runs."""
+    for path, code in quotes(page):
+        assert code in (REPO / path).read_text(), f"{page.name} quotes {path} differently"

@@ -260,5 +260,6 @@ def test_without_the_tools_a_tool_command_says_what_to_install(
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == ""
     assert result.stderr == (
-        f"statetier {command} comes with the statetier-tools package: pip install statetier-tools\n"
+        f"statetier {command} comes with the statetier-tools package: pip install statetier-tools,"
+        " or from a statetier checkout: pip install ./tools (make install sets up everything)\n"
     )

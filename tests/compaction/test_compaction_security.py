@@ -130,3 +130,32 @@ def test_only_the_probe_and_count_routes_are_served_without_the_token() -> None:
     open_routes = {k for k, status in statuses.items() if status != 401}
     assert open_routes == {"GET /healthz", "GET /readyz", "GET /metrics", "GET /v1/stats"}
     assert len(statuses) == 13
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (f"Bearer {TOKEN}", 200),
+        (f"bearer {TOKEN}", 200),
+        (f"BEARER {TOKEN}", 200),
+        (f"BeArEr   {TOKEN} ", 200),
+        (f"Basic {TOKEN}", 401),
+        (f"Bearer{TOKEN}", 401),
+        (f"bearer {TOKEN.upper()}", 401),  # the token itself is compared exactly
+        ("bearer", 401),
+        ("", 401),
+    ],
+)
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_exact(
+    header: str, status: int
+) -> None:
+    """RFC 7235: the authentication scheme is case-insensitive; the token is not."""
+
+    async def answer() -> int:
+        gateway = Gateway(GatewaySettings(allowed_prefixes=("s3://b/p",), token=TOKEN))
+        async with TestClient(TestServer(gateway.app(), host="127.0.0.1")) as client:
+            headers = {"Authorization": header} if header else {}
+            async with client.get("/v1/jobs", headers=headers) as response:
+                return response.status
+
+    assert asyncio.run(answer()) == status

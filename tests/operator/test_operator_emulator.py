@@ -62,6 +62,29 @@ def test_generate_name(emulator: Sandbox) -> None:
     assert obj["metadata"]["name"].startswith("gen-") and len(obj["metadata"]["name"]) > 4
 
 
+def test_a_generated_name_already_taken_is_drawn_again() -> None:
+    """As kube-apiserver does since 1.31: kopf names every Event kopf-event-<suffix>, and a
+    suffix drawn twice in a long suite was a 409 AlreadyExists in the operator's log."""
+    from statetier.kubetest.emulator import ApiError, generated_name
+
+    suffixes = iter("bbbbbbbbbbccccc")  # the first draw collides
+    taken = {"kopf-event-bbbbb"}
+    name = generated_name("kopf-event-", taken.__contains__, lambda _: next(suffixes))
+    assert name == "kopf-event-ccccc"
+    with pytest.raises(ApiError) as refused:  # every attempt taken: the apiserver's 409
+        generated_name("x-", lambda _: True)
+    assert refused.value.code == 409
+
+
+def test_many_generated_names_are_all_created(emulator: Sandbox) -> None:
+    names = set()
+    for _ in range(200):
+        code, obj = _request(emulator, "POST", CM, {"metadata": {"generateName": "many-"}})
+        assert code == 201, obj
+        names.add(obj["metadata"]["name"])
+    assert len(names) == 200
+
+
 def test_missing_namespace_is_404(emulator: Sandbox) -> None:
     code, obj = _request(emulator, "POST", "/api/v1/namespaces/nowhere/configmaps", _cm("x"))
     assert code == 404 and "nowhere" in obj["message"]

@@ -109,3 +109,57 @@ def test_invalid_annotations_are_an_error_naming_file_and_annotation(tmp_path: P
     assert proc.returncode == 2
     assert f"{path}: wordcount:" in proc.stderr and "statetier.io/spill-volume" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_output_has_no_yaml_anchors_or_aliases() -> None:
+    # the driver and the executor get equal env entries: a plain dump shares them as &id/*id
+    for extra in ([], ["--pod-template"]):
+        proc = _render(str(APP), "--compaction-endpoint", ENDPOINT, *extra)
+        assert proc.returncode == 0, proc.stderr
+        events = list(yaml.parse(proc.stdout))
+        assert not [e for e in events if isinstance(e, yaml.AliasEvent)], extra
+        assert not [e for e in events if getattr(e, "anchor", None)], extra
+
+
+def test_the_webhook_s_warnings_go_to_stderr(tmp_path: Path) -> None:
+    app = yaml.safe_load(APP.read_text())
+    del app["metadata"]["annotations"]["statetier.io/checkpoint-uri"]
+    path = tmp_path / "app.yaml"
+    path.write_text(yaml.safe_dump(app))
+    proc = _render(str(path))  # no endpoint either
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"warning: {path}: wordcount: no statetier.io/checkpoint-uri")
+    assert lines[1].startswith(f"warning: {path}: wordcount: CompactionService compaction")
+    (rendered,) = _docs(proc.stdout)  # the manifest itself is still written
+    assert "spark.statetier.spill.dirs" in rendered["spec"]["sparkConf"]
+
+
+def test_a_service_in_another_namespace_warns_that_its_token_secret_must_be_copied() -> None:
+    app = yaml.safe_load(APP.read_text())
+    app["metadata"]["annotations"]["statetier.io/compaction-service"] = "shared/compaction"
+    proc = _render("-", "--compaction-endpoint", ENDPOINT, stdin=yaml.safe_dump(app))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (
+        "warning: wordcount: CompactionService shared/compaction is in another namespace: copy "
+        "its token Secret compaction-compaction-token (key token) into namespace default, where "
+        "the Spark pods read it\n"
+    )
+    same = dict(
+        app["metadata"]["annotations"], **{"statetier.io/compaction-service": "default/compaction"}
+    )
+    app["metadata"]["annotations"] = same
+    quiet = _render("-", "--compaction-endpoint", ENDPOINT, stdin=yaml.safe_dump(app))
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_help_is_plain_words_without_internal_names() -> None:
+    for args in ([], ["render-app"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "statetier.operator.cli", *args, "--help"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        for internal in ("``", ":class:", ":func:", "COMMANDS_GROUP", "OperatorSettings", "memo"):
+            assert internal not in proc.stdout, (args, internal)

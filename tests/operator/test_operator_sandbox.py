@@ -85,7 +85,7 @@ def test_without_kubetest_sandbox_and_bench_say_what_to_install(
     assert result.stdout == ""
     assert result.stderr == (
         f"statetier-operator {command} comes with the statetier-kubetest package: "
-        "pip install statetier-kubetest\n"
+        "pip install statetier-kubetest, or from a statetier checkout: pip install ./kubetest\n"
     )
 
 

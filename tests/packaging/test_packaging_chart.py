@@ -269,6 +269,44 @@ def test_dashboards_configmaps_and_prometheus_rule() -> None:
     assert "> 0.8" in exprs["StatetierSpillVolumeNearlyFull"]
     assert "[30m]" in exprs["StatetierCompactionQueueGrowing"]
     assert "[30m]" in exprs["StatetierCheckpointsFailing"]  # its own window, unchanged
+    moved = find(
+        render({"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://wiki.example/rb"}}),
+        "PrometheusRule",
+    )
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for g in moved["spec"]["groups"]
+            for r in g["rules"]}  # fmt: skip
+    assert urls["StatetierOperatorDown"] == "https://wiki.example/rb#statetieroperatordown"
+    assert all(u.startswith("https://wiki.example/rb#") for u in urls.values()), urls
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors of a Markdown page's headings, as GitHub and most doc sites make them."""
+    import re
+
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in markdown.splitlines()
+        if line.startswith("#")
+    }
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    """Each alert's runbook_url is a section of docs/runbooks.md, named after the alert, and
+    every section there belongs to an alert (none is left over after a rename)."""
+    rules = yaml.safe_load((CHART / "rules" / "statetier-alerts.yaml").read_text())
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["runbookBaseUrl"]
+    page = (REPO / "docs" / "runbooks.md").read_text()
+    sections = anchors(page) - {"runbooks"}
+    alerts = {}
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            url, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+            assert url == base, rule["alert"]
+            assert anchor == rule["alert"].lower(), rule["alert"]
+            alerts[rule["alert"]] = anchor
+    assert set(alerts.values()) == sections
+    for alert in alerts:
+        assert f"## {alert}\n" in page
 
 
 def test_namespaced_install_has_peering_and_roles_per_namespace() -> None:
@@ -329,6 +367,7 @@ def test_plain_manifests_script(tmp_path: Path) -> None:
     """charts/render.py (make manifests): the same objects as the chart, bad values refused."""
     script = REPO / "charts" / "render.py"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    assert proc.stderr == ""  # no log line of Helm's Go code (the CRD link it follows)
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
         (d["kind"], d["metadata"]["name"]) for d in render({})
@@ -340,6 +379,7 @@ def test_plain_manifests_script(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "/webhooks/failurePolicy" in proc.stderr
+    assert " INFO " not in proc.stderr
 
 
 def test_packaged_chart_carries_the_linked_crds(tmp_path: Path) -> None:

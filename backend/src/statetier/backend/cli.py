@@ -130,7 +130,8 @@ def run_tool(command: str, argv: Sequence[str], commands: Mapping[str, metadata.
     entry = commands.get(command)
     if entry is None:
         print(
-            f"statetier {command} comes with the {TOOLS} package: pip install {TOOLS}",
+            f"statetier {command} comes with the {TOOLS} package: pip install {TOOLS}, or from "
+            "a statetier checkout: pip install ./tools (make install sets up everything)",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -86,6 +86,14 @@ NO_TOKEN = (
 )
 
 
+def bearer_credentials(header: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header, else "". The scheme is
+    case-insensitive (RFC 7235: ``bearer`` and ``BEARER`` are ``Bearer``), and spaces around
+    the token are not part of it; clients differ in both."""
+    scheme, _, credentials = header.strip().partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class GatewaySettings:
     """Everything a gateway is started with; every bound has a default (docs/compaction.md).
@@ -220,8 +228,8 @@ class Gateway:
         if not token:
             self.metrics.refused.labels("token").inc()
             return _error(401, "unauthorized", NO_TOKEN)
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        given = bearer_credentials(request.headers.get("Authorization", ""))
+        if not hmac.compare_digest(given.encode(), token.encode()):
             self.metrics.refused.labels("token").inc()
             return _error(401, "unauthorized", "missing or wrong bearer token")
         return await handler(request)

@@ -60,11 +60,12 @@ import datetime
 import functools
 import json
 import re
+import secrets
 import signal
 import ssl
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,25 @@ class _Write:
     manager: str
     strict: bool = False
     force: bool = False
+
+
+# kube-apiserver's generated names: 5 characters of an alphabet without vowels or look-alikes
+# (14.3M suffixes), a suffix already taken drawn again (RetryGenerateName, on since 1.31).
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_NAME_ATTEMPTS = 8
+
+
+def generated_name(
+    prefix: str, taken: Callable[[str], bool], draw: Callable[[str], str] = secrets.choice
+) -> str:
+    """A name for ``generateName: prefix`` that ``taken`` says is free. A suffix drawn once and
+    never again could collide (kopf names every Event it posts ``kopf-event-...``), and the
+    loser's 409 AlreadyExists would land in the operator's log, which a real apiserver spares."""
+    for _ in range(_NAME_ATTEMPTS):
+        name = prefix[:58] + "".join(draw(_NAME_ALPHABET) for _ in range(5))
+        if not taken(name):
+            return name
+    raise ApiError(409, "AlreadyExists", f"no free name for generateName {prefix!r}")
 
 
 def _check_crd(crd: Obj) -> None:
@@ -865,7 +885,11 @@ class ApiEmulator(kmock.KubernetesEmulator):
             meta.pop(server_field, None)
         meta.pop("managedFields", None)
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            ns = parsed.namespace or meta.get("namespace") or "default"
+            where = ns if rdef.namespaced else ""
+            meta["name"] = generated_name(
+                meta["generateName"], lambda name: (where, name) in self._bucket(rdef)
+            )
         if not meta.get("name"):
             raise ApiError(
                 422, "Invalid", "metadata.name: Required value: name or generateName is required"

@@ -1,13 +1,16 @@
-"""``statetier-operator``: run the operator, or measure it.
+"""statetier-operator: run the statetier operator, or configure SparkApplication manifests.
 
-``run`` parses the operator settings (flags made from :class:`OperatorSettings`) and starts kopf
-with them in its memo: the chosen namespaces, peering and liveness endpoint, and what the
-handlers read. ``render-app`` configures SparkApplication manifests without the mutating
-webhook. ``bench`` (the time from ``kubectl apply`` of a CompactionService to its Deployments
-existing, against the API emulator) and ``sandbox`` (the operator at work on a laptop,
-``make sandbox``) run the Kubernetes test environment, which is not part of the operator: the
-statetier-kubetest distribution registers them in the entry-point group ``COMMANDS_GROUP``.
+run starts the operator: it reconciles CompactionServices and, with its webhooks, configures
+the SparkApplications that opt in with statetier.io/* annotations. render-app writes that
+configuration into application manifests instead, for clusters without the mutating webhook
+or for a GitOps pipeline. bench and sandbox come with the statetier-kubetest package: bench
+measures the operator against a Kubernetes API emulator, sandbox shows it at work there.
 """
+
+# How it is built: ``run``'s flags are made from :class:`OperatorSettings` and reach the
+# handlers in kopf's memo; ``bench`` and ``sandbox`` are entry points that statetier-kubetest
+# registers in ``COMMANDS_GROUP``, since the Kubernetes test environment is not part of the
+# operator. The docstring above is the command's help, so it names nothing of that.
 
 from __future__ import annotations
 
@@ -75,7 +78,8 @@ def run_kubetest_command(
     without one, a line that says what to install and exit status 2."""
     if name not in commands:
         print(
-            f"statetier-operator {name} comes with the {KUBETEST} package: pip install {KUBETEST}",
+            f"statetier-operator {name} comes with the {KUBETEST} package: pip install "
+            f"{KUBETEST}, or from a statetier checkout: pip install ./kubetest",
             file=sys.stderr,
         )
         return 2
@@ -94,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
 
     render = sub.add_parser(
-        "render-app", help="configure SparkApplication manifests without the mutating webhook"
+        "render-app",
+        help="configure SparkApplication manifests without the mutating webhook",
+        description=render_app_description(),
     )
     render.add_argument("files", nargs="*", help="YAML files (default: stdin); - for stdin")
     render.add_argument(
@@ -117,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, add_help=False, help=f"{text} ({KUBETEST})")
 
     return parser
+
+
+def render_app_description() -> str:
+    """``render-app --help``: its module's docstring, written for users (no reST markup)."""
+    from statetier.operator import render_app
+
+    return render_app.__doc__ or ""
 
 
 def main(argv: list[str] | None = None) -> int:

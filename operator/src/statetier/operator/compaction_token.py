@@ -15,7 +15,15 @@ import base64
 import secrets
 from typing import Any
 
-__all__ = ["ENV", "SECRET_SUFFIX", "TOKEN_KEY", "env", "generated_secret", "secret_ref"]
+__all__ = [
+    "ENV",
+    "SECRET_SUFFIX",
+    "TOKEN_KEY",
+    "copy_warning",
+    "env",
+    "generated_secret",
+    "secret_ref",
+]
 
 Obj = dict[str, Any]
 ENV = "STATETIER_COMPACTION_TOKEN"
@@ -57,3 +65,13 @@ def generated_secret(body: Obj, owner: Obj, labels: dict[str, str]) -> Obj | Non
         },
         "data": {key: base64.b64encode(token.encode()).decode()},
     }
+
+
+def copy_warning(service: str, secret: str, key: str, namespace: str) -> str:
+    """What to do when the CompactionService ``service`` (``namespace/name``) is in another
+    namespace than the application's ``namespace``: a Secret is readable only by pods of its
+    own namespace, so the Spark pods need a copy of the token Secret under the same name."""
+    return (
+        f"CompactionService {service} is in another namespace: copy its token Secret {secret} "
+        f"(key {key}) into namespace {namespace}, where the Spark pods read it"
+    )

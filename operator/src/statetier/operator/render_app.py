@@ -1,19 +1,24 @@
-"""``statetier-operator render-app``: configure SparkApplications without the mutating webhook.
+"""statetier-operator render-app: configure SparkApplications without the mutating webhook.
 
 Some clusters allow no mutating webhooks, and the Kubeflow Spark Operator plans to drop its own
-in favour of pod templates; statetier should not depend on one mechanism. This command writes
-what the webhook would write into the application manifest itself, for a GitOps pipeline
-(kustomize, a Helm post-renderer, CI): the same :func:`statetier.operator.sparkapp.mutate`, with
-the CompactionService endpoint given on the command line instead of read from the operator's
-index, and its token Secret for ``STATETIER_COMPACTION_TOKEN`` the one the operator generates
-(``<service>-compaction-token``) unless ``--compaction-token-secret NAME[:KEY]`` names the
-service's own. With ``--pod-template`` the spill volume, its mount and the opt-in pod label go
-into the Spark Operator's pod templates (``spec.driver.template``, ``spec.executor.template``)
-instead of its ``volumes``/``volumeMounts``/``labels`` fields. Either way, a webhook that does
-run later finds nothing left to change for the first form.
+in favour of pod templates. This command writes what the webhook would write into the
+application manifests themselves, for a GitOps pipeline (kustomize, a Helm post-renderer, CI),
+and prints the configured manifests on stdout. The CompactionService's endpoint is given with
+--compaction-endpoint; its token Secret is the one the operator generates
+(<service>-compaction-token) unless --compaction-token-secret NAME[:KEY] names the service's
+own. A Secret is readable only in its own namespace: for a service in another namespace, copy
+the Secret into the application's. With --pod-template the spill volume, its mount and the
+opt-in pod label go into the Spark Operator's pod templates (spec.driver.template,
+spec.executor.template) instead of its volumes, volumeMounts and labels fields. Either way, a
+webhook that does run later finds nothing left to change for the first form. What the webhook
+would warn about (no checkpoint URI, a service without an endpoint, a token Secret to copy) is
+printed on stderr, one "warning:" line each.
 
-    statetier-operator render-app app.yaml --compaction-endpoint http://compaction-gateway.ns.svc:8080
+Example: statetier-operator render-app app.yaml --compaction-endpoint http://gateway.ns.svc:8080
 """
+
+# The configuration is :func:`statetier.operator.sparkapp.mutate`'s, the webhook's own, with
+# the endpoint from the command line instead of the operator's index of CompactionServices.
 
 from __future__ import annotations
 
@@ -77,6 +82,21 @@ def _default_token(settings: ann.AppSettings) -> tuple[str, str] | None:
     return service + compaction_token.SECRET_SUFFIX, compaction_token.TOKEN_KEY
 
 
+def _token_elsewhere(
+    app: Obj, settings: ann.AppSettings, token: tuple[str, str] | None
+) -> list[str]:
+    """The webhook's warning for a CompactionService in another namespace than the
+    application's: its token Secret must be copied next to the Spark pods. An application
+    without a namespace is compared with none: it is warned about whenever the service names
+    one, since it will be created in whatever namespace kubectl is given."""
+    service = settings.compaction_service or ""
+    service_ns, _, _ = service.rpartition("/")
+    namespace = (app.get("metadata") or {}).get("namespace")
+    if token is None or not service_ns or service_ns == namespace:
+        return []
+    return [compaction_token.copy_warning(service, *token, namespace or "<the application's>")]
+
+
 def render(
     app: Obj,
     endpoint: str | None,
@@ -84,9 +104,11 @@ def render(
     pod_template: bool = False,
     where: str = "",
     token: tuple[str, str] | None = None,
+    warnings: list[str] | None = None,
 ) -> Obj:
     """``app`` configured for statetier (unchanged unless it opted in). ``token``: (Secret,
-    key) of the CompactionService's API token, by default the operator-generated Secret."""
+    key) of the CompactionService's API token, by default the operator-generated Secret.
+    ``warnings`` receives what the webhook would have warned about."""
     annotations = dict((app.get("metadata") or {}).get("annotations") or {})
     if app.get("kind") != "SparkApplication" or not ann.enabled(annotations):
         return app
@@ -94,7 +116,11 @@ def render(
     if problems:
         raise RenderError(f"{where}{app['metadata'].get('name', '?')}: {'; '.join(problems)}")
     settings = ann.parse(annotations)
-    result = sparkapp.mutate(app, settings, endpoint, None, token or _default_token(settings))
+    token = token or _default_token(settings)
+    result = sparkapp.mutate(app, settings, endpoint, None, token)
+    if warnings is not None:
+        warnings.extend(result.warnings)
+        warnings.extend(_token_elsewhere(app, settings, token if endpoint else None))
     out = copy.deepcopy(app)
     out["spec"] = {**(out.get("spec") or {}), **result.spec_changes}
     out["metadata"].setdefault("annotations", {}).update(result.annotations)
@@ -114,10 +140,26 @@ def render_stream(
 ) -> None:
     """Every document of ``source`` to ``sink``, opted-in SparkApplications configured."""
     docs = [d for d in yaml.safe_load_all(source) if d]
-    rendered = [
-        render(d, endpoint, pod_template=pod_template, where=where, token=token) for d in docs
-    ]
-    yaml.safe_dump_all(rendered, sink, sort_keys=False)
+    rendered = []
+    for doc in docs:
+        warnings: list[str] = []
+        rendered.append(
+            render(doc, endpoint, pod_template=pod_template, where=where, token=token,
+                   warnings=warnings)
+        )  # fmt: skip
+        name = (doc.get("metadata") or {}).get("name", "?")
+        for warning in warnings:
+            print(f"warning: {where}{name}: {warning}", file=sys.stderr)
+    yaml.dump_all(rendered, sink, Dumper=_NoAliases, sort_keys=False)
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A dumper that writes a repeated object out again instead of an ``&anchor``/``*alias``
+    pair: the webhook's changes share objects between the driver and the executor (the same
+    env var), and aliases confuse reviewers and tools that patch the YAML."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def parse_token_secret(text: str | None) -> tuple[str, str] | None:

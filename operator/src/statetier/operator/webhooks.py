@@ -24,7 +24,15 @@ from typing import Any, Literal
 
 import kopf
 from statetier.operator import annotations as ann
-from statetier.operator import compaction_service, metrics, refusals, settings, sparkapp, upgrade
+from statetier.operator import (
+    compaction_service,
+    compaction_token,
+    metrics,
+    refusals,
+    settings,
+    sparkapp,
+    upgrade,
+)
 from statetier.operator.sparkapp import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
@@ -67,9 +75,7 @@ def _compaction_token(
     secret, field = found[0]
     if key[0] != namespace:
         warnings.append(
-            f"CompactionService {key[0]}/{key[1]} is in another namespace: copy its token "
-            f"Secret {secret} (key {field}) into namespace {namespace}, where the Spark pods "
-            "read it"
+            compaction_token.copy_warning(f"{key[0]}/{key[1]}", str(secret), str(field), namespace)
         )
     return str(secret), str(field)
 

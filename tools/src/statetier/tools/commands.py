@@ -11,6 +11,8 @@ import argparse
 import importlib
 from collections.abc import Callable, Sequence
 
+from statetier.tools.lifetime import terminate_as_interrupt
+
 __all__ = ["BENCHMARKS", "BENCHMARK_HELP", "bench", "demo"]
 
 BENCHMARKS = {
@@ -53,12 +55,14 @@ def bench(argv: Sequence[str]) -> int:
     """``statetier bench NAME [options]``: the benchmark's own ``main`` reads the options."""
     if not argv or argv[0] not in BENCHMARKS:
         bench_parser().parse_args(argv)  # --help, or an error naming the known benchmarks
+    terminate_as_interrupt()  # a timeout's SIGTERM stops the servers the benchmark started
     return _load_main(BENCHMARKS[argv[0]])(argv[1:])
 
 
 def demo(argv: Sequence[str]) -> int:
     """``statetier demo``: the Spark streaming demo (needs the spark extra), or with ``--local``
     the word count through the local runner, which imports nothing of Spark's."""
+    terminate_as_interrupt()  # SIGTERM stops the demo as Ctrl-C does
     if "--local" not in argv:
         from statetier.tools.demo import spark
 

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from statetier.tools import seaweed
+from statetier.tools.lifetime import die_with_parent
 
 __all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
 
@@ -117,6 +118,8 @@ class Processes:
             stderr=log,
             text=True,
             env={**self.env, **(env or {})},
+            # not outliving a killed benchmark or test; the function only calls prctl
+            preexec_fn=die_with_parent(),  # noqa: PLW1509
         )
         log.close()
         self.procs.append(proc)

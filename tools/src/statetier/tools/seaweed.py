@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from statetier.tools.lifetime import die_with_parent
+
 __all__ = ["SeaweedFS"]
 
 BUCKET = "statetier"
@@ -130,9 +132,11 @@ class SeaweedFS:
         log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed by stop()
         # A session of its own: Ctrl-C in the terminal goes to the demo, which stops the server
         # after the state it is still writing; the server does not die under it.
+        # It ends with this process, even one killed by SIGKILL (statetier.tools.lifetime).
         process = subprocess.Popen(
-            cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            cmd, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - it only calls prctl
+        )  # fmt: skip
         server = cls(process, f"http://127.0.0.1:{ports['s3']}", log, sockets, grpc_sockets)
         try:
             server._wait_ready(data / "weed.log", timeout)

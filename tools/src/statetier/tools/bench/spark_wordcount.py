@@ -97,6 +97,8 @@ def spark_session(partitions: int, master: str = "local[2]") -> Any:
         builder.master(master)
         .appName("statetier-bench")
         .config("spark.ui.enabled", "false")
+        # the bar redraws a stderr line that the report's lines on stdout would continue
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(partitions))
         .config("spark.default.parallelism", str(partitions))
         .config("spark.driver.bindAddress", "127.0.0.1")

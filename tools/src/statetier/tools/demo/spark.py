@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from statetier.tools.demo.local import print_summary
+from statetier.tools.demo.shell import statetier_program
 from statetier.tools.demo.workdir import prepare
 from statetier.tools.workloads import batches, zipf_words
 
@@ -103,7 +104,7 @@ def checkpoint_command(weed: Any, action: str) -> str:
     key, secret = weed.options["key"], weed.options["secret"]
     return (
         f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
-        f"statetier checkpoint {action} {shlex.quote(weed.uri(PREFIX))} "
+        f"{statetier_program()} checkpoint {action} {shlex.quote(weed.uri(PREFIX))} "
         f"-o endpoint_url={weed.endpoint}"
     )
 
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(
                 "interrupted: nothing committed is lost; continue with\n"
-                f"  statetier demo --restart --dir {shlex.quote(str(directory))}",
+                f"  {statetier_program()} demo --restart --dir {shlex.quote(str(directory))}",
                 file=sys.__stderr__,
                 flush=True,
             )
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.keep_running:
         print(
             "The object store has stopped; to read the checkpoint, start it again with\n"
-            f"  statetier demo --serve --dir {shlex.quote(str(directory))}"
+            f"  {statetier_program()} demo --serve --dir {shlex.quote(str(directory))}"
         )
     return 0 if exact else 1
 
@@ -210,33 +211,39 @@ def stream(
 
 
 class CtrlC:
-    """Ctrl-C as a flag, checked between steps. PySpark's own SIGINT handler raises in the middle
-    of a Py4J call, which then prints pages of tracebacks from both sides of the bridge."""
+    """Ctrl-C (and SIGTERM, a timeout's or a CI limit's) as a flag, checked between steps.
+    PySpark's own SIGINT handler raises in the middle of a Py4J call, which then prints pages
+    of tracebacks from both sides of the bridge; Python's default SIGTERM ends the process
+    without stopping the object store and the state hosts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.pressed = threading.Event()
-        self.previous: Any = None
+        self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        signal.signal(signal.SIGINT, lambda *_: self.pressed.set())
+        for signum in self.SIGNALS:
+            signal.signal(signum, lambda *_: self.pressed.set())
 
     def __enter__(self) -> CtrlC:
-        self.previous = signal.getsignal(signal.SIGINT)
+        self.previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
         self.install()
         return self
 
     def __exit__(self, *_: object) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
     def deferred(self, start: Callable[..., T], *args: Any) -> T:
         """``start(*args)`` with Ctrl-C held back until it returned: starting a SparkContext
         installs PySpark's handler, which is replaced by this one again afterwards."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(self.SIGNALS))
         try:
             return start(*args)
         finally:
             self.install()
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))
             self.check()
 
     def check(self) -> None:
@@ -276,6 +283,34 @@ def pipeline_epochs(uri: str, options: dict[str, Any]) -> list[int]:
     return SnapshotStore(uri, **options).epochs()
 
 
+def resumed_from(*, restart: bool, stored: list[int]) -> str:
+    """The summary's ``resumed from epoch`` row. A restart after a Ctrl-C that came before the
+    first commit has nothing to resume from: it says so, and not that it resumed."""
+    if stored:
+        return str(stored[-1])
+    if restart:
+        return "none (fresh start: no epoch was committed before the interruption)"
+    return "none (fresh start)"
+
+
+def rates(
+    reports: list[Any], records: int, elapsed: float, warm_hit_rate: float
+) -> list[tuple[str, str]]:
+    """The records/s and warm-hit rows; with no new input there is no rate to give, and a
+    ``records/s 0`` or ``warm-hit rate 0%`` would read as a fault."""
+    if not records:
+        nothing = "nothing new was processed: every input file was already in the checkpoint"
+        return [("records/s", nothing)]
+    return [
+        ("records/s", f"{records / elapsed:,.0f} (query wall time, incl. a checkpoint per batch)"),
+        (
+            "warm-hit rate",
+            f"{warm_hit_rate:.0%} of ranges served from the state host "
+            f"({sum(r.restored for r in reports)} restored from tier 2)",
+        ),
+    ]
+
+
 def summary(
     args: argparse.Namespace,
     pipeline: Any,
@@ -296,19 +331,14 @@ def summary(
     last_spilled = reports[-1].spilled_key_groups if reports else 0
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
     rows = [
-        ("run", "restart: resumed from the checkpoints" if args.restart else "first run"),
-        ("resumed from epoch", str(stored[-1]) if stored else "none (fresh start)"),
+        ("run", "restart" if args.restart else "first run"),
+        ("resumed from epoch", resumed_from(restart=args.restart, stored=stored)),
         (
             "batches",
             f"{len(reports)} (epochs {reports[0].epoch}-{reports[-1].epoch})" if reports else "0",
         ),
         ("records", f"{records:,} on local[2], parallelism {args.parallelism}"),
-        ("records/s", f"{records / elapsed:,.0f} (query wall time, incl. a checkpoint per batch)"),
-        (
-            "warm-hit rate",
-            f"{pipeline.warm_hit_rate():.0%} of ranges served from the state host "
-            f"({sum(r.restored for r in reports)} restored from tier 2)",
-        ),
+        *rates(reports, records, elapsed, pipeline.warm_hit_rate()),
         (
             "spill ratio",
             f"{last_spilled}/{manifest.max_parallelism} key groups on disk at the "

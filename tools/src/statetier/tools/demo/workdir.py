@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from statetier.tools.demo.shell import statetier_program
+
 __all__ = ["MARKER", "DemoDirError", "prepare"]
 
 MARKER = ".statetier-demo"
@@ -56,4 +58,5 @@ def prepare(directory: Path, kind: str, *, restart: bool) -> Path:
 
 def command(kind: str) -> str:
     """The command line of the demo ``kind`` (``spark`` or ``local``)."""
-    return "statetier demo --local" if kind == "local" else "statetier demo"
+    demo = f"{statetier_program()} demo"
+    return f"{demo} --local" if kind == "local" else demo
