@@ -98,8 +98,8 @@ def test_the_snapshot_alerts_link_runbooks_that_exist() -> None:
         if group["name"] == "statetier-snapshots"
         for rule in group["rules"]
     ]
-    anchors = _anchors((REPO / "docs/state-lifecycle.md").read_text())
+    anchors = _anchors((REPO / "docs/runbooks.md").read_text())
     assert len(urls) == 2
     for url in urls:
         page, _, anchor = url.partition("#")
-        assert page.endswith("/docs/state-lifecycle.md") and anchor in anchors, url
+        assert page.endswith("/docs/runbooks") and anchor in anchors, url
