@@ -30,6 +30,31 @@ log = logging.getLogger(__name__)
 CUT_FACTOR = 3  # a chain that failed compaction is cut at this many times the delta trigger
 
 
+class InterpreterExitingError(Exception):
+    """The compactor could not start work because the interpreter is exiting (a runner that was
+    never closed): the remaining chains are left as they are, for the next run."""
+
+
+_exit_warned: list[bool] = []  # one line per process, however many jobs were still queued
+
+
+def _warn_exiting_once(left: int, epoch: int) -> None:
+    if not _exit_warned:
+        _exit_warned.append(True)
+        log.warning(
+            "the interpreter is exiting with a runner still open: compactions after epoch %d "
+            "(%d here) are left for the next run (close the runner to wait for them)",
+            epoch,
+            left,
+        )
+
+
+def _exiting(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is concurrent.futures refusing work at interpreter exit (its wording is
+    the only sign: the flag it checks is private)."""
+    return "after interpreter shutdown" in str(exc)
+
+
 @dataclasses.dataclass(frozen=True)
 class ChainUpdate:
     """What a range's writer changes in one state's chain: ``inputs`` (a prefix of the chain)
@@ -106,8 +131,13 @@ class ChainCompaction:
         A chain that fails stays as it is (retried after the next commit) and the others go on;
         one that failed past ``CUT_FACTOR`` times the trigger gets a cut."""
         updates = []
-        for chain in chains:
-            update = self._compact(manifest, owner, chain, now_ms)
+        chains = list(chains)
+        for done, chain in enumerate(chains):
+            try:
+                update = self._compact(manifest, owner, chain, now_ms)
+            except InterpreterExitingError:
+                _warn_exiting_once(len(chains) - done, manifest.epoch)
+                break
             if update is not None:
                 updates.append(update)
         return updates
@@ -128,28 +158,36 @@ class ChainCompaction:
         try:
             result = self.compactor.compact(request)
             base = self._checked_base(chain, result.outputs)
+        except RuntimeError as exc:
+            if _exiting(exc):
+                raise InterpreterExitingError from exc
+            return self._failed(chain, manifest.epoch, exc)
         except Exception as exc:
-            log.warning(
-                "compaction of %s %s after epoch %d failed (the chain is kept and retried after "
-                "the next commit): %s",
-                chain.state,
-                chain.key_groups,
-                manifest.epoch,
-                exc,
-            )
-            backend_metrics.compaction_done(False)
-            if len(chain.deltas) >= CUT_FACTOR * self.delta_trigger:
-                log.warning(
-                    "chain of %s %s has %d deltas and could not be compacted: its next snapshot "
-                    "writes a full base",
-                    chain.state,
-                    chain.key_groups,
-                    len(chain.deltas),
-                )
-                return ChainUpdate(chain.state, chain.key_groups, tuple(chain.files), None)
-            return None
+            return self._failed(chain, manifest.epoch, exc)
         backend_metrics.compaction_done(True)
         return ChainUpdate(chain.state, chain.key_groups, tuple(chain.files), base)
+
+    def _failed(self, chain: Chain, epoch: int, exc: Exception) -> ChainUpdate | None:
+        """A chain whose compaction failed: kept as it is, or cut once it failed too often."""
+        log.warning(
+            "compaction of %s %s after epoch %d failed (the chain is kept and retried after "
+            "the next commit): %s",
+            chain.state,
+            chain.key_groups,
+            epoch,
+            exc,
+        )
+        backend_metrics.compaction_done(False)
+        if len(chain.deltas) >= CUT_FACTOR * self.delta_trigger:
+            log.warning(
+                "chain of %s %s has %d deltas and could not be compacted: its next snapshot "
+                "writes a full base",
+                chain.state,
+                chain.key_groups,
+                len(chain.deltas),
+            )
+            return ChainUpdate(chain.state, chain.key_groups, tuple(chain.files), None)
+        return None
 
     def _checked_base(self, chain: Chain, outputs: list[Any]) -> FileEntry:
         """The compacted base as a manifest entry, once storage shows it with its size: a
