@@ -2,10 +2,11 @@
 change of an opted-in SparkApplication, and what the next run starts from in each mode, with
 the operator running, stopped before the change, and stopped in the middle of it.
 
-Nothing here runs the Kubeflow Spark Operator's controller; the tests play its part where it
-matters, as v2.5.2 does it (``internal/controller/sparkapplication/event_filter.go`` and
-``controller.go``): an application whose spec changed with ``suspend: true`` goes to
-``SUSPENDED`` once its pods are gone, which is the one thing the operator waits for. The
+The Kubeflow Spark Operator's part is played by its v2.5.2 controller double
+(:mod:`statetier.kubetest.spark_operator_controller`), watching the emulator as the real one
+watches the apiserver: it submits each application, invalidates and resubmits it on a spec
+change, and suspends and resumes it on ``spec.suspend``; the tests report each driver running
+(there is no kubelet). ``SUSPENDED`` is the one state the operator waits for. The
 savepoint upgrade's Jobs run the real ``statetier checkpoint savepoint`` and ``restore-spark``
 as processes (the emulator's Job double) against SeaweedFS, and the new run is started from
 the configuration the webhook wrote, read as the Spark driver reads it.
@@ -27,6 +28,7 @@ from statetier.backend.config import load_config
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.ttl import ManualClock
 from statetier.kubetest.processes import Sandbox
+from statetier.kubetest.spark_operator_controller import SparkOperatorController
 from statetier.tools.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 
 from tests.checkpoint.ckpt_support import (
@@ -120,6 +122,43 @@ def _app(name: str, annotations: dict[str, str], image: str = "spark:4.0.0") -> 
     )
 
 
+@pytest.fixture
+def spark(box: Sandbox) -> Iterator[SparkOperatorController]:
+    """The Spark Operator's controller, for one test."""
+    with SparkOperatorController(box.url) as controller:
+        yield controller
+    assert controller.errors == []
+
+
+def _state(box: Sandbox, name: str) -> str:
+    status = box.get(f"{APPS}/{name}").get("status") or {}
+    return str((status.get("applicationState") or {}).get("state", ""))
+
+
+def _reach(box: Sandbox, name: str, state: str, timeout: float = 15) -> None:
+    box.wait(f"{name} in {state}", lambda: _state(box, name) == state, timeout)
+
+
+def _start(box: Sandbox, spark: SparkOperatorController, name: str, app: str) -> None:
+    """Create the application; the Spark Operator submits it and its driver runs."""
+    box.kubectl("apply", "-f", "-", stdin=app)
+    _reach(box, name, "SUBMITTED")
+    spark.driver_running(name)
+    _reach(box, name, "RUNNING")
+
+
+def _submission(box: Sandbox, name: str) -> str:
+    return str((box.get(f"{APPS}/{name}").get("status") or {}).get("submissionID", ""))
+
+
+def _resubmitted(box: Sandbox, name: str, before: str) -> None:
+    """Wait until the Spark Operator has submitted the application anew (after ``before``)."""
+    box.wait(
+        f"{name} resubmitted",
+        lambda: _state(box, name) == "SUBMITTED" and _submission(box, name) != before,
+    )
+
+
 def _locations(seaweed: S3Server) -> tuple[Location, str]:
     location = Location.on_s3(seaweed)
     return location, f"s3://{BUCKET}/spark-{uuid.uuid4().hex[:8]}"
@@ -136,23 +175,13 @@ def _record(box: Sandbox, name: str) -> dict[str, Any]:
     return found
 
 
-def _play_spark_operator(box: Sandbox, name: str) -> None:
-    """What the Spark Operator v2.5.2 reports for an application it suspended: no pods exist in
-    the emulator, so the Suspending step ends at once in SUSPENDED."""
-    app = box.get(f"{APPS}/{name}")
-    assert app["spec"]["suspend"] is True
-    box.send(
-        "PATCH", f"{APPS}/{name}/status", {"status": {"applicationState": {"state": "SUSPENDED"}}}
-    )
-
-
 def _conf(box: Sandbox, name: str) -> dict[str, str]:
     conf: dict[str, str] = box.get(f"{APPS}/{name}")["spec"]["sparkConf"]
     return conf
 
 
 def test_last_state_resumes_the_running_checkpoint_and_refuses_to_move_it(
-    box: Sandbox, seaweed: S3Server
+    box: Sandbox, seaweed: S3Server, spark: SparkOperatorController
 ) -> None:
     location, spark_uri = _locations(seaweed)
     annotations = {
@@ -160,8 +189,10 @@ def test_last_state_resumes_the_running_checkpoint_and_refuses_to_move_it(
         "statetier.io/checkpoint-uri": location.uri,
         "statetier.io/spark-checkpoint-uri": spark_uri,
     }
-    box.kubectl("apply", "-f", "-", stdin=_app("laststate", annotations))
+    _start(box, spark, "laststate", _app("laststate", annotations))
+    first = _submission(box, "laststate")
     _change_image(box, "laststate", "spark:4.0.1")
+    _resubmitted(box, "laststate", first)  # a spec change: the Spark Operator reruns it
     app = box.get(f"{APPS}/laststate")
     assert app["spec"]["image"] == "spark:4.0.1" and not app["spec"].get("suspend")
     conf = _conf(box, "laststate")
@@ -179,7 +210,7 @@ def test_last_state_resumes_the_running_checkpoint_and_refuses_to_move_it(
 
 
 def test_stateless_starts_empty_in_new_locations_and_leaves_the_old_ones(
-    box: Sandbox, seaweed: S3Server
+    box: Sandbox, seaweed: S3Server, spark: SparkOperatorController
 ) -> None:
     location, spark_uri = _locations(seaweed)
     _running(location, spark_uri).close()
@@ -190,10 +221,12 @@ def test_stateless_starts_empty_in_new_locations_and_leaves_the_old_ones(
         "statetier.io/spark-checkpoint-uri": spark_uri,
         "statetier.io/restore-from": f"s3://{BUCKET}/some-savepoint",
     }
-    box.kubectl("apply", "-f", "-", stdin=_app("stateless", annotations))
+    _start(box, spark, "stateless", _app("stateless", annotations))
     assert _conf(box, "stateless")[RESTORE] == f"s3://{BUCKET}/some-savepoint"
     for number in (1, 2):
+        before = _submission(box, "stateless")
         _change_image(box, "stateless", f"spark:4.0.{number}")
+        _resubmitted(box, "stateless", before)
         app = box.get(f"{APPS}/stateless")
         conf, meta = app["spec"]["sparkConf"], app["metadata"]["annotations"]
         assert (
@@ -221,7 +254,9 @@ def test_stateless_starts_empty_in_new_locations_and_leaves_the_old_ones(
     assert location.store().epochs() == kept and kept[-1] == EPOCHS  # the old one as it was
 
 
-def _savepoint_app(box: Sandbox, name: str, location: Location, spark_uri: str) -> str:
+def _savepoint_app(
+    box: Sandbox, spark: SparkOperatorController, name: str, location: Location, spark_uri: str
+) -> str:
     destination = f"s3://{BUCKET}/savepoints-{uuid.uuid4().hex[:8]}"
     annotations = {
         "statetier.io/upgrade-mode": "savepoint",
@@ -229,7 +264,7 @@ def _savepoint_app(box: Sandbox, name: str, location: Location, spark_uri: str) 
         "statetier.io/spark-checkpoint-uri": spark_uri,
         "statetier.io/savepoint-destination": destination,
     }
-    box.kubectl("apply", "-f", "-", stdin=_app(name, annotations))
+    _start(box, spark, name, _app(name, annotations))
     return destination
 
 
@@ -262,7 +297,10 @@ def _check_new_run(box: Sandbox, name: str, old: LocalRunner, location: Location
 def test_savepoint_suspends_snapshots_restores_and_resumes(box: Sandbox, seaweed: S3Server) -> None:
     location, spark_uri = _locations(seaweed)
     old = _running(location, spark_uri)
-    destination = _savepoint_app(box, "viasavepoint", location, spark_uri)
+    drivers: set[tuple[str, str]] = set()  # the cluster's driver pods, across the two controllers
+    with SparkOperatorController(box.url, drivers) as spark:
+        destination = _savepoint_app(box, spark, "viasavepoint", location, spark_uri)
+    # The Spark Operator is down: the change is stored but nothing suspends the old run yet.
     _change_image(box, "viasavepoint", "spark:4.0.1")
     app = box.get(f"{APPS}/viasavepoint")
     assert app["spec"]["suspend"] is True and app["spec"]["image"] == "spark:4.0.1"
@@ -270,11 +308,17 @@ def test_savepoint_suspends_snapshots_restores_and_resumes(box: Sandbox, seaweed
     assert app["spec"]["sparkConf"][RESTORE] == savepoint
     assert _record(box, "viasavepoint")["phase"] == "Suspending"
     time.sleep(2)  # the old run still runs: nothing is taken before the Spark Operator stopped it
+    assert _state(box, "viasavepoint") == "RUNNING"
     assert box.get(f"{SNAPSHOTS}/viasavepoint-upgrade-1") is None
-    _play_spark_operator(box, "viasavepoint")
-    done = box.wait("the upgrade done", lambda: _record(box, "viasavepoint")["phase"] == "Done", 90)
-    assert done
-    assert box.get(f"{APPS}/viasavepoint")["spec"]["suspend"] is False
+    with SparkOperatorController(box.url, drivers) as spark:
+        first = _submission(box, "viasavepoint")
+        done = box.wait(
+            "the upgrade done", lambda: _record(box, "viasavepoint")["phase"] == "Done", 90
+        )
+        assert done
+        assert box.get(f"{APPS}/viasavepoint")["spec"]["suspend"] is False
+        _resubmitted(box, "viasavepoint", first)  # resumed: RESUMING, then a new submission
+    assert spark.errors == []
     snapshot = box.get(f"{SNAPSHOTS}/viasavepoint-upgrade-1")["status"]
     assert (snapshot["phase"], snapshot["epoch"], snapshot["uri"]) == (
         "Succeeded",
@@ -315,18 +359,19 @@ def test_operator_down_before_the_change_refuses_it_in_every_mode(
 
 
 def test_savepoint_with_the_operator_down_in_the_middle_stays_suspended_until_it_is_back(
-    box: Sandbox, seaweed: S3Server
+    box: Sandbox, seaweed: S3Server, spark: SparkOperatorController
 ) -> None:
     location, spark_uri = _locations(seaweed)
     old = _running(location, spark_uri)
-    _savepoint_app(box, "midway", location, spark_uri)
+    _savepoint_app(box, spark, "midway", location, spark_uri)
     _change_image(box, "midway", "spark:4.0.1")
     box.stop_operator()
     try:
-        _play_spark_operator(box, "midway")
+        _reach(box, "midway", "SUSPENDED")
         time.sleep(3)
         app = box.get(f"{APPS}/midway")
         assert app["spec"]["suspend"] is True  # the Spark Operator submits nothing meanwhile
+        assert _state(box, "midway") == "SUSPENDED"
         assert _record(box, "midway")["phase"] == "Suspending"
         assert box.get(f"{SNAPSHOTS}/midway-upgrade-1") is None
     finally:
@@ -334,6 +379,7 @@ def test_savepoint_with_the_operator_down_in_the_middle_stays_suspended_until_it
         box.wait_for_operator()
     box.wait("the upgrade done", lambda: _record(box, "midway")["phase"] == "Done", 90)
     assert box.get(f"{APPS}/midway")["spec"]["suspend"] is False
+    _reach(box, "midway", "SUBMITTED")  # resumed by the Spark Operator
     _check_new_run(box, "midway", old, location)
     old.close()
 
@@ -344,16 +390,16 @@ def _events(box: Sandbox, name: str) -> list[str]:
 
 
 def test_a_failed_savepoint_keeps_the_application_suspended_until_a_retry_succeeds(
-    box: Sandbox, seaweed: S3Server
+    box: Sandbox, seaweed: S3Server, spark: SparkOperatorController
 ) -> None:
     location, spark_uri = _locations(seaweed)
     old = location.runner(2, clock=ManualClock(CLOCK_MS))
     for epoch in range(1, EPOCHS + 1):  # committed epochs, but the query's Spark log is missing
         old.process(records(epoch))
         old.checkpoint()
-    _savepoint_app(box, "retried", location, spark_uri)
+    _savepoint_app(box, spark, "retried", location, spark_uri)
     _change_image(box, "retried", "spark:4.0.1")
-    _play_spark_operator(box, "retried")
+    _reach(box, "retried", "SUSPENDED")
     box.wait("the upgrade failed", lambda: _record(box, "retried")["phase"] == "Failed", 60)
     message = _record(box, "retried")["message"]
     assert "StateSnapshot retried-upgrade-1 failed" in message and "offset log entry" in message
@@ -364,6 +410,8 @@ def test_a_failed_savepoint_keeps_the_application_suspended_until_a_retry_succee
     )
     assert "patched" in out
     assert box.get(f"{APPS}/retried")["spec"]["suspend"] is True  # held while the upgrade fails
+    time.sleep(1)
+    assert _state(box, "retried") == "SUSPENDED"  # so the Spark Operator submits nothing
     # the fix: the query's Spark log is where the annotation says; then the retry
     old.close()
     fs, root = location.store().fs, spark_uri.removeprefix("s3://")
@@ -374,3 +422,4 @@ def test_a_failed_savepoint_keeps_the_application_suspended_until_a_retry_succee
     box.wait("the upgrade done", lambda: _record(box, "retried")["phase"] == "Done", 90)
     assert box.get(f"{APPS}/retried")["spec"]["suspend"] is False
     assert box.wait("the event", lambda: "UpgradeDone" in _events(box, "retried"))
+    _reach(box, "retried", "SUBMITTED")  # resumed by the Spark Operator

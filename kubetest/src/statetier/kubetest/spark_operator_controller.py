@@ -204,10 +204,12 @@ class SparkOperatorController:
     """The controller double watching SparkApplications of the API at ``url`` (the emulator's),
     in a background thread from ``with`` until its end; see the module docstring."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, drivers: set[tuple[str, str]] | None = None) -> None:
+        """``drivers`` are the (namespace, name) of the applications whose driver pod runs:
+        the cluster's, so a test that stops and starts the controller passes the same set."""
         self.url = url.rstrip("/")
         self._seen: dict[tuple[str, str], Obj] = {}
-        self._drivers: set[tuple[str, str]] = set()
+        self._drivers = drivers if drivers is not None else set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spark-operator", daemon=True)
