@@ -95,8 +95,13 @@ def main() -> None:
     killed: list[int] = []
     killed_ranges: list[int] = []
 
+    kills_timed: set[int] = set()
+
     def sink(out: DataFrame, epoch: int) -> None:
-        if epoch == config.get("kill_at") and epoch not in rows:  # its job's first run only
+        # its job's first run only (a first run that fails, as a gathered job that lost a range
+        # does, appends no rows: the run again must not kill a second executor)
+        if epoch == config.get("kill_at") and epoch not in kills_timed:
+            kills_timed.add(epoch)
             threading.Timer(config.get("kill_delay", 0.3), kill_an_owner).start()
         collected = out.collect()
         rows.setdefault(epoch, []).append(len(collected))
