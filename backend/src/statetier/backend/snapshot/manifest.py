@@ -57,6 +57,29 @@ class Chain:
         return sum(d.size for d in self.deltas)
 
 
+def checksummed_json(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON with the crc32 of its compact form beside it (manifests, markers): a
+    reader tells a torn or flipped file from a valid one."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {**body, "crc32": zlib.crc32(text.encode())}, sort_keys=True, indent=1
+    ).encode()
+
+
+def checked_json(data: bytes, path: str, what: str) -> dict[str, Any]:
+    """The body :func:`checksummed_json` wrote, once its crc32 matches: CorruptFileError
+    naming ``path`` and ``what`` it is otherwise."""
+    try:
+        body = json.loads(data)
+        stored = body.pop("crc32")
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise CorruptFileError(path, f"{what} is not valid JSON with a crc32: {exc}") from None
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if zlib.crc32(text.encode()) != stored:
+        raise CorruptFileError(path, f"{what} fails its checksum")
+    return dict(body)
+
+
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     epoch: int
@@ -79,23 +102,11 @@ class Manifest:
         return [*self.keyed_files, *self.operator_files]
 
     def to_json(self) -> bytes:
-        body = dataclasses.asdict(self)
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        body["crc32"] = zlib.crc32(text.encode())
-        return json.dumps(body, sort_keys=True, indent=1).encode()
+        return checksummed_json(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> Manifest:
-        try:
-            body = json.loads(data)
-            stored_crc = body.pop("crc32")
-        except (ValueError, KeyError, AttributeError) as exc:
-            raise CorruptFileError(
-                path, f"manifest is not valid JSON with a crc32: {exc}"
-            ) from None
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if zlib.crc32(text.encode()) != stored_crc:
-            raise CorruptFileError(path, "manifest fails its checksum")
+        body = checked_json(data, path, "manifest")
         if body.get("format_version", 0) > FORMAT_VERSION:
             raise CorruptFileError(
                 path, f"format version {body['format_version']} is newer than this reader"

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import time
-import zlib
 from typing import Any
 
 from statetier.backend.keygroups import KeyGroupRange
@@ -38,7 +36,13 @@ from statetier.backend.snapshot.format import (
 )
 from statetier.backend.snapshot.layout import keyed_file_name
 from statetier.backend.snapshot.lazy import bulk_allocation
-from statetier.backend.snapshot.manifest import Chain, FileEntry, Manifest
+from statetier.backend.snapshot.manifest import (
+    Chain,
+    FileEntry,
+    Manifest,
+    checked_json,
+    checksummed_json,
+)
 from statetier.backend.snapshot.spark_log import save_spark_log
 from statetier.backend.snapshot.store import NoSnapshotError, SnapshotStore, read_whole
 from statetier.backend.snapshot.transfer import copy_files
@@ -85,23 +89,11 @@ class Savepoint:
     spark_files: list[FileEntry]
 
     def to_json(self) -> bytes:
-        body = dataclasses.asdict(self)
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        body["crc32"] = zlib.crc32(text.encode())
-        return json.dumps(body, sort_keys=True, indent=1).encode()
+        return checksummed_json(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, data: bytes, path: str) -> Savepoint:
-        try:
-            body = json.loads(data)
-            stored = body.pop("crc32")
-        except (ValueError, KeyError, AttributeError) as exc:
-            raise CorruptFileError(
-                path, f"savepoint marker is not JSON with a crc32: {exc}"
-            ) from None
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if zlib.crc32(text.encode()) != stored:
-            raise CorruptFileError(path, "savepoint marker fails its checksum")
+        body = checked_json(data, path, "savepoint marker")
         try:
             body["spark_files"] = [FileEntry(**f) for f in body["spark_files"]]
             return cls(**body)
