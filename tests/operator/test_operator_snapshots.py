@@ -6,13 +6,10 @@ real object store (SeaweedFS), with the application's storage Secret as its only
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +19,7 @@ from statetier.kubetest.processes import Sandbox
 from statetier.tools.seaweed import BUCKET, KEY, SECRET, SeaweedFS
 
 from tests.checkpoint.ckpt_support import Location, S3Server, records
-from tests.operator.conftest import CRDS, SPARK_CRD
+from tests.operator.storage_sandbox import storage_sandbox
 
 SNAPSHOTS = "/apis/statetier.io/v1alpha1/namespaces/default/statesnapshots"
 EPOCHS = 5
@@ -48,25 +45,12 @@ def checkpoint(seaweed: S3Server) -> Location:
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory, seaweed: S3Server) -> Iterator[Sandbox]:
-    """Emulator + operator; the Job double finds ``statetier`` on PATH as the image would."""
-    bin_dir = str(Path(sys.executable).parent)
-    sandbox = Sandbox(
+    """Emulator + operator (see storage_sandbox)."""
+    with storage_sandbox(
         tmp_path_factory.mktemp("snapshots"),
-        operator=False,
+        seaweed,
         extra_args=("--checkpoint-delete-timeout", "30"),
-        emulator_env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
-    )
-    with sandbox:
-        sandbox.kubectl("apply", "-f", str(CRDS), "-f", str(SPARK_CRD))
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"}}
-        secret["stringData"] = {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_ENDPOINT_URL": seaweed.endpoint,
-        }
-        sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
-        sandbox.start_operator_process()
-        sandbox.wait_for_operator()
+    ) as sandbox:
         yield sandbox
 
 

@@ -15,12 +15,9 @@ the configuration the webhook wrote, read as the Spark driver reads it.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +26,7 @@ from statetier.backend.local_runner import LocalRunner
 from statetier.backend.ttl import ManualClock
 from statetier.kubetest.processes import Sandbox
 from statetier.kubetest.spark_operator_controller import SparkOperatorController
-from statetier.tools.seaweed import BUCKET, KEY, SECRET, SeaweedFS
+from statetier.tools.seaweed import BUCKET, SeaweedFS
 
 from tests.checkpoint.ckpt_support import (
     CLOCK_MS,
@@ -40,7 +37,7 @@ from tests.checkpoint.ckpt_support import (
     dump_keyed,
     records,
 )
-from tests.operator.conftest import CRDS, SPARK_CRD
+from tests.operator.storage_sandbox import storage_sandbox
 
 APPS = "/apis/sparkoperator.k8s.io/v1beta2/namespaces/default/sparkapplications"
 SNAPSHOTS = "/apis/statetier.io/v1alpha1/namespaces/default/statesnapshots"
@@ -59,24 +56,8 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory, seaweed: S3Server) -> Iterator[Sandbox]:
-    """Emulator + operator; the Job double finds ``statetier`` on PATH as the image would."""
-    bin_dir = str(Path(sys.executable).parent)
-    sandbox = Sandbox(
-        tmp_path_factory.mktemp("upgrades"),
-        operator=False,
-        emulator_env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
-    )
-    with sandbox:
-        sandbox.kubectl("apply", "-f", str(CRDS), "-f", str(SPARK_CRD))
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"}}
-        secret["stringData"] = {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_ENDPOINT_URL": seaweed.endpoint,
-        }
-        sandbox.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
-        sandbox.start_operator_process()
-        sandbox.wait_for_operator()
+    """Emulator + operator (see storage_sandbox)."""
+    with storage_sandbox(tmp_path_factory.mktemp("upgrades"), seaweed) as sandbox:
         yield sandbox
 
 
