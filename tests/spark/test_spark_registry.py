@@ -329,3 +329,25 @@ def test_a_host_order_decodes_what_it_encodes_and_names_a_bad_field() -> None:
         HostOrder.decode(b'{"op": "received"}')
     with pytest.raises(MessageError, match=r"field 'ranges\[0\]' must be \[pipeline, par"):
         HostOrder.decode(b'{"op": "release", "ranges": [["p", "4", 1]]}')
+
+
+def test_a_lost_host_is_told_once_when_its_ranges_move(
+    registry: HostRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning comes with the move it causes; a host that ends with its application (a
+    script's spark.stop() without stop_hosts()) moves nothing, and is not reported."""
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    assert [route(registry, i, "a") for i in (0, 1)] == ["a", "a"]
+    caplog.set_level(logging.WARNING, "statetier.spark.registry")
+    a.die()
+    deadline = time.monotonic() + 5
+    while registry.owner(("p", 4, 0)) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert registry.owner(("p", 4, 0)) is None
+    assert [r.getMessage() for r in caplog.records] == []  # nothing moved yet
+    assert route(registry, 0, "b") == route(registry, 1, "b") == "b"
+    (told,) = [r.getMessage() for r in caplog.records]
+    assert told.startswith("state host a (executor a) is gone: ")
+    assert "its 2 ranges get new owners (range 0 -> state host b)" in told
+    b.die()

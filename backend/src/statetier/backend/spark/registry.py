@@ -163,6 +163,16 @@ class RouteRequest:
         return cls(key, fields.maybe_text("local_host"), fields.maybe_text("unreachable"))
 
 
+@dataclasses.dataclass
+class _Loss:
+    """A host that was lost with ranges, until the first of them is routed again."""
+
+    host: HostInfo
+    why: str
+    ranges: int
+    told: bool = False
+
+
 def _range_key(item: Any) -> bool:
     return (
         isinstance(item, list)
@@ -195,6 +205,7 @@ class HostRegistry:
         self.endpoint = self._server.bind_tcp(bind, port)
         self.closed = False
         self.stopping = False  # hosts are told to stop: their ends are no news
+        self._losses: dict[RangeKey, _Loss] = {}  # released ranges not routed again yet
 
     # ------------------------------------------------------------------ connections
 
@@ -300,26 +311,42 @@ class HostRegistry:
                 self._only_here.discard(path)
 
     def _lost(self, host: HostInfo, why: str) -> None:
+        """``host`` is gone: its ranges have no owner until a task routes them again. The loss
+        is told then (:meth:`_report_loss`), with the range's new owner: a host that ends with
+        its application (``spark.stop()``, the script's end) moves nothing and is no news."""
         with self._lock:
             if not host.alive:
                 return
             host.alive = False
             released = [key for key, owner in self.owners.items() if owner == host.host_id]
+            loss = _Loss(host, why, len(released))
             for key in released:
                 del self.owners[key]
+                self._losses[key] = loss
             self.moves += len(released)
             self._changed.notify_all()
-        if not self.stopping:
-            log.warning(
-                "state host %s (executor %s) is gone: %s; its %d ranges get new owners",
-                host.host_id,
-                host.executor,
-                why,
-                len(released),
-            )
         if host.link is not None:
             with contextlib.suppress(OSError):
                 host.link.close()
+
+    def _report_loss(self, key: RangeKey, new_owner: HostInfo) -> None:
+        """Warn once per lost host, when the first of its ranges gets a new owner."""
+        with self._lock:
+            loss = self._losses.pop(key, None)
+            if loss is None or loss.told:
+                return
+            loss.told = True
+        if not self.stopping:
+            log.warning(
+                "state host %s (executor %s) is gone: %s; its %d ranges get new owners "
+                "(range %s -> state host %s)",
+                loss.host.host_id,
+                loss.host.executor,
+                loss.why,
+                loss.ranges,
+                key[2],
+                new_owner.host_id,
+            )
 
     # ------------------------------------------------------------------ ownership
 
@@ -337,6 +364,7 @@ class HostRegistry:
                 return self.hosts[owner]
             chosen = self._choose(key, local_host)
             self.owners[key] = chosen.host_id
+        self._report_loss(key, chosen)
         log.info("range %s of pipeline %s -> state host %s", key[2], key[0], chosen.host_id)
         return chosen
 
