@@ -26,17 +26,31 @@ def check_function_ships(spark: SparkSession, function_bytes: bytes) -> None:
     """Unpickle the function in one task on an executor: :class:`FunctionNotShippedError`,
     in one line naming the module and how to ship it, if a module is missing there."""
 
-    def load(_: Iterable[object]) -> Iterator[str | None]:
+    def load(_: Iterable[object]) -> Iterator[tuple[str | None, str]]:
         try:
             pickle.loads(function_bytes)
         except ImportError as e:  # ModuleNotFoundError, or a name the module lacks there
-            yield e.name or str(e)
+            yield e.name or str(e), sys.executable
         else:
-            yield None
+            yield None, sys.executable
 
-    (missing,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
-    if missing is not None:
-        raise FunctionNotShippedError(_message(missing), name=missing)
+    (answer,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
+    missing, python = answer
+    if missing is None:
+        return
+    if missing.split(".")[0] == "statetier":
+        raise FunctionNotShippedError(_not_installed(python), name=missing)
+    raise FunctionNotShippedError(_message(missing), name=missing)
+
+
+def _not_installed(python: str) -> str:
+    """statetier itself is missing where the tasks run: no addPyFile ships an installed package
+    with its native dependencies, so the fix is the executors' Python."""
+    return (
+        f"the executors' Python ({python}) cannot import statetier: install it there "
+        "(pip install 'statetier-backend[spark]', or from a checkout pip install './backend[spark]') "
+        "or set PYSPARK_PYTHON to a Python that has it"
+    )
 
 
 def _message(module: str) -> str:
