@@ -48,8 +48,8 @@ def _not_installed(python: str) -> str:
     with its native dependencies, so the fix is the executors' Python."""
     return (
         f"the executors' Python ({python}) cannot import statetier: install it there "
-        "(pip install 'statetier-backend[spark]', or from a checkout pip install './backend[spark]') "
-        "or set PYSPARK_PYTHON to a Python that has it"
+        "(pip install 'statetier-backend[spark]', or from a checkout "
+        "pip install './backend[spark]') or set PYSPARK_PYTHON to a Python that has it"
     )
 
 
