@@ -18,9 +18,14 @@ from typing import Any
 
 import pytest
 from statetier.backend import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    SerializationError,
     StateRegistrationError,
+    StateTtlConfig,
     TypedSerializer,
     ValueStateDescriptor,
+    record_type,
 )
 from statetier.backend.config import load_config
 from statetier.backend.descriptors import StateDescriptor
@@ -280,3 +285,122 @@ def test_a_refused_change_names_the_state_field_and_types_and_loses_nothing(
     kept = _runner(uri, stored)
     assert _read(kept) == {key: repr(value) for key, value in old.items()}
     kept.close()
+
+
+# ---------------------------------------------------------------------- lists, maps, TTL
+
+TTL = StateTtlConfig(3_600_000)
+
+
+class Visits(KeyedProcessFunction[str, Any, Any]):
+    """A typed list (with TTL: each element stored beside its timestamp) and a typed map."""
+
+    def __init__(self, visit: Any, count: Any, page: Any = str) -> None:
+        self.visit, self.count, self.page = visit, count, page
+
+    def open(self, context: RuntimeContext) -> None:
+        self.visits: Any = context.get_state(
+            ListStateDescriptor("visits", serializer=TypedSerializer(self.visit), ttl=TTL)
+        )
+        self.pages: Any = context.get_state(
+            MapStateDescriptor(
+                "pages",
+                serializer=TypedSerializer(self.count),
+                key_serializer=TypedSerializer(self.page),
+            )
+        )
+
+    def process(self, key: str, value: Any, context: RuntimeContext) -> Iterable[Any]:
+        if value == READ:
+            return [(key, repr((self.visits.get(), sorted(self.pages.items()))))]
+        visit, page, count = value
+        self.visits.add(visit)
+        self.pages.put(page, count)
+        return ()
+
+
+def _visits_runner(uri: str, *types: Any) -> LocalRunner:
+    return LocalRunner(lambda: Visits(*types), 2, max_parallelism=8, checkpoint_uri=uri)
+
+
+def test_list_elements_with_ttl_and_map_values_evolve_map_keys_do_not(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    writer = _visits_runner(uri, Visit, int)
+    for n in range(2):
+        writer.process(
+            (key, (Visit(f"/{key}/{n}", n), f"/{n}", i + n)) for i, key in enumerate(KEYS)
+        )
+    writer.checkpoint()
+    writer.close()
+
+    reader = _visits_runner(uri, Visit2, float)
+    expected = {
+        key: repr(
+            (
+                [Visit2(f"/{key}/{n}", float(n)) for n in range(2)],
+                [(f"/{n}", float(i + n)) for n in range(2)],
+            )
+        )
+        for i, key in enumerate(KEYS)
+    }
+    assert dict(reader.process((k, READ) for k in KEYS)) == expected
+    reader.close()
+
+    with pytest.raises(StateRegistrationError) as refused:
+        _visits_runner(uri, Visit2, float, int)
+    message = str(refused.value)
+    assert "state 'pages'" in message and "the map's keys" in message, message
+    assert "stored as str and declared as int" in message, message
+
+
+# ---------------------------------------------------------------------- declared records
+
+
+def test_a_declared_record_evolves_as_a_dataclass_does(tmp_path: Path) -> None:
+    """A schema declared field by field (values are dicts): a field added with a default is
+    filled in, a dropped one is gone, an int field widened reads as float."""
+    uri = f"file://{tmp_path}/ckpt"
+    old = record_type("Session", {"user": str, "clicks": int, "tags": list[str]})
+    new = record_type(
+        "Session", {"clicks": float, "user": str, "seen": bool}, defaults={"seen": False}
+    )
+    writer = _runner(uri, old)
+    writer.run_epoch((key, {"user": key, "clicks": i, "tags": ["a"]}) for i, key in enumerate(KEYS))
+    writer.close()
+    reader = _runner(uri, new)
+    assert _read(reader) == {
+        key: repr({"clicks": float(i), "user": key, "seen": False}) for i, key in enumerate(KEYS)
+    }
+    reader.close()
+    with pytest.raises(StateRegistrationError, match=r"field 'seen' \(bool\) is new"):
+        _runner(uri, record_type("Session", {"user": str, "seen": bool}))
+
+
+# ---------------------------------------------------------------------- writes
+
+
+def test_a_value_of_the_wrong_shape_is_refused_where_it_is_written(tmp_path: Path) -> None:
+    runner = _runner(f"file://{tmp_path}/ckpt", Session)
+    with pytest.raises(SerializationError) as refused:
+        runner.process([("k1", Session("u", Visit("/", "slow"), {}))])  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "state 'session', key 'k1': field 'last.ms' is declared int but got str 'slow'"
+    )
+    with pytest.raises(SerializationError, match="the value is declared record Session but got V1"):
+        runner.process([("k2", V1("u", 1))])
+    runner.close()
+
+
+def test_a_schemaless_state_records_no_schema(tmp_path: Path) -> None:
+    """msgpack and pickle state keep the manifest entry they had before typed state (and a
+    manifest without schemas is what a restore reads as schemaless)."""
+    descriptor: ValueStateDescriptor[Any] = ValueStateDescriptor("session")
+    runner = LocalRunner(lambda: Probe(descriptor), 1, checkpoint_uri=f"file://{tmp_path}/c")
+    runner.run_epoch([("k", (1, "a"))])
+    runner.close()
+    assert runner.store is not None
+    assert runner.store.manifest().states["session"] == {
+        "kind": "value",
+        "ttl": None,
+        "serializers": {"value": "msgpack"},
+    }

@@ -57,6 +57,13 @@ class TypedSerializer:
         except (TypeError, OverflowError, ValueError) as exc:  # an int past 64 bits
             raise SerializationError(f"cannot write {short_repr(value)}: {exc}") from None
 
+    def check(self, value: Any) -> None:
+        """SerializationError naming the field when ``value`` is not of the declared type."""
+        try:
+            self._write(value)
+        except _MismatchError as exc:
+            raise SerializationError(str(exc)) from None
+
     def loads(self, data: bytes) -> Any:
         try:
             plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
