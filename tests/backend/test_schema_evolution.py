@@ -404,3 +404,20 @@ def test_a_schemaless_state_records_no_schema(tmp_path: Path) -> None:
         "ttl": None,
         "serializers": {"value": "msgpack"},
     }
+
+
+def test_the_typed_values_benchmark_runs_its_modes() -> None:
+    """``statetier bench typed-values`` on a few values: every mode runs (its own check reads
+    evolved bytes); the speed target is the benchmark's, not this test's."""
+    from statetier.tools.bench import typed_values
+
+    result = typed_values.run(500, 1)
+    modes = result["modes"]
+    assert isinstance(modes, dict)
+    assert set(modes) == {
+        "msgpack_tuple",
+        "raw_msgpack_array",
+        "typed_dataclass",
+        "typed_read_evolved",
+    }
+    assert all(mode["values_per_s"] > 0 for mode in modes.values())

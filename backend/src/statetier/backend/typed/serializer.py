@@ -102,10 +102,15 @@ def _writer(value_type: ValueType, where: str = "") -> Convert:
         return lambda value: None if value is None else inner(value)
     if kind == "list":
         element = _writer(value_type.args[0], f"{where}[]")
+        # a list of scalars all of exactly the element's type is written as it is
+        item_kind = value_type.args[0].kind
+        same = {SCALARS[item_kind]} if item_kind in SCALARS else None
 
         def write_list(value: Any) -> Any:
             if type(value) is not list:
                 raise _mismatch(where, "list", value)
+            if same is not None and set(map(type, value)) <= same:
+                return value
             return [element(item) for item in value]
 
         return write_list
@@ -138,13 +143,21 @@ def _scalar_writer(kind: str, where: str) -> Convert:
 
 
 def _record_writer(value_type: ValueType, where: str) -> Convert:
-    """A record's writer: the class is checked, then its fields; a record of plain scalars
-    (the common case) checks all field types in one comparison."""
+    """A record's writer: the class is checked, then its fields. The common case, every field
+    of exactly its declared type at the top (a str in a str field, a list in a list field),
+    is told by one comparison of type tuples; then only lists, maps and nested records are
+    looked into. Anything else (an int in a float field, None in an optional one) takes the
+    field-by-field path, which converts or names the field."""
     cls = value_type.python_type or dict
     names = tuple(f.name for f in value_type.fields)
     writers = [(f.name, _writer(f.type, _path(where, f.name))) for f in value_type.fields]
     get = _getter(names, cls is dict)
-    plain_types = tuple(SCALARS.get(f.type.kind) for f in value_type.fields)
+    top_types = tuple(_top_type(f.type) for f in value_type.fields)
+    deep = [
+        (i, name, w)
+        for i, (name, w) in enumerate(writers)
+        if value_type.fields[i].type.kind in ("list", "map", "record")
+    ]
     label = value_type.describe()
 
     def write(value: Any) -> Any:
@@ -154,11 +167,23 @@ def _record_writer(value_type: ValueType, where: str) -> Convert:
             values = get(value)
         except KeyError as exc:
             raise _MismatchError(f"{_what(where)}: the {label} dict has no field {exc}") from None
-        if tuple(map(type, values)) == plain_types:
-            return dict(zip(names, values, strict=True))
+        if tuple(map(type, values)) == top_types:
+            plain = dict(zip(names, values, strict=True))
+            for i, name, w in deep:
+                plain[name] = w(values[i])
+            return plain
         return {name: w(v) for (name, w), v in zip(writers, values, strict=True)}
 
     return write
+
+
+def _top_type(value_type: ValueType) -> type | None:
+    """The one Python type a value of ``value_type`` has at the top, None if several may."""
+    if value_type.kind in SCALARS:
+        return SCALARS[value_type.kind]
+    if value_type.kind == "record":
+        return value_type.python_type or dict
+    return {"list": list, "map": dict}.get(value_type.kind)
 
 
 def _getter(names: tuple[str, ...], from_dict: bool) -> Callable[[Any], tuple[Any, ...]]:
@@ -214,15 +239,18 @@ def _to_float(value: Any) -> Any:
 
 def _record_reader(value_type: ValueType) -> Convert:
     """A record from its stored map: fields by name, defaults for missing ones, stored fields
-    no longer declared ignored."""
+    no longer declared ignored. When the map holds exactly the declared fields (bytes of this
+    version) it is converted in place, only where a field needs it, and passed on whole."""
     cls = value_type.python_type
     readers = [(f.name, _reader(f.type)) for f in value_type.fields]
+    converting = [(name, reader) for name, reader in readers if reader is not None]
     names = frozenset(name for name, _ in readers)
-    plain = all(reader is None for _, reader in readers)
     defaults = [] if cls is not None else [f for f in value_type.fields if f.has_default]
 
     def read(stored: dict[str, Any]) -> Any:
-        if plain and stored.keys() == names:  # the bytes hold exactly the declared fields
+        if stored.keys() == names:  # the bytes hold exactly the declared fields
+            for name, reader in converting:
+                stored[name] = reader(stored[name])
             return stored if cls is None else cls(**stored)
         fields = {
             name: stored[name] if reader is None else reader(stored[name])
