@@ -421,3 +421,15 @@ def test_the_typed_values_benchmark_runs_its_modes() -> None:
         "typed_read_evolved",
     }
     assert all(mode["values_per_s"] > 0 for mode in modes.values())
+
+
+def test_the_registry_reads_typed_bytes_without_the_jobs_classes() -> None:
+    """A tool that has only the manifest's serializer id reads records as dicts (what a reader
+    of the state maps to columns); it writes nothing, and says so in one line."""
+    from statetier.backend.serializers import serializer_by_id
+
+    data = TypedSerializer(Session).dumps(Session("u", Visit("/", 3), {"/": 1}))
+    reader = serializer_by_id("typed")
+    assert reader.loads(data) == {"user": "u", "last": {"page": "/", "ms": 3}, "pages": {"/": 1}}
+    with pytest.raises(SerializationError, match=r"^a TypedSerializer without a value type only"):
+        reader.dumps({"user": "u"})

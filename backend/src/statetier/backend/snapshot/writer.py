@@ -100,6 +100,7 @@ class SubtaskWriter:
         """The backend was just restored from ``manifest``: chains of its exact range carry on."""
         with self._lock:
             self._chains = {}
+            self._chain_schemas = {}
             self._operator_file = None  # redistributed on restore: its next file is new
             if self.keyed is None:
                 return
