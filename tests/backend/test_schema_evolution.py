@@ -389,6 +389,10 @@ def test_a_value_of_the_wrong_shape_is_refused_where_it_is_written(tmp_path: Pat
     with pytest.raises(SerializationError, match="the value is declared record Session but got V1"):
         runner.process([("k2", V1("u", 1))])
     runner.close()
+    declared = _runner(f"file://{tmp_path}/declared", record_type("R", {"user": str}))
+    with pytest.raises(SerializationError, match=r"dict has undeclared fields \['usr'\]"):
+        declared.process([("k3", {"user": "u", "usr": "typo"})])
+    declared.close()
 
 
 def test_a_schemaless_state_records_no_schema(tmp_path: Path) -> None:
@@ -430,6 +434,11 @@ def test_the_registry_reads_typed_bytes_without_the_jobs_classes() -> None:
 
     data = TypedSerializer(Session).dumps(Session("u", Visit("/", 3), {"/": 1}))
     reader = serializer_by_id("typed")
+    from statetier.backend.typed.schema import stored_value_schema
+
+    meta = {"schemas": {"value": TypedSerializer(Session).schema.to_json()}}  # type: ignore[union-attr]
+    assert stored_value_schema(meta) == TypedSerializer(Session).schema
+    assert stored_value_schema({"serializers": {"value": "msgpack"}}) is None
     assert reader.loads(data) == {"user": "u", "last": {"page": "/", "ms": 3}, "pages": {"/": 1}}
     with pytest.raises(SerializationError, match=r"^a TypedSerializer without a value type only"):
         reader.dumps({"user": "u"})

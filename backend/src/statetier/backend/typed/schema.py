@@ -16,7 +16,15 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAP_KEYS", "SCALARS", "SchemaField", "ValueType", "record_type", "value_type_of"]
+__all__ = [
+    "MAP_KEYS",
+    "SCALARS",
+    "SchemaField",
+    "ValueType",
+    "record_type",
+    "stored_value_schema",
+    "value_type_of",
+]
 
 SCALARS: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool, "bytes": bytes}
 MAP_KEYS = frozenset({"int", "str", "bytes", "bool"})  # scalars msgpack keeps as map keys
@@ -94,6 +102,14 @@ class ValueType:
 
 
 _ARITY = {"optional": 1, "list": 1, "map": 2, "record": 0}
+
+
+def stored_value_schema(meta: Mapping[str, Any], slot: str = "value") -> ValueType | None:
+    """The schema a manifest's state entry (``Manifest.states[name]``) records for its values
+    (``slot`` "user_key": a map's keys); None for a schemaless state, whose values a reader
+    shows as bytes or JSON instead of typed columns."""
+    body = meta.get("schemas", {}).get(slot)
+    return None if body is None else ValueType.from_json(body)
 
 
 def record_type(

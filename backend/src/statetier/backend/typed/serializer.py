@@ -167,6 +167,9 @@ def _record_writer(value_type: ValueType, where: str) -> Convert:
             values = get(value)
         except KeyError as exc:
             raise _MismatchError(f"{_what(where)}: the {label} dict has no field {exc}") from None
+        if isinstance(value, dict) and len(value) != len(names):  # keys it would drop
+            extra = sorted(map(str, set(value) - set(names)))
+            raise _MismatchError(f"{_what(where)}: the {label} dict has undeclared fields {extra}")
         if tuple(map(type, values)) == top_types:
             plain = dict(zip(names, values, strict=True))
             for i, name, w in deep:
