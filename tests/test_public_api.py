@@ -64,6 +64,11 @@ PUBLIC: dict[str, set[str]] = {
         "PickleSerializer",
         "RawBytesSerializer",
         "SerializationError",
+        # typed state values (docs/evolving-state.md)
+        "TypedSerializer",
+        "ValueType",
+        "SchemaField",
+        "record_type",
         # running and configuring
         "LocalRunner",
         "load_config",

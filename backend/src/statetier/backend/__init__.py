@@ -62,6 +62,8 @@ from statetier.backend.state import (
 from statetier.backend.state.context import NoCurrentKeyError
 from statetier.backend.timers import TimerService
 from statetier.backend.ttl import StateTtlConfig, StateVisibility, TtlMismatchError, UpdateType
+from statetier.backend.typed.schema import SchemaField, ValueType, record_type
+from statetier.backend.typed.serializer import TypedSerializer
 
 if TYPE_CHECKING:
     from statetier.backend.local_runner import LocalRunner
@@ -90,6 +92,7 @@ __all__ = [
     "ReducingState",
     "ReducingStateDescriptor",
     "RuntimeContext",
+    "SchemaField",
     "SerializationError",
     "Serializer",
     "State",
@@ -101,10 +104,13 @@ __all__ = [
     "TimeDomain",
     "TimerService",
     "TtlMismatchError",
+    "TypedSerializer",
     "UpdateType",
     "ValueState",
     "ValueStateDescriptor",
+    "ValueType",
     "load_config",
+    "record_type",
     "register_serializer",
 ]
 

@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from statetier.backend.serializers import DEFAULT_SERIALIZER, Serializer
 from statetier.backend.ttl import StateTtlConfig
+from statetier.backend.typed.schema import ValueType
 
 __all__ = [
     "AggregateFunction",
@@ -83,6 +84,12 @@ class StateDescriptor:
         """Serializer ids recorded in checkpoints, so a restore can detect a change."""
         return {"value": self.serializer.id}
 
+    def value_schemas(self) -> dict[str, ValueType]:
+        """The schemas of the typed serializers among :meth:`serializer_ids`' (a typed state's
+        values, recorded in checkpoints so a restore can check a change of type)."""
+        schema = _schema(self.serializer)
+        return {} if schema is None else {"value": schema}
+
 
 @dataclasses.dataclass(eq=False)
 class ValueStateDescriptor(StateDescriptor, Generic[V]):
@@ -123,3 +130,16 @@ class MapStateDescriptor(StateDescriptor):
 
     def serializer_ids(self) -> dict[str, str]:
         return {"value": self.serializer.id, "user_key": self.key_serializer.id}
+
+    def value_schemas(self) -> dict[str, ValueType]:
+        schemas = super().value_schemas()
+        key_schema = _schema(self.key_serializer)
+        if key_schema is not None:
+            schemas["user_key"] = key_schema
+        return schemas
+
+
+def _schema(serializer: Serializer) -> ValueType | None:
+    """The schema ``serializer`` declares for its values (a TypedSerializer with a type)."""
+    schema = getattr(serializer, "schema", None)
+    return schema if isinstance(schema, ValueType) else None

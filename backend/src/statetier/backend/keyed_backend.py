@@ -57,6 +57,7 @@ from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
 from statetier.backend.state.writable import accept, write_check
 from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
+from statetier.backend.typed.evolution import schema_change_refusal
 
 __all__ = [
     "EVENT_TIMER_STATE",
@@ -508,12 +509,17 @@ class TouchedKeys:
 
 
 def state_meta(descriptor: StateDescriptor) -> dict[str, Any]:
-    """What a snapshot records about a state so that a restore can check it."""
-    return {
+    """What a snapshot records about a state so that a restore can check it: a typed state's
+    value schemas too (``schemas``, absent for schemaless serializers, as in older manifests)."""
+    meta = {
         "kind": descriptor.kind.value,
         "ttl": descriptor.ttl.to_json() if descriptor.ttl else None,
         "serializers": descriptor.serializer_ids(),
     }
+    schemas = descriptor.value_schemas()
+    if schemas:
+        meta["schemas"] = {slot: schema.to_json() for slot, schema in schemas.items()}
+    return meta
 
 
 def check_restored_compatible(meta: dict[str, Any], descriptor: StateDescriptor) -> None:
@@ -529,6 +535,12 @@ def check_restored_compatible(meta: dict[str, Any], descriptor: StateDescriptor)
         raise StateRegistrationError(
             f"state {name!r} was checkpointed with serializers {meta['serializers']} but is "
             f"registered with {descriptor.serializer_ids()}"
+        )
+    refusal = schema_change_refusal(meta.get("schemas", {}), descriptor.value_schemas())
+    if refusal is not None:
+        raise StateRegistrationError(
+            f"state {name!r} cannot be restored as its new value type: {refusal}; keep the "
+            "stored type, or migrate the state (docs/evolving-state.md)"
         )
 
 

@@ -17,6 +17,7 @@ __all__ = ["BENCHMARKS", "BENCHMARK_HELP", "bench", "demo"]
 
 BENCHMARKS = {
     "state": "statetier.tools.bench.state_ops",
+    "typed-values": "statetier.tools.bench.typed_values",
     "wordcount": "statetier.tools.bench.wordcount",
     "state-scale": "statetier.tools.bench.state_scale",
     "checkpoint": "statetier.tools.bench.checkpoint",
@@ -29,6 +30,7 @@ BENCHMARKS = {
 }
 BENCHMARK_HELP = {
     "state": "state API operations against a plain dict",
+    "typed-values": "typed state values (by field name) against msgpack of a tuple",
     "wordcount": "word count on the heap, spilled to disk, and on RocksDB",
     "state-scale": "keyed state from 0.5x to 10x a memory budget: spilled, heap, RocksDB",
     "checkpoint": "checkpoint upload and restore against raw object-store transfers",

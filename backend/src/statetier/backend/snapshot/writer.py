@@ -88,6 +88,8 @@ class SubtaskWriter:
         self.incremental = incremental
         self.codec = codec  # of the keyed data files' blocks (checkpoint.compression)
         self._chains: dict[str, list[FileEntry]] = {}
+        # the value schemas each chain's files were written with (typed states; see prepare)
+        self._chain_schemas: dict[str, Any] = {}
         # the operator state's last file and its bytes: named again while they do not change
         self._operator_file: tuple[FileEntry, bytes] | None = None
         self._lock = threading.Lock()
@@ -98,6 +100,7 @@ class SubtaskWriter:
         """The backend was just restored from ``manifest``: chains of its exact range carry on."""
         with self._lock:
             self._chains = {}
+            self._chain_schemas = {}
             self._operator_file = None  # redistributed on restore: its next file is new
             if self.keyed is None:
                 return
@@ -105,6 +108,8 @@ class SubtaskWriter:
             for chain in manifest.chains():
                 if chain.key_groups == mine:
                     self._chains[chain.state] = chain.files
+                    meta = manifest.states.get(chain.state, {})
+                    self._chain_schemas[chain.state] = meta.get("schemas")
             self.keyed.drain_touched_keys()
 
     def reset(self) -> None:
@@ -155,8 +160,13 @@ class SubtaskWriter:
                 new_chains: dict[str, list[FileEntry]] = {}
                 for table in keyed.tables.values():
                     name = table.name
-                    states[name] = state_meta(table.descriptor)
+                    states[name] = meta = state_meta(table.descriptor)
                     chain = self._chains.get(name) if incremental else None
+                    if chain is not None and self._chain_schemas.get(name) != meta.get("schemas"):
+                        # restored as a new type: a base rewrites every value in it, so that
+                        # the manifest's schema is that of all the state's bytes
+                        chain = None
+                    self._chain_schemas[name] = meta.get("schemas")
                     if chain is not None and not touched.by_group:
                         new_chains[name] = list(chain)
                         continue

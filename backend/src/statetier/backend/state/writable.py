@@ -9,8 +9,9 @@ The check must cost nothing on the per-record path: a handle looks at the value'
 and a type in :data:`PLAIN` (what most state holds) needs nothing more. Any other value is looked
 at in full here. An int of a plain type may still be too large for 64 bits: it is found when its
 bytes are made, and the snapshot's error names the state and the key too (snapshot.serialize).
-Only the default serializer is checked here; what another serializer (pickle, a custom one)
-refuses is named at the snapshot, since finding out would mean serializing every value twice.
+Only the default serializer and typed ones are checked here (a typed value is checked against its
+declared type, field by field); what another serializer (pickle, a custom one) refuses is named
+at the snapshot, since finding out would mean serializing every value twice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from statetier.backend.serializers import (
     unwritable_reason,
 )
 from statetier.backend.state.context import KeyContext
+from statetier.backend.typed.serializer import TypedSerializer
 
 __all__ = [
     "PLAIN",
@@ -70,6 +72,8 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
     """The check a handle of ``state`` calls on a written ``what`` (``"value"``, ``"map key"``)
     whose type is not in :data:`PLAIN`: it raises :class:`UnwritableValueError` naming the state
     and the current key when the default serializer cannot write it."""
+    if isinstance(serializer, TypedSerializer) and serializer.schema is not None:
+        return _typed_check(serializer, state, what, ctx)
     if not isinstance(serializer, MsgpackSerializer):
         return accept
 
@@ -82,6 +86,20 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
             named = ctx.key if key is CURRENT else key
             reason = unwritable_reason(bad)
             raise UnwritableValueError(unwritable_message(state, named, what, reason))
+
+    return check
+
+
+def _typed_check(serializer: TypedSerializer, state: str, what: str, ctx: KeyContext) -> WriteCheck:
+    """A typed state's check: the value against its declared type, so that a value of the
+    wrong shape is refused where it is written, naming the field, not at the next snapshot."""
+
+    def check(value: Any, key: Any = CURRENT) -> None:
+        try:
+            serializer.check(value)
+        except SerializationError as exc:
+            named = ctx.key if key is CURRENT else key
+            raise UnwritableValueError(unwritable_message(state, named, what, str(exc))) from None
 
     return check
 
