@@ -7,11 +7,15 @@ naming the column or the location. Real Spark (the session fixture), file:// loc
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
@@ -27,7 +31,7 @@ from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.snapshot.bootstrap import BootstrapError
 from statetier.backend.spark import StatefulPipeline, write_state
 
-from tests.spark.spark_support import COUNT, VectorWordCount, zipf_words
+from tests.spark.spark_support import COUNT, VectorWordCount, latest, zipf_words
 
 KEYS = 5_000
 
@@ -155,3 +159,63 @@ def test_bad_input_is_one_line_naming_the_column_or_location(
     write_state(df, uri, COUNT, key="word", parallelism=2)
     with pytest.raises(BootstrapError, match=f"{uri} holds committed epochs \\(latest 1\\)"):
         write_state(df, uri, COUNT, key="word")
+
+
+def write_words(directory: Path, index: int, words: list[str]) -> None:
+    directory.mkdir(exist_ok=True)
+    path = directory / f"part-{index:04d}.parquet"
+    pq.write_table(pa.table({"word": words}), path)
+    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # the file source's order
+
+
+def stream(spark: SparkSession, pipe: StatefulPipeline, tmp_path: Path) -> dict[str, int]:
+    """Run the query over the input there is now (a micro-batch a file); the latest counts."""
+    out: dict[str, int] = {}
+
+    def sink(batch: Any, epoch: int) -> None:
+        latest(out, ((row["word"], row["count"]) for row in batch.collect()))
+
+    words = spark.readStream.schema("word string").option("maxFilesPerTrigger", 1)
+    query = (
+        pipe.write_stream(words.parquet(str(tmp_path / "input")), sink)
+        .option("checkpointLocation", str(tmp_path / "spark"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    return out
+
+
+def test_initial_state_seeds_a_streaming_querys_first_epoch_and_not_its_restart(
+    spark: SparkSession,
+    tmp_path: Path,
+    pipelines: list[StatefulPipeline],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    batches = [zipf_words(2000, 1000, seed=i) for i in range(3)]
+    for i, words in enumerate(batches[:2]):
+        write_words(tmp_path / "input", i, words)
+    initial = seeded(spark, 500)  # w1..w500 start at 1..500
+    first = pipeline(uri, parallelism=2, initial_state={COUNT: initial})
+    pipelines.append(first)
+    oracle = {f"w{i}": i for i in range(1, 501)}
+    for word in [w for words in batches[:2] for w in words]:
+        oracle[word] = oracle.get(word, 0) + 1
+    seen = stream(spark, first, tmp_path)
+    assert seen == {w: oracle[w] for words in batches[:2] for w in words}
+    assert SnapshotStore(uri).epochs() == [1, 2, 3]  # the initial state, micro-batches 0 and 1
+    first.stop_hosts()
+    # a restart of the query (its Spark checkpoint): the location has epochs, so another
+    # initial state is ignored, said in the log, and micro-batch 2 is epoch 4
+    write_words(tmp_path / "input", 2, batches[2])
+    again = pipeline(uri, parallelism=3, initial_state={COUNT: seeded(spark, 1000)})
+    pipelines.append(again)
+    with caplog.at_level(logging.INFO, logger="statetier"):
+        seen = stream(spark, again, tmp_path)
+    for word in batches[2]:
+        oracle[word] = oracle.get(word, 0) + 1
+    assert seen == {w: oracle[w] for w in batches[2]}
+    assert SnapshotStore(uri).epochs()[-1] == 4
+    assert any("initial_state is ignored" in r.getMessage() for r in caplog.records)

@@ -40,7 +40,7 @@ from statetier.backend.keygroups import (
     spark_key_group_expr,
 )
 from statetier.backend.serializers import serializer_by_id
-from statetier.backend.snapshot import Manifest, SnapshotStore, WriterLease
+from statetier.backend.snapshot import Manifest, SnapshotStore, SubtaskSnapshot, WriterLease
 from statetier.backend.snapshot.bootstrap import (
     BootstrapError,
     BootstrapPlan,
@@ -53,7 +53,14 @@ from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.results import snapshot_from_dict, snapshot_to_dict
 
-__all__ = ["StateColumns", "state_columns", "write_epoch", "write_state"]
+__all__ = [
+    "StateColumns",
+    "apply_initial_state",
+    "state_columns",
+    "write_epoch",
+    "write_ranges",
+    "write_state",
+]
 
 RESULT_SCHEMA = "range bigint, snapshot string"
 # a row a task refused (a key twice, a null, a value its serializer cannot write), as the last
@@ -156,6 +163,18 @@ def write_epoch(
     lease: WriterLease | None = None,
 ) -> Manifest:
     """Write ``columns``' state of ``df`` by range on the executors, then commit ``plan``."""
+    snapshots = write_ranges(df, plan, columns, parallelism, storage_options)
+    return commit_bootstrap(plan, snapshots, lease)
+
+
+def write_ranges(
+    df: DataFrame,
+    plan: BootstrapPlan,
+    columns: StateColumns,
+    parallelism: int,
+    storage_options: Mapping[str, Any],
+) -> list[SubtaskSnapshot]:
+    """Write ``columns``' state of ``df``, one task per range: the ranges' snapshots."""
     expr = spark_key_group_expr(columns.key, plan.max_parallelism)
     owner = sf.expr(
         f"CAST((`{KEY_GROUP_COLUMN}` * {parallelism}) div {plan.max_parallelism} AS INT)"
@@ -173,8 +192,28 @@ def write_epoch(
         if found is None:
             raise
         raise BootstrapError(f"write_state: {found.group(2)}") from None
-    snapshots = [snapshot_from_dict(json.loads(row["snapshot"])) for row in results]
-    return commit_bootstrap(plan, snapshots, lease)
+    return [snapshot_from_dict(json.loads(row["snapshot"])) for row in results]
+
+
+def apply_initial_state(
+    states: Mapping[StateDescriptor, DataFrame],
+    key: Sequence[str],
+    plan: BootstrapPlan,
+    parallelism: int,
+    storage_options: Mapping[str, Any],
+    lease: WriterLease,
+) -> Manifest:
+    """A pipeline's ``initial_state=``: every state's rows written, then one epoch committed
+    under the pipeline's lease (the ranges' parts of each state merged)."""
+    by_range: dict[str, SubtaskSnapshot] = {}
+    for descriptor, df in states.items():
+        columns = state_columns(df, descriptor, key)
+        for snapshot in write_ranges(df, plan, columns, parallelism, storage_options):
+            merged = by_range.setdefault(str(snapshot.key_groups), snapshot)
+            if merged is not snapshot:
+                merged.states.update(snapshot.states)
+                merged.keyed_files.extend(snapshot.keyed_files)
+    return commit_bootstrap(plan, list(by_range.values()), lease, source="initial_state")
 
 
 def range_writer(
