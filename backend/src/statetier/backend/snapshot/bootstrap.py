@@ -54,6 +54,7 @@ __all__ = [
     "OWNER",
     "BootstrapError",
     "BootstrapPlan",
+    "Chunk",
     "StateRows",
     "bootstrap",
     "bootstrap_epoch",
@@ -73,13 +74,29 @@ class BootstrapError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Rows as columns: each key, its key group (computed already, e.g. by Spark SQL), then
+    the map state's user keys and the values; a value or reducing state writes a chunk with
+    the handles' bulk operations, without hashing its keys again."""
+
+    keys: list[Any]
+    key_groups: Sequence[int]
+    columns: list[list[Any]]
+
+    def rows(self) -> Iterable[tuple[Any, ...]]:
+        return zip(self.keys, *self.columns, strict=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class StateRows:
     """The rows of one state for one range: ``(key, value)``, for map state
-    ``(key, user_key, value)``; ``elements``: a list state's values are whole lists."""
+    ``(key, user_key, value)``, or ``chunks`` of them as columns; ``elements``: a list state's
+    values are whole lists."""
 
     descriptor: StateDescriptor
-    rows: Iterable[tuple[Any, ...]]
+    rows: Iterable[tuple[Any, ...]] = ()
     elements: bool = False
+    chunks: Iterable[Chunk] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,13 +137,55 @@ def write_range(
 
 
 def _apply(backend: KeyedStateBackend, state: StateRows) -> None:
+    """Write the rows, then the chunks, through the state's handle."""
+    handle: Any = backend.get_state(state.descriptor)
+    _apply_rows(backend, handle, state, state.rows)
+    bulk = state.descriptor.kind in (StateKind.VALUE, StateKind.REDUCING)
+    for chunk in state.chunks:
+        if bulk:
+            _apply_chunk(backend, handle, state.descriptor, chunk)
+        else:
+            _apply_rows(backend, handle, state, chunk.rows())
+
+
+def _apply_chunk(
+    backend: KeyedStateBackend, handle: Any, descriptor: StateDescriptor, chunk: Chunk
+) -> None:
+    """A value or reducing state's chunk in one bulk write (``update_all``, ``add_each``):
+    what writing its rows one by one does, in a fifth of the time."""
+    values = chunk.columns[-1]
+    if any(v is None for v in values):
+        key = chunk.keys[values.index(None)]
+        raise BootstrapError(f"state {descriptor.name!r}: key {key!r} has a null value")
+    batch = backend.key_batch(chunk.keys, chunk.key_groups)
+    if descriptor.kind is StateKind.REDUCING:
+        handle.add_each(batch, values)
+        return
+    twice = len(set(chunk.keys)) != len(chunk.keys)
+    if twice or any(v is not None for v in handle.values(batch)):
+        seen: set[Any] = set()
+        for key, old in zip(chunk.keys, handle.values(batch), strict=True):
+            if key in seen or old is not None:
+                raise _given_twice(descriptor, key)
+            seen.add(key)
+    handle.update_all(batch, values)
+
+
+def _given_twice(descriptor: StateDescriptor, key: Any) -> BootstrapError:
+    return BootstrapError(
+        f"state {descriptor.name!r}: key {key!r} is given twice; a value state holds one "
+        "value per key (deduplicate the rows, or use a reducing state)"
+    )
+
+
+def _apply_rows(
+    backend: KeyedStateBackend, handle: Any, state: StateRows, rows: Iterable[tuple[Any, ...]]
+) -> None:
     """Write each row through the state's handle, as a function's code would."""
-    descriptor = state.descriptor
-    handle: Any = backend.get_state(descriptor)
-    kind, name = descriptor.kind, descriptor.name
+    kind, name = state.descriptor.kind, state.descriptor.name
     set_key = backend.set_current_key
     if kind is StateKind.MAP:
-        for key, user_key, value in state.rows:
+        for key, user_key, value in rows:
             set_key(key)
             if handle.contains(user_key):
                 raise BootstrapError(
@@ -136,19 +195,16 @@ def _apply(backend: KeyedStateBackend, state: StateRows) -> None:
             handle.put(user_key, value)
         return
     if kind is StateKind.VALUE:
-        for key, value in state.rows:
+        for key, value in rows:
             set_key(key)
             if value is None:
                 raise BootstrapError(f"state {name!r}: key {key!r} has a null value")
             if handle.value() is not None:
-                raise BootstrapError(
-                    f"state {name!r}: key {key!r} is given twice; a value state holds one value "
-                    "per key (deduplicate the rows, or use a reducing state)"
-                )
+                raise _given_twice(state.descriptor, key)
             handle.update(value)
         return
     write = handle.add_all if kind is StateKind.LIST and state.elements else handle.add
-    for key, value in state.rows:
+    for key, value in rows:
         set_key(key)
         if value is None:
             raise BootstrapError(f"state {name!r}: key {key!r} has a null value")
@@ -203,8 +259,12 @@ def commit_bootstrap(
     source: str = "bootstrap",
 ) -> Manifest:
     """Commit the ranges' ``snapshots`` as ``plan.epoch`` (with the states the plan carries
-    over), and write the marker a first epoch or a savepoint needs."""
+    over), and write the marker a first epoch or a savepoint needs. An added epoch takes the
+    location's writer lease unless given one: a query still writing there is fenced, and its
+    commit of the same epoch and ours cannot both succeed."""
     store, epoch = plan.store, plan.epoch
+    if lease is None and plan.carried is not None:
+        lease = store.acquire_writer()  # fences a writer still running there
     manifest = build_manifest(epoch, snapshots, lease.owner if lease else OWNER)
     if plan.carried is not None:
         manifest = _carry_over(manifest, plan.carried)

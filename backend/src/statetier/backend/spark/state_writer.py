@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import itertools
 import json
 import pickle
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +43,7 @@ from statetier.backend.snapshot import Manifest, SnapshotStore, SubtaskSnapshot,
 from statetier.backend.snapshot.bootstrap import (
     BootstrapError,
     BootstrapPlan,
+    Chunk,
     StateRows,
     commit_bootstrap,
     plan_epoch,
@@ -231,8 +231,8 @@ def range_writer(
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         index = TaskContext.get().partitionId()  # type: ignore[union-attr]
         key_groups = key_group_range_for_instance(max_p, parallelism, index)
-        rows = itertools.chain.from_iterable(_rows(batch, columns) for batch in batches)
-        state = StateRows(landed_descriptor(shipped), rows, columns.elements)
+        chunks = (_chunk(batch, columns) for batch in batches)
+        state = StateRows(landed_descriptor(shipped), elements=columns.elements, chunks=chunks)
         store = SnapshotStore(uri, **storage_options)
         snapshot = write_range(store, epoch, key_groups, max_p, [state])
         encoded = json.dumps(snapshot_to_dict(snapshot))
@@ -262,13 +262,14 @@ def landed_descriptor(data: bytes) -> StateDescriptor:
     return descriptor
 
 
-def _rows(batch: pa.RecordBatch, columns: StateColumns) -> Iterable[tuple[Any, ...]]:
-    """A batch's rows as the bootstrap reads them: the key (a tuple of several key columns),
-    then the user key of a map state, then the value."""
+def _chunk(batch: pa.RecordBatch, columns: StateColumns) -> Chunk:
+    """A batch's rows as the bootstrap reads them: the keys (tuples of several key columns),
+    their key groups (Spark's), then the user keys of a map state and the values."""
     keys = columns.key
     if len(keys) == 1:
-        key_values: Iterable[Any] = batch.column(keys[0]).to_pylist()
+        key_values: list[Any] = batch.column(keys[0]).to_pylist()
     else:
-        key_values = zip(*(batch.column(k).to_pylist() for k in keys), strict=True)
+        key_values = list(zip(*(batch.column(k).to_pylist() for k in keys), strict=True))
     rest = [batch.column(c).to_pylist() for c in columns.names[len(keys) :]]
-    return zip(key_values, *rest, strict=True)
+    key_groups = batch.column(KEY_GROUP_COLUMN).to_numpy()
+    return Chunk(key_values, key_groups, rest)
