@@ -155,6 +155,8 @@ def test_bad_input_is_one_line_naming_the_column_or_location(
         with pytest.raises(BootstrapError, match=message) as raised:
             call()
         assert "\n" not in str(raised.value)
+    with pytest.raises(BootstrapError, match=r"initial_state: .* needs a column 'value'"):
+        pipeline(uri, parallelism=2, initial_state={COUNT: df.select("word")})
     assert SnapshotStore(uri).epochs() == []  # nothing was committed by a refused write
     write_state(df, uri, COUNT, key="word", parallelism=2)
     with pytest.raises(BootstrapError, match=f"{uri} holds committed epochs \\(latest 1\\)"):

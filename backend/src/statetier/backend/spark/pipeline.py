@@ -77,7 +77,7 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
 from statetier.backend.spark.shipping import check_function_ships
-from statetier.backend.spark.state_writer import apply_initial_state
+from statetier.backend.spark.state_writer import apply_initial_state, state_columns
 from statetier.backend.spark.task import (
     direct_function,
     gather_function,
@@ -203,6 +203,8 @@ class StatefulPipeline:
         # the state of each descriptor at the query's first epoch (see state_writer), and the
         # epoch a bootstrap committed before micro-batch 0 (snapshot.bootstrap's marker)
         self.initial_state = dict(initial_state or {})
+        for descriptor, df in self.initial_state.items():  # a missing column fails here
+            state_columns(df, descriptor, self.key_columns, where="initial_state")
         self._epoch_offset = 0
 
     # ------------------------------------------------------------------ setup

