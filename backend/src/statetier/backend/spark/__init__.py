@@ -2,8 +2,9 @@
 
 A public module (docs/architecture.md, "Public API"): ``__all__`` is what a Spark job writes
 against: the pipeline, the per-key-group function form and its combiner, the task a function is
-serving. The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
-The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's ``spark`` extra); it is
+serving, and ``write_state`` (state bootstrapped from a DataFrame). The functions and their
+context come from :mod:`statetier.backend`. See docs/spark.md. The driver side
+(:class:`StatefulPipeline`, ``write_state``) needs pyspark (the backend's ``spark`` extra); it is
 imported lazily, so the executors' state hosts, which import this package for the function
 classes, start without loading pyspark.
 """
@@ -20,6 +21,7 @@ from statetier.backend.spark.functions import (
 
 if TYPE_CHECKING:
     from statetier.backend.spark.pipeline import EpochReport, StatefulPipeline
+    from statetier.backend.spark.state_writer import write_state
 
 __all__ = [
     "KEY_GROUP_COLUMN",
@@ -29,6 +31,7 @@ __all__ = [
     "SparkTask",
     "StatefulPipeline",
     "current_task",
+    "write_state",
 ]
 
 
@@ -37,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from statetier.backend.spark import pipeline
 
         return getattr(pipeline, name)
+    if name == "write_state":
+        from statetier.backend.spark import state_writer
+
+        return state_writer.write_state
     raise AttributeError(name)

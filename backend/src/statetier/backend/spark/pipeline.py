@@ -41,6 +41,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config, warn_if_spill_off
+from statetier.backend.descriptors import StateDescriptor
 from statetier.backend.keyed_backend import EVENT_TIMER_STATE, PROCESSING_TIMER_STATE
 from statetier.backend.keygroups import (
     check_parallelism,
@@ -52,6 +53,7 @@ from statetier.backend.snapshot import (
     WriterLease,
     commit_snapshot,
 )
+from statetier.backend.snapshot.bootstrap import bootstrap_epoch, plan_epoch
 from statetier.backend.snapshot.layout import results_dir
 from statetier.backend.snapshot.location import default_location_notice, open_location
 from statetier.backend.snapshot.process_compactor import stop_merge_process
@@ -75,6 +77,7 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
 from statetier.backend.spark.shipping import check_function_ships
+from statetier.backend.spark.state_writer import apply_initial_state, state_columns
 from statetier.backend.spark.task import (
     direct_function,
     gather_function,
@@ -150,7 +153,10 @@ class StatefulPipeline:
     module, not ``__main__``, when it holds module-level state. ``key`` names the key columns
     (integers as bigint). ``output_schema`` is a ``StructType`` or DDL string. Settings come
     from the configuration schema: ``config`` (code) > Spark conf ``spark.statetier.*`` >
-    ``STATETIER_*``; the checkpoint location is ``checkpoint.uri``.
+    ``STATETIER_*``; the checkpoint location is ``checkpoint.uri``. ``initial_state`` maps
+    descriptors to DataFrames of their state (the key columns, then the columns of
+    ``write_state``), written as the location's first epoch when it has none, as Spark's
+    ``initialState``; a location with epochs ignores it (logged).
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class StatefulPipeline:
         storage_options: Mapping[str, Any] | None = None,
         name: str | None = None,
         clock: Clock | None = None,
+        initial_state: Mapping[StateDescriptor, DataFrame] | None = None,
     ) -> None:
         self.function_bytes = bytes(cloudpickle.dumps(function))  # type: ignore[no-untyped-call]
         combiner = getattr(function, "combiner", None)
@@ -193,6 +200,12 @@ class StatefulPipeline:
         self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
         # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
         self.clock = clock
+        # the state of each descriptor at the query's first epoch (see state_writer), and the
+        # epoch a bootstrap committed before micro-batch 0 (snapshot.bootstrap's marker)
+        self.initial_state = dict(initial_state or {})
+        for descriptor, df in self.initial_state.items():  # a missing column fails here
+            state_columns(df, descriptor, self.key_columns, where="initial_state")
+        self._epoch_offset = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -268,7 +281,8 @@ class StatefulPipeline:
         """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``."""
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
-            self.run_epoch(batch, batch_id + 1, sink, time=self._batch_time(batch, batch_id))
+            epoch = self._micro_batch_epoch(batch.sparkSession, batch_id)
+            self.run_epoch(batch, epoch, sink, time=self._batch_time(batch, batch_id))
 
         return on_batch
 
@@ -295,7 +309,7 @@ class StatefulPipeline:
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
             started = time.perf_counter()
-            epoch = batch_id + 1
+            epoch = self._micro_batch_epoch(batch.sparkSession, batch_id)
             spec = self._begin_epoch(batch.sparkSession, epoch, self._batch_time(batch, batch_id))
             if self._max_parallelism != static.state.max_parallelism:
                 raise ValueError(
@@ -317,6 +331,11 @@ class StatefulPipeline:
             self._ask_wake_up(report, watermarked)
 
         return (keyed if planned is None else planned).writeStream.foreachBatch(on_batch)
+
+    def _micro_batch_epoch(self, spark: SparkSession, batch_id: int) -> int:
+        """Micro-batch ``b`` is epoch ``b + 1``, after the epoch of a bootstrap (its marker)."""
+        self._take_lease(spark, self._setup(spark))
+        return batch_id + 1 + self._epoch_offset
 
     def _wake_ups_of_new_query(self) -> WakeUps:
         """The wake-up request of a query about to start (see wakeups): a micro-batch at once
@@ -404,8 +423,29 @@ class StatefulPipeline:
                     store, self.config.checkpoint_restore_from, self._lease, **self.storage_options
                 )
                 self._restored_from = seeded.epoch if seeded is not None else 0
+            self._apply_initial_state(store, self._lease)
+            self._epoch_offset = bootstrap_epoch(store)
             self._latest = None  # list the epochs again, now that nobody else commits
         return self._lease
+
+    def _apply_initial_state(self, store: SnapshotStore, lease: WriterLease) -> None:
+        """Write ``initial_state`` as the first epoch of a location without one; Spark too
+        applies ``initialState`` to a query's first batch only (and ignores it later)."""
+        if not self.initial_state:
+            return
+        epochs = store.epochs()
+        if epochs:
+            log.info(
+                "%s has committed epochs (latest %d): initial_state is ignored",
+                store.uri,
+                epochs[-1],
+            )
+            return
+        plan = plan_epoch(store, self._location(store, None)[1])
+        apply_initial_state(
+            self.initial_state, self.key_columns, plan, self.parallelism, self.storage_options,
+            lease,
+        )  # fmt: skip
 
     def _check_after_savepoint(self, epoch: int) -> None:
         """An epoch at or before the savepoint this driver started from is a query that did

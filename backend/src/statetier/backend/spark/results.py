@@ -22,7 +22,7 @@ from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
 from statetier.backend.wire import Fields, MessageError, decode_fields, encode_fields
 
-__all__ = ["RangeResult", "RangeStart"]
+__all__ = ["RangeResult", "RangeStart", "snapshot_from_dict", "snapshot_to_dict"]
 
 
 class RangeStart(str, enum.Enum):
@@ -65,7 +65,7 @@ class RangeResult:
 
     def encode(self) -> bytes:
         """The result file's bytes."""
-        return json.dumps(encode_fields(self, snapshot=_snapshot_to_dict)).encode()
+        return json.dumps(encode_fields(self, snapshot=snapshot_to_dict)).encode()
 
     @classmethod
     def decode(cls, raw: bytes, where: str = "") -> RangeResult:
@@ -78,12 +78,12 @@ class RangeResult:
 def _snapshot(fields: Fields) -> SubtaskSnapshot:
     data = fields.mapping("snapshot")
     try:
-        return _snapshot_from_dict(data)
+        return snapshot_from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
         raise MessageError(f"{fields.message}: field 'snapshot' is malformed: {e!r}") from None
 
 
-def _snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:
+def snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:
     return {
         "key_groups": str(snapshot.key_groups) if snapshot.key_groups is not None else None,
         "max_parallelism": snapshot.max_parallelism,
@@ -97,7 +97,7 @@ def _snapshot_to_dict(snapshot: SubtaskSnapshot) -> dict[str, Any]:
     }
 
 
-def _snapshot_from_dict(data: dict[str, Any]) -> SubtaskSnapshot:
+def snapshot_from_dict(data: dict[str, Any]) -> SubtaskSnapshot:
     kg = data["key_groups"]
     op = data["operator_file"]
     return SubtaskSnapshot(
