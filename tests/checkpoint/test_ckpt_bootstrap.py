@@ -26,14 +26,14 @@ from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.bootstrap import (
-    MARKER,
     BootstrapError,
     StateRows,
     bootstrap,
     bootstrap_epoch,
     write_range,
 )
-from statetier.backend.snapshot.savepoint import read_savepoint
+from statetier.backend.snapshot.savepoint import read_savepoint, take_savepoint
+from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.ttl import ManualClock
 
 from tests.checkpoint.ckpt_support import CLOCK_MS, Location
@@ -197,7 +197,8 @@ def test_a_savepoint_destination_gets_its_marker_and_restores_from_there(
     store = location.store()
     marker = read_savepoint(store)
     assert marker is not None and marker.epoch == 1 and marker.spark_batch is None
-    assert not store.fs.exists(store.full_path(MARKER))  # started from, never resumed
+    # micro-batch 0 of a query restored from it follows epoch 1: the marker says so
+    assert bootstrap_epoch(store) == 1
     config = load_config({"checkpoint.restore-from": location.uri})
     own = f"file://{tmp_path}/own"
     runner = LocalRunner(
@@ -210,6 +211,21 @@ def test_a_savepoint_destination_gets_its_marker_and_restores_from_there(
     )
     assert shown(runner, ["k0", "k3"]) == {k: oracle(data, k, True) for k in ["k0", "k3"]}
     runner.close()
+    assert bootstrap_epoch(SnapshotStore(own)) == 1  # the restored location got the marker too
+
+
+def test_a_savepoint_of_a_bootstrapped_location_carries_its_epoch_offset(
+    location: Location, tmp_path: Any
+) -> None:
+    """A savepoint names its Spark micro-batch as ``epoch - 1 - E`` after a bootstrap of epoch
+    E, and carries E; the bootstrap's own epoch ran no micro-batch, so it has no Spark log."""
+    write(location, parallelism=2)
+    source = location.store()
+    with pytest.raises(ValueError, match=r"epoch 1 of .* is its bootstrap.s: no micro-batch ran"):
+        take_savepoint(source, SnapshotStore(f"file://{tmp_path}/sp0"), spark_checkpoint="x")
+    dest = SnapshotStore(f"file://{tmp_path}/sp1")
+    assert take_savepoint(source, dest).epoch == 1
+    assert bootstrap_epoch(dest) == 1
 
 
 def test_bad_rows_are_named() -> None:

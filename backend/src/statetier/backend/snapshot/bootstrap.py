@@ -41,11 +41,11 @@ from statetier.backend.keygroups import (
 )
 from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.commit import build_manifest
-from statetier.backend.snapshot.format import CorruptFileError
-from statetier.backend.snapshot.manifest import Manifest, checked_json, checksummed_json
+from statetier.backend.snapshot.epoch_offset import MARKER, bootstrap_epoch, write_bootstrap_marker
+from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.savepoint import MARKER as SAVEPOINT_MARKER
 from statetier.backend.snapshot.savepoint import Savepoint, SavepointExistsError, read_savepoint
-from statetier.backend.snapshot.store import SnapshotStore, WriterLease, read_whole
+from statetier.backend.snapshot.store import SnapshotStore, WriterLease
 from statetier.backend.snapshot.writer import SubtaskSnapshot, SubtaskWriter
 from statetier.backend.ttl import Clock
 
@@ -65,7 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MARKER = "bootstrap.json"
 OWNER = "bootstrap"  # the writer segment of bootstrapped files (no lease token looks like it)
 
 
@@ -268,9 +267,10 @@ def commit_bootstrap(
     manifest = build_manifest(epoch, snapshots, lease.owner if lease else OWNER)
     if plan.carried is not None:
         manifest = _carry_over(manifest, plan.carried)
-    if epoch == 1 and not plan.savepoint:
+    if epoch == 1:
         # before the manifest: a query that sees epoch 1 must know micro-batch 0 follows it
-        store.put(MARKER, checksummed_json({"epoch": epoch, "created_ms": _now_ms()}))
+        # (a savepoint too: a location restored from it gets the marker)
+        write_bootstrap_marker(store, epoch)
     store.commit(manifest, lease)
     if plan.savepoint:
         marker = Savepoint(source, epoch, _now_ms(), None, [])
@@ -292,21 +292,6 @@ def _carry_over(manifest: Manifest, latest: Manifest) -> Manifest:
         # the operator files are the latest's, of its parallelism
         parallelism=latest.parallelism if latest.operator_files else manifest.parallelism,
     )
-
-
-def bootstrap_epoch(store: SnapshotStore) -> int:
-    """The epoch a bootstrap committed first at ``store`` (its marker), 0 without one: a
-    streaming query's micro-batch ``b`` is epoch ``b + 1 +`` this."""
-    path = store.full_path(MARKER)
-    try:
-        data = read_whole(store.fs, path)
-    except FileNotFoundError:
-        return 0
-    body = checked_json(data, path, "bootstrap marker")
-    epoch = body.get("epoch")
-    if not isinstance(epoch, int):
-        raise CorruptFileError(path, f"bootstrap marker has no epoch: {body}")
-    return epoch
 
 
 def bootstrap(

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from statetier.backend.snapshot.epoch_offset import carry_bootstrap_marker
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.savepoint import MARKER, read_savepoint, require_savepoint
 from statetier.backend.snapshot.store import SnapshotStore, WriterLease
@@ -60,6 +61,7 @@ class Seeding:
         the location's first. Only after the restore: a savepoint whose restore found damage
         must not become the location's epoch, or the next start would resume the damage."""
         self.copied.result()
+        carry_bootstrap_marker(self.savepoint, self.store)  # its micro-batches' epochs
         self.store.commit(self.manifest, self.lease)
         log.info("%s holds its own copy of savepoint %s", self.store.uri, self.savepoint.uri)
         return self.manifest

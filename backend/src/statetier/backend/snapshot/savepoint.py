@@ -28,6 +28,7 @@ from typing import Any
 
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot.compaction import merge_chain, needs_compaction
+from statetier.backend.snapshot.epoch_offset import bootstrap_epoch, carry_bootstrap_marker
 from statetier.backend.snapshot.format import (
     BASE,
     CorruptFileError,
@@ -131,10 +132,17 @@ def take_savepoint(
     storage_options: dict[str, Any] | None = None,
 ) -> Savepoint:
     """Copy committed ``epoch`` (default: the latest) of ``source`` into a savepoint at
-    ``dest``, with micro-batch ``epoch - 1``'s Spark log entries from ``spark_checkpoint``."""
+    ``dest``, with the Spark log entries of the epoch's micro-batch (``epoch - 1``, less the
+    epoch of a bootstrap the location began with: see epoch_offset) from ``spark_checkpoint``."""
     _check_destination(source, dest)
     manifest = source.manifest(epoch)
-    spark_batch = None if spark_checkpoint is None else manifest.epoch - 1
+    offset = bootstrap_epoch(source)
+    spark_batch = None if spark_checkpoint is None else manifest.epoch - 1 - offset
+    if spark_batch is not None and spark_batch < 0:
+        raise ValueError(
+            f"epoch {manifest.epoch} of {source.uri} is its bootstrap's: no micro-batch ran "
+            "yet, so it has no Spark log to save; take the savepoint without a Spark checkpoint"
+        )
     try:
         keyed = _keyed_files(source, dest, manifest)
         copy_files(source, dest, manifest.operator_files)
@@ -149,6 +157,7 @@ def take_savepoint(
     if spark_checkpoint is not None:
         assert spark_batch is not None
         spark_files = save_spark_log(spark_checkpoint, dest, spark_batch, storage_options or {})
+    carry_bootstrap_marker(source, dest)  # before the manifest, as the bootstrap wrote it
     dest.commit(dataclasses.replace(manifest, keyed_files=keyed, owner=OWNER))
     marker = Savepoint(source.uri, manifest.epoch, _now_ms(), spark_batch, spark_files)
     if dest.conditional.create(dest.full_path(MARKER), marker.to_json()) is None:

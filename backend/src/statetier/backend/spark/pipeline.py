@@ -53,7 +53,8 @@ from statetier.backend.snapshot import (
     WriterLease,
     commit_snapshot,
 )
-from statetier.backend.snapshot.bootstrap import bootstrap_epoch, plan_epoch
+from statetier.backend.snapshot.bootstrap import plan_epoch
+from statetier.backend.snapshot.epoch_offset import bootstrap_epoch
 from statetier.backend.snapshot.layout import results_dir
 from statetier.backend.snapshot.location import default_location_notice, open_location
 from statetier.backend.snapshot.process_compactor import stop_merge_process

@@ -23,7 +23,6 @@ import dataclasses
 import io
 import json
 import pickle
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,11 +34,12 @@ from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType
 from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
 from statetier.backend.keygroups import (
+    NullKeyError,
     compute_default_max_parallelism,
     key_group_range_for_instance,
     spark_key_group_expr,
 )
-from statetier.backend.serializers import serializer_by_id
+from statetier.backend.serializers import SerializationError, serializer_by_id
 from statetier.backend.snapshot import Manifest, SnapshotStore, SubtaskSnapshot, WriterLease
 from statetier.backend.snapshot.bootstrap import (
     BootstrapError,
@@ -53,6 +53,7 @@ from statetier.backend.snapshot.bootstrap import (
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.results import snapshot_from_dict, snapshot_to_dict
+from statetier.backend.state.writable import UnwritableValueError
 
 __all__ = [
     "StateColumns",
@@ -63,12 +64,12 @@ __all__ = [
     "write_state",
 ]
 
-RESULT_SCHEMA = "range bigint, snapshot string"
-# a row a task refused (a key twice, a null, a value its serializer cannot write), as the last
-# line of the task's Python traceback in the Spark error: said in one line on the driver
-ROW_ERROR = re.compile(
-    r"^(?:[\w.]+\.)?(BootstrapError|NullKeyError|UnwritableValueError|SerializationError): (.+)$",
-    re.MULTILINE,
+RESULT_SCHEMA = "range bigint, snapshot string, refused string"
+# a row a task refuses (a key twice, a null, a value its serializer cannot write): returned as
+# the task's result, not raised, so Spark does not retry what every attempt would refuse
+ROW_ERRORS = (BootstrapError, NullKeyError, UnwritableValueError, SerializationError)
+_RESULT_ARROW = pa.schema(
+    [("range", pa.int64()), ("snapshot", pa.string()), ("refused", pa.string())]
 )
 
 
@@ -188,13 +189,10 @@ def write_ranges(
         .repartitionById(parallelism, owner)
     )
     run = range_writer(plan, columns, parallelism, dict(storage_options))
-    try:
-        results = ranged.mapInArrow(run, RESULT_SCHEMA).collect()
-    except Exception as exc:
-        found = ROW_ERROR.search(str(exc))
-        if found is None:
-            raise
-        raise BootstrapError(f"write_state: {found.group(2)}") from None
+    results = ranged.mapInArrow(run, RESULT_SCHEMA).collect()
+    refused = sorted(row["refused"] for row in results if row["refused"])
+    if refused:
+        raise BootstrapError(f"write_state: {refused[0]}")
     return [snapshot_from_dict(json.loads(row["snapshot"])) for row in results]
 
 
@@ -237,9 +235,15 @@ def range_writer(
         chunks = (_chunk(batch, columns) for batch in batches)
         state = StateRows(landed_descriptor(shipped), elements=columns.elements, chunks=chunks)
         store = SnapshotStore(uri, **storage_options)
-        snapshot = write_range(store, epoch, key_groups, max_p, [state])
+        try:
+            snapshot = write_range(store, epoch, key_groups, max_p, [state])
+        except ROW_ERRORS as exc:  # the files written so far belong to no manifest
+            row = {"range": [index], "snapshot": [""], "refused": [str(exc)]}
+            yield pa.RecordBatch.from_pydict(row, schema=_RESULT_ARROW)
+            return
         encoded = json.dumps(snapshot_to_dict(snapshot))
-        yield pa.RecordBatch.from_pydict({"range": [index], "snapshot": [encoded]})
+        row = {"range": [index], "snapshot": [encoded], "refused": [None]}
+        yield pa.RecordBatch.from_pydict(row, schema=_RESULT_ARROW)
 
     return run
 
