@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,16 @@ from statetier.backend import (
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
+from statetier.backend.spark import StatefulPipeline
 from statetier.backend.spark.state_source import PUSHDOWN_CONF, register_data_sources
 from statetier.backend.ttl import ManualClock
+
+from tests.spark.spark_support import (
+    VectorWordCount,
+    expected_counts,
+    run_available_now,
+    zipf_words,
+)
 
 TTL_MS = 2500
 EPOCH_MS = 1000
@@ -309,3 +318,34 @@ def test_bad_options_fail_with_one_line(
 def test_a_location_without_a_commit_is_named(reader: SparkSession, tmp_path: Path) -> None:
     with pytest.raises((AnalysisException, PySparkException), match="no committed epoch under"):
         _ = load(reader, f"file://{tmp_path}/empty", state="count").schema
+
+
+def test_it_reads_what_a_spark_streaming_job_committed(
+    reader: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    source, uri = tmp_path / "in", f"file://{tmp_path}/ckpt"
+    source.mkdir()
+    batches = [zipf_words(600, 80, seed) for seed in range(2)]
+    for i, batch in enumerate(batches):  # a micro-batch per file, oldest first
+        (source / f"part-{i}.csv").write_text("\n".join(batch) + "\n")
+        os.utime(source / f"part-{i}.csv", (1_000_000 + i, 1_000_000 + i))
+    pipeline = StatefulPipeline(
+        VectorWordCount,
+        key="word",
+        output_schema="word string, count bigint",
+        parallelism=2,
+        config={"checkpoint.uri": uri},
+    )
+    pipelines.append(pipeline)
+    words = reader.readStream.schema("word string").option("maxFilesPerTrigger", 1).csv(str(source))
+    run_available_now(
+        pipeline.write_stream(words, lambda df, epoch: df.collect()), tmp_path / "spark"
+    )
+    assert [r.epoch for r in pipeline.reports] == [1, 2]
+    rows = load(reader, uri, state="count", partitions=3).collect()
+    assert {r.key: json.loads(r.value) for r in rows} == expected_counts(batches)
+    changes = load(reader, uri, state="count", readChangeFeed=True, changeStartEpoch=2).collect()
+    total = expected_counts(batches)
+    assert {(r.epoch, r.key, json.loads(r.value)) for r in changes} == {
+        (2, word, total[word]) for word in set(batches[1])
+    }
