@@ -78,6 +78,7 @@ PUBLIC: dict[str, set[str]] = {
         "KEY_GROUP_COLUMN",
         "SparkTask",
         "current_task",
+        "register_data_sources",
     },
     "statetier.backend.testing": {"FunctionHarness", "ManualClock"},
 }

@@ -2,7 +2,7 @@
 
 A public module (docs/architecture.md, "Public API"): ``__all__`` is what a Spark job writes
 against: the pipeline, the per-key-group function form and its combiner, the task a function is
-serving. The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
+serving, and the registration of the data sources that read state (docs/state-as-data.md). The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
 The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's ``spark`` extra); it is
 imported lazily, so the executors' state hosts, which import this package for the function
 classes, start without loading pyspark.
@@ -20,6 +20,7 @@ from statetier.backend.spark.functions import (
 
 if TYPE_CHECKING:
     from statetier.backend.spark.pipeline import EpochReport, StatefulPipeline
+    from statetier.backend.spark.state_source import register_data_sources
 
 __all__ = [
     "KEY_GROUP_COLUMN",
@@ -29,6 +30,7 @@ __all__ = [
     "SparkTask",
     "StatefulPipeline",
     "current_task",
+    "register_data_sources",
 ]
 
 
@@ -37,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from statetier.backend.spark import pipeline
 
         return getattr(pipeline, name)
+    if name == "register_data_sources":
+        from statetier.backend.spark import state_source
+
+        return state_source.register_data_sources
     raise AttributeError(name)
