@@ -35,6 +35,7 @@ from statetier.backend.local_runner import LocalRunner
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.spark.state_source import PUSHDOWN_CONF, register_data_sources
 from statetier.backend.ttl import ManualClock
+from statetier.tools.bench import state_read
 
 from tests.spark.spark_support import (
     VectorWordCount,
@@ -53,6 +54,7 @@ SEEN = ListStateDescriptor[int]("seen")
 ATTRS = MapStateDescriptor("attrs", ttl=TTL)
 TOTAL = ReducingStateDescriptor[int]("total", reduce_function=operator.add)
 LAST = ValueStateDescriptor[int]("last", ttl=TTL)
+OFFSETS = ListStateDescriptor[int]("offsets")  # operator state
 CLEAR = -1  # a record that clears its key's count
 
 
@@ -63,6 +65,9 @@ class Tracker(KeyedProcessFunction[str, int, None]):
         self.attrs = context.get_state(ATTRS)
         self.total = context.get_state(TOTAL)
         self.last = context.get_state(LAST)
+        self.offsets = context.get_list_state(OFFSETS)
+        if not context.is_restored:
+            self.offsets.add(context.index)  # one element per instance of the first run
 
     def process(self, key: str, value: int, context: RuntimeContext) -> list[None]:
         if value == CLEAR:
@@ -248,6 +253,14 @@ def test_timers_are_read_per_key_and_timestamp(
     assert {r.domain for r in rows} == {"event-time"}
 
 
+def test_operator_state_is_read_per_instance(reader: SparkSession, job: tuple[str, Oracle]) -> None:
+    uri, _ = job
+    rows = load(reader, uri, state="offsets", operatorState=True).collect()
+    # the first run's two instances each added its index; the rescale to 3 split them
+    assert sorted(json.loads(r.value) for r in rows) == [0, 1]
+    assert {r.instance for r in rows} <= {0, 1, 2} and {r.mode for r in rows} == {"split"}
+
+
 def test_the_change_feed_of_epochs_2_to_5(reader: SparkSession, job: tuple[str, Oracle]) -> None:
     uri, oracle = job
     rows = load(
@@ -286,7 +299,9 @@ def test_the_metadata_view_lists_the_states(reader: SparkSession, job: tuple[str
         for r in reader.read.format("statetier-metadata").option("path", uri).load().collect()
     }
     user = {name for name, r in rows.items() if not r.internal}
-    assert user == {"count", "seen", "attrs", "total", "last"}
+    assert user == {"count", "seen", "attrs", "total", "last", "offsets"}
+    offsets = rows["offsets"]
+    assert (offsets.kind, offsets.redistribution, offsets.elements) == ("operator", "split", 2)
     assert (rows["attrs"].kind, rows["attrs"].ttl_ms, rows["attrs"].user_key_serializer) == (
         "map",
         TTL_MS,
@@ -338,9 +353,11 @@ def test_it_reads_what_a_spark_streaming_job_committed(
     )
     pipelines.append(pipeline)
     words = reader.readStream.schema("word string").option("maxFilesPerTrigger", 1).csv(str(source))
-    run_available_now(
-        pipeline.write_stream(words, lambda df, epoch: df.collect()), tmp_path / "spark"
-    )
+
+    def sink(out: Any, epoch: int) -> None:
+        out.collect()  # the epoch's tasks run (and commit) when its output is consumed
+
+    run_available_now(pipeline.write_stream(words, sink), tmp_path / "spark")
     assert [r.epoch for r in pipeline.reports] == [1, 2]
     rows = load(reader, uri, state="count", partitions=3).collect()
     assert {r.key: json.loads(r.value) for r in rows} == expected_counts(batches)
@@ -349,3 +366,16 @@ def test_it_reads_what_a_spark_streaming_job_committed(
     assert {(r.epoch, r.key, json.loads(r.value)) for r in changes} == {
         (2, word, total[word]) for word in set(batches[1])
     }
+
+
+def test_the_state_read_benchmark_reads_both_states_whole(
+    reader: SparkSession, tmp_path: Path
+) -> None:
+    """``statetier bench state-read`` at a small size: both readers checked against the
+    expected counts, timed side by side (the figures are the benchmark's own business)."""
+    result = state_read.run(reader, 2000, 1, 2, False, tmp_path)
+    assert result["keys"] == 2000 and result["spark_state"] == "aggregation"
+    assert [len(result["seconds"][side]) for side in ("spark", "statetier")] == [1, 1]
+    assert (
+        result["ratio"] == result["median_seconds"]["spark"] / result["median_seconds"]["statetier"]
+    )

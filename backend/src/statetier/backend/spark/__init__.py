@@ -2,7 +2,8 @@
 
 A public module (docs/architecture.md, "Public API"): ``__all__`` is what a Spark job writes
 against: the pipeline, the per-key-group function form and its combiner, the task a function is
-serving, and the registration of the data sources that read state (docs/state-as-data.md). The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
+serving, and the registration of the data sources that read state (docs/state-as-data.md).
+The functions and their context come from :mod:`statetier.backend`. See docs/spark.md.
 The driver side (:class:`StatefulPipeline`) needs pyspark (the backend's ``spark`` extra); it is
 imported lazily, so the executors' state hosts, which import this package for the function
 classes, start without loading pyspark.

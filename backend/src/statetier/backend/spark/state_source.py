@@ -45,12 +45,14 @@ from statetier.backend.snapshot.changes import DELETE, UPSERT, read_changes
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.reading import (
     TIMER_DOMAINS,
+    StateColumns,
     StateDecoder,
     StateEntry,
     check_state,
     open_epoch,
     read_operator_state,
     read_state,
+    read_state_columns,
     read_timers,
 )
 from statetier.backend.snapshot.store import SnapshotStore
@@ -107,13 +109,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
     """Check ``options`` against the location and fix what the read reads."""
     store = open_store(options)
     manifest = open_epoch(store, options.change_end if options.change_feed else options.epoch)
-    mode = "state"
-    if options.change_feed:
-        mode = "changes"
-    elif options.timers:
-        mode = "timers"
-    elif options.operator_state:
-        mode = "operator"
+    mode = _mode(options)
     kind, ttl, values, user_key_sample = None, False, value_columns_for(""), None
     key_sample: Any = None
     if mode in ("state", "changes"):
@@ -140,9 +136,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         change_start=options.change_start or manifest.epoch,
         kind=kind,
         ttl=ttl,
-        now_ms=None
-        if options.include_expired
-        else (options.processing_time or manifest.created_ms),
+        now_ms=None if options.include_expired else _judged_at(options, manifest),
         keys=KeyColumns(key_sample, as_json=as_json),
         user_keys=(
             KeyColumns(user_key_sample, as_json=as_json, name="user_key")
@@ -151,6 +145,19 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         ),
         values=values,
     )
+
+
+def _mode(options: ReadOptions) -> str:
+    if options.change_feed:
+        return "changes"
+    if options.timers:
+        return "timers"
+    return "operator" if options.operator_state else "state"
+
+
+def _judged_at(options: ReadOptions, manifest: Manifest) -> int:
+    """The processing time TTL expiry is judged at: the option's, else the epoch's commit."""
+    return manifest.created_ms if options.processing_time is None else options.processing_time
 
 
 def _first_range(store: SnapshotStore, manifest: Manifest, name: str | None) -> Iterable[Any]:
@@ -167,10 +174,8 @@ def _first_range(store: SnapshotStore, manifest: Manifest, name: str | None) -> 
 
 
 def _sample(store: SnapshotStore, manifest: Manifest, name: str) -> StateEntry | None:
-    for entry in _first_range(store, manifest, name):
-        if entry.user_key is not None or StateDecoder.of(manifest, name).kind is not StateKind.MAP:
-            return entry  # type: ignore[no-any-return]
-    return None
+    sample: StateEntry | None = next(iter(_first_range(store, manifest, name)), None)
+    return sample
 
 
 class StateDataSource(DataSource):
@@ -246,7 +251,7 @@ class StateReader(DataSourceReader):
         else:
             assert plan.options.state is not None
             manifest = store.manifest(plan.epoch)
-            rows = read_state(
+            groups = read_state_columns(
                 store,
                 manifest,
                 plan.options.state,
@@ -254,7 +259,7 @@ class StateReader(DataSourceReader):
                 now_ms=plan.now_ms,
                 key_bytes=key_bytes,
             )
-            yield from _batches(rows, plan, _state_arrays)
+            yield from _column_batches(groups, plan)
 
 
 class PushdownStateReader(StateReader):
@@ -308,6 +313,30 @@ def _batches(rows: Iterable[Any], plan: ReadPlan, arrays: Any) -> Iterator[pa.Re
             chunk = []
     if chunk:
         yield pa.RecordBatch.from_arrays(arrays(plan, chunk), names=_names(plan))
+
+
+def _column_batches(groups: Iterable[StateColumns], plan: ReadPlan) -> Iterator[pa.RecordBatch]:
+    """Key groups' columns in Arrow batches of about BATCH_ROWS (a key group is not cut)."""
+    chunk = StateColumns()
+    for columns in groups:
+        for field in dataclasses.fields(StateColumns):
+            getattr(chunk, field.name).extend(getattr(columns, field.name))
+        if len(chunk) >= BATCH_ROWS:
+            yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
+            chunk = StateColumns()
+    if len(chunk):
+        yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
+
+
+def _columns_arrays(plan: ReadPlan, columns: StateColumns) -> list[pa.Array]:
+    out = [pa.array(columns.key_group, pa.int32())]
+    out += plan.keys.arrays(columns.key)
+    if plan.user_keys is not None:
+        out += plan.user_keys.arrays(columns.user_key)
+    out += plan.values.arrays(columns.value, columns.value_bytes)
+    if plan.ttl:
+        out.append(_expiry(columns.expires_at))
+    return out
 
 
 def _names(plan: ReadPlan) -> list[str]:
