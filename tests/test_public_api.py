@@ -83,6 +83,7 @@ PUBLIC: dict[str, set[str]] = {
         "KEY_GROUP_COLUMN",
         "SparkTask",
         "current_task",
+        "register_data_sources",
         "write_state",
     },
     "statetier.backend.testing": {"FunctionHarness", "ManualClock"},

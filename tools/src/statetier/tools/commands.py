@@ -26,6 +26,7 @@ BENCHMARKS = {
     "spark-wordcount": "statetier.tools.bench.spark_wordcount",  # needs the spark extra
     "timers": "statetier.tools.bench.spark_timers",  # needs the spark extra
     "state-bootstrap": "statetier.tools.bench.state_bootstrap",  # needs the spark extra
+    "state-read": "statetier.tools.bench.state_read",  # needs the spark extra
     # needs the spark extra and statetier-compaction installed
     "compaction-offload": "statetier.tools.bench.compaction_offload",
 }
@@ -38,6 +39,7 @@ BENCHMARK_HELP = {
     "savepoint": "a savepoint against a raw copy; restore from it against from the checkpoint",
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
+    "state-read": "a state read as a DataFrame against Spark's statestore data source",
     "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
     "state-bootstrap": "write_state of 1M keys from a DataFrame, then the pipeline, exact",
 }

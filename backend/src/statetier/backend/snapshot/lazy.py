@@ -80,6 +80,10 @@ class FlatPairs(Sequence[tuple[bytes, bytes]]):
         """The keys, sorted (as a block stores them)."""
         return self._flat[0::2]
 
+    def values(self) -> list[bytes]:
+        """The values, in the order of :meth:`keys`."""
+        return self._flat[1::2]
+
 
 class _Group:
     __slots__ = ("blocks", "pairs")
