@@ -24,6 +24,7 @@ BENCHMARKS = {
     "compaction": "statetier.tools.bench.compaction",  # needs statetier-compaction installed
     "spark-wordcount": "statetier.tools.bench.spark_wordcount",  # needs the spark extra
     "timers": "statetier.tools.bench.spark_timers",  # needs the spark extra
+    "spark-slots": "statetier.tools.bench.spark_slots",  # needs the spark extra
     # needs the spark extra and statetier-compaction installed
     "compaction-offload": "statetier.tools.bench.compaction_offload",
 }
@@ -35,6 +36,7 @@ BENCHMARK_HELP = {
     "savepoint": "a savepoint against a raw copy; restore from it against from the checkpoint",
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
+    "spark-slots": "a state host per task slot against one per executor, on 2 cores",
     "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
 }
 
