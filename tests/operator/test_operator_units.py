@@ -467,3 +467,35 @@ def test_operator_version() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"statetier-operator {metadata.version('statetier-operator')}"
+
+
+@pytest.mark.parametrize(
+    ("executor", "conf", "hosts"),
+    [
+        ({}, {}, 1),  # cores unknown: one host
+        ({"cores": 4}, {}, 4),  # a host per task slot
+        ({}, {"spark.executor.cores": "8", "spark.task.cpus": "2"}, 4),
+        ({"cores": 4}, {"spark.statetier.host.per-executor": "1"}, 1),  # today's one host
+        ({"cores": 4}, {"spark.statetier.host.per-executor": "0"}, 4),  # 0: one per slot
+    ],
+)
+def test_each_state_host_of_an_executor_gets_its_own_runtime_allowance(
+    executor: dict[str, Any], conf: dict[str, str], hosts: int
+) -> None:
+    """The budget is the executor's (the backend splits it across its hosts); each host is a
+    process with its own interpreter, so the pod reserves an allowance per host."""
+    spec = {"executor": {"memory": "4g", **executor}, "sparkConf": conf}
+    assert memory.state_hosts(spec) == hosts
+    plan = memory.plan(spec, ann.parse({}), None)
+    assert plan.budget == 2048 * MI  # the executor's, whatever the hosts
+    assert plan.overhead_mib == _mib_of(plan.base_overhead) + 2048 + hosts * 256
+    assert ("state hosts" in plan.explanation) == (hosts > 1)
+
+
+def _mib_of(size: int) -> int:
+    return -(-size // MI)
+
+
+def test_a_bad_task_cpus_is_named() -> None:
+    with pytest.raises(ValueError, match=r"spark.task.cpus='two' is not a positive whole number"):
+        memory.state_hosts({"sparkConf": {"spark.task.cpus": "two"}})

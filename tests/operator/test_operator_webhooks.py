@@ -101,16 +101,17 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
     assert config.spill_enabled is True  # the spill tier's default is off
     assert config.metrics_port == 9108  # what the chart's executor PodMonitor scrapes
     assert config.checkpoint_uri == "s3://statetier-checkpoints/wordcount"
-    # Half of the 4g executor memory for the state host; the 1g overhead grows by the budget
-    # and the host allowance.
+    # Half of the 4g executor memory for the state hosts (one per core: 2), split between them
+    # by the backend; the 1g overhead grows by the budget and each host's allowance.
     assert config.memory_budget == 2 << 30
-    assert spec["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
+    assert spec["executor"]["memoryOverhead"] == f"{1024 + 2048 + 2 * 256}m"
     assert conf["spark.executor.pyspark.memory"] == "2g"  # user settings kept
     summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
     assert summary["spillVolume"] == "ephemeral"
     assert summary["memoryBudgetFrom"] == "0.5 x executor memory 4g"
     assert summary["memoryOverhead"] == (
-        "3328Mi = 1024Mi (spec.executor.memoryOverhead 1g) + 2048Mi budget + 256Mi host allowance"
+        "3584Mi = 1024Mi (spec.executor.memoryOverhead 1g) + 2048Mi budget + "
+        "2 x 256Mi host allowance (2 state hosts)"
     )
 
 
@@ -118,12 +119,12 @@ def test_opted_in_application_is_mutated_with_backend_keys(sandbox: Sandbox) -> 
     ("kind", "executor", "annotations", "budget_mib", "overhead_mib"),
     [
         # budget = 0.5 x memory (or the annotation); overhead = own or Spark's default
-        # max(384Mi, 0.4 (Python) / 0.1 (Scala) x memory) + budget + 256Mi.
-        ("Python", {"memory": "1g"}, {}, 512, 409 + 512 + 256),
-        ("Python", {"memory": "4g"}, {}, 2048, 1638 + 2048 + 256),
-        ("Scala", {"memory": "4g"}, {}, 2048, 409 + 2048 + 256),
-        ("Python", {"memory": "16g", "memoryOverhead": "3g"}, {}, 8192, 3072 + 8192 + 256),
-        ("Scala", {"memory": "16g"}, {"statetier.io/memory-budget": "1g"}, 1024, 1638 + 1024 + 256),
+        # max(384Mi, 0.4 (Python) / 0.1 (Scala) x memory) + budget + 2 hosts (2 cores) x 256Mi.
+        ("Python", {"memory": "1g"}, {}, 512, 409 + 512 + 512),
+        ("Python", {"memory": "4g"}, {}, 2048, 1638 + 2048 + 512),
+        ("Scala", {"memory": "4g"}, {}, 2048, 409 + 2048 + 512),
+        ("Python", {"memory": "16g", "memoryOverhead": "3g"}, {}, 8192, 3072 + 8192 + 512),
+        ("Scala", {"memory": "16g"}, {"statetier.io/memory-budget": "1g"}, 1024, 1638 + 1024 + 512),
     ],
 )
 def test_executor_memory_covers_the_state_host_by_the_one_formula(
@@ -143,7 +144,8 @@ def test_executor_memory_covers_the_state_host_by_the_one_formula(
     summary = json.loads(mutated["metadata"]["annotations"]["statetier.io/status"])
     assert summary["memoryBudget"] == budget_mib << 20
     assert summary["memoryOverhead"].startswith(f"{overhead_mib}Mi = ")
-    assert summary["memoryOverhead"].endswith(f" + {budget_mib}Mi budget + 256Mi host allowance")
+    allowance = "2 x 256Mi host allowance (2 state hosts)"
+    assert summary["memoryOverhead"].endswith(f" + {budget_mib}Mi budget + {allowance}")
     assert summary["memoryOverheadOriginal"] == executor.get("memoryOverhead")
     # Admitted again (an UPDATE of the mutated object): nothing is added a second time.
     again = review(sandbox, "mutate-sparkapplication", mutated, operation="UPDATE")

@@ -453,7 +453,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
         "size",
         parse_size,
         0,
-        "Memory the state may use in this process. 0: the container limit (cgroup), else "
+        "Memory the state may use in this process; on Spark, in each executor, split evenly "
+        "across its state hosts (host.per-executor). 0: the container limit (cgroup), else "
         "physical memory. Otherwise 1m to 1024t.",
         zero_or_between(1 << 20, 1 << 50),
     ),
@@ -675,6 +676,17 @@ SETTINGS: tuple[Setting[Any], ...] = (
         between(0, 65535),
     ),
     Setting(
+        "host.per-executor",
+        "int",
+        parse_int,
+        0,
+        "Spark: state hosts per executor, each its own process (one core) owning its own "
+        "key-group ranges. 0: one per task slot (executor cores / spark.task.cpus; K of "
+        "local[K]). 1: one host per executor. The executor's memory.budget is split evenly "
+        "across its hosts.",
+        between(0, 256),
+    ),
+    Setting(
         "pipeline.exchange",
         "enum",
         parse_exchange,
@@ -747,6 +759,7 @@ class StatetierConfig(Mapping[str, Any]):
     host_bind_address: str
     host_port: int
     host_registry_port: int
+    host_per_executor: int
     pipeline_exchange: Exchange
     metrics_port: int
     sources: Mapping[str, str] = dataclasses.field(

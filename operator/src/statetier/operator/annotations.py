@@ -168,15 +168,15 @@ ANNOTATIONS: tuple[Annotation, ...] = (
         "memory-budget",
         "a size such as 2g or 512m",
         _size,
-        "State memory budget of each executor's state host; overrides the derived one "
-        "(the executor's memoryOverhead grows by it either way).",
+        "State memory budget of each executor, split evenly across its state hosts; overrides "
+        "the derived one (the executor's memoryOverhead grows by it either way).",
     ),
     Annotation(
         "memory-fraction",
         "a number between 0.05 and 1.0",
         _fraction,
         "Share of the executor memory (spec.executor.memory, default 1g) given to the state "
-        "host's budget (default 0.5).",
+        "hosts' budget (default 0.5).",
     ),
 )
 

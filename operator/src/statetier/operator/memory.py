@@ -1,12 +1,13 @@
-"""The state budget of an executor's state host, and the executor memory that covers it.
+"""The state budget of an executor's state hosts, and the executor memory that covers them.
 
-State lives in ONE state host process per executor, with one memory governor; the backend's
-``memory.budget`` is the state budget of that host, and the host's RSS stays within the budget
-plus a runtime allowance (``memory.runtime-allowance``: interpreter, pyarrow, a batch's working
-memory; the backend measures what it takes as ``statetier_runtime_memory_bytes``). The host is a
-child of the executor's pod outside the JVM heap, so the pod must have room for it beyond what
-Spark asked for. The one
-formula, here and in docs/operator.md and docs/spill.md:
+State lives in the executor's state host processes, one per task slot by default (executor
+cores / ``spark.task.cpus``; ``host.per-executor`` sets another number), each with its own
+memory governor; the backend's ``memory.budget`` is the state budget of the whole executor, and
+each host keeps its RSS within its equal share of it plus a runtime allowance of its own
+(``memory.runtime-allowance``: interpreter, pyarrow, a batch's working memory; the backend
+measures what it takes as ``statetier_runtime_memory_bytes``). The hosts are children of the
+executor's pod outside the JVM heap, so the pod must have room for them beyond what Spark asked
+for. The one formula, here and in docs/operator.md and docs/spill.md:
 
 - budget = the ``statetier.io/memory-budget`` annotation if set, else ``memory-fraction``
   (annotation, default 0.5) x the executor memory (``spec.executor.memory``, else
@@ -15,7 +16,7 @@ formula, here and in docs/operator.md and docs/spill.md:
   ``spec.executor.memoryOverhead`` or ``spark.executor.memoryOverhead``, else Spark's default
   max(384Mi, factor x executor memory), factor = ``spark.executor.memoryOverheadFactor``, else
   ``spec.memoryOverheadFactor``, else 0.4 for ``spec.type: Python`` and 0.1 otherwise)
-  + budget + :data:`HOST_ALLOWANCE`.
+  + budget + hosts x :data:`HOST_ALLOWANCE`, hosts being the executor's state hosts.
 
 Spark sizes the executor pod's memory request and limit as memory + memoryOverhead (+ pyspark
 memory if set), so raising memoryOverhead is what makes the pod cover the host.
@@ -39,6 +40,7 @@ __all__ = [
     "MemoryPlan",
     "plan",
     "spark_memory",
+    "state_hosts",
 ]
 
 Obj = dict[str, Any]
@@ -84,6 +86,7 @@ class MemoryPlan:
     base_overhead: int
     base_from: str
     overhead_mib: int
+    hosts: int = 1  # state hosts per executor, each with its own runtime allowance
 
     @property
     def spark_overhead(self) -> str:
@@ -93,9 +96,12 @@ class MemoryPlan:
     @property
     def explanation(self) -> str:
         """The arithmetic in words and numbers, for the status annotation."""
+        allowance = f"{_mib(HOST_ALLOWANCE)}Mi host allowance"
+        if self.hosts > 1:
+            allowance = f"{self.hosts} x {allowance} ({self.hosts} state hosts)"
         return (
             f"{self.overhead_mib}Mi = {_mib(self.base_overhead)}Mi ({self.base_from}) + "
-            f"{_mib(self.budget)}Mi budget + {_mib(HOST_ALLOWANCE)}Mi host allowance"
+            f"{_mib(self.budget)}Mi budget + {allowance}"
         )
 
 
@@ -155,5 +161,33 @@ def plan(spec: Obj, settings: AppSettings, original_overhead: str | None) -> Mem
         budget = int(settings.memory_fraction * memory)
         budget_from = f"{settings.memory_fraction:g} x executor memory {shown}"
     base, base_from = _base_overhead(spec, original_overhead, memory, shown)
-    total = _mib(base) + _mib(budget) + _mib(HOST_ALLOWANCE)
-    return MemoryPlan(budget, budget_from, base, base_from, total)
+    hosts = state_hosts(spec)
+    total = _mib(base) + _mib(budget) + hosts * _mib(HOST_ALLOWANCE)
+    return MemoryPlan(budget, budget_from, base, base_from, total, hosts)
+
+
+def _whole(value: Any, field: str) -> int | None:
+    """A positive whole number of a spec or conf field, None when unset."""
+    if value is None or str(value).strip() == "":
+        return None
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{field}={value!r} is not a positive whole number")
+    return int(text)
+
+
+def state_hosts(spec: Obj) -> int:
+    """The state hosts each executor runs, as the backend decides it (statetier.backend.spark
+    .slots): ``spark.statetier.host.per-executor`` when set above 0, else one per task slot,
+    executor cores (``spec.executor.cores``, else ``spark.executor.cores``, else 1) over
+    ``spark.task.cpus``. The backend also caps it at the pipeline's ranges, which the operator
+    does not know: it reserves for the cores."""
+    executor, conf = spec.get("executor") or {}, spec.get("sparkConf") or {}
+    configured = conf.get("spark.statetier.host.per-executor")
+    if configured is not None and str(configured).strip() not in ("", "0"):
+        return _whole(configured, "spark.statetier.host.per-executor") or 1
+    cores = _whole(executor.get("cores"), "spec.executor.cores") or _whole(
+        conf.get("spark.executor.cores"), "spark.executor.cores"
+    )
+    per_task = _whole(conf.get("spark.task.cpus"), "spark.task.cpus") or 1
+    return max(1, (cores or 1) // per_task)

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "timers": "statetier.tools.bench.spark_timers",  # needs the spark extra
     "state-bootstrap": "statetier.tools.bench.state_bootstrap",  # needs the spark extra
     "state-read": "statetier.tools.bench.state_read",  # needs the spark extra
+    "spark-slots": "statetier.tools.bench.spark_slots",  # needs the spark extra
     # needs the spark extra and statetier-compaction installed
     "compaction-offload": "statetier.tools.bench.compaction_offload",
 }
@@ -40,6 +41,7 @@ BENCHMARK_HELP = {
     "compaction": "the compaction service against compacting in the job",
     "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
     "state-read": "a state read as a DataFrame against Spark's statestore data source",
+    "spark-slots": "a state host per task slot against one per executor, on 2 cores",
     "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
     "state-bootstrap": "write_state of 1M keys from a DataFrame, then the pipeline, exact",
 }

@@ -1,9 +1,10 @@
-"""The state host: one long-lived process per executor that keeps key-group ranges warm.
+"""The state host: a long-lived process per executor task slot that keeps key-group ranges warm.
 
 Spark gives Python code no partition affinity (a partition lands on any Python worker, and idle
 workers die), so the state does not live in the workers. The first task of an application on an
-executor starts this process detached, listening on a Unix socket under the executor's local dir;
-every task then streams its records to it and reads the outputs back.
+executor starts its hosts (one per task slot, see slots) detached, each listening on a Unix
+socket under the executor's local dir; every task then streams its records to the host that owns
+its range and reads the outputs back.
 
 The host keeps one :class:`~statetier.backend.runtime.FunctionInstance` per (pipeline,
 parallelism, range). A task for epoch N names the committed base (epoch N-1 and the token of the
@@ -63,6 +64,7 @@ from statetier.backend.spark.processing import as_batches, count_records, proces
 from statetier.backend.spark.protocol import ProcessWatch, read_batch, write_batch
 from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
+from statetier.backend.spark.slots import host_config
 from statetier.backend.spark.task_time import EpochClock, timers_after, timers_before
 from statetier.backend.spill import default_spill_dirs
 from statetier.backend.timers import TimeDomain
@@ -136,8 +138,10 @@ class StateHost:
         secret: bytes,
         bind: str = "127.0.0.1",
         port: int = 0,
+        hosts: int = 1,
     ) -> None:
         self.socket_path = socket_path
+        self.hosts = hosts  # of its executor: its state budget is its share (see slots)
         self.idle_timeout = idle_timeout
         self.watch_pid = watch_pid
         self.executor = ProcessWatch(watch_pid) if watch_pid is not None else None
@@ -377,7 +381,7 @@ class StateHost:
         """The settings of ``header``'s pipeline, resolved once (every task and every gathered
         piece carries them; resolving costs about 0.16 ms)."""
         key = json.dumps(header.state.config, sort_keys=True)
-        return self._kept(self.configs, key, lambda: _loaded(header.state.config))
+        return self._kept(self.configs, key, lambda: _loaded(header.state.config, self.hosts))
 
     def _store(self, uri: str, options: dict[str, Any]) -> SnapshotStore:
         key = json.dumps([uri, options], sort_keys=True)
@@ -609,12 +613,13 @@ class StateHost:
         return sum(pool.map(put, uploads))
 
 
-def _loaded(settings: dict[str, Any]) -> StatetierConfig:
+def _loaded(settings: dict[str, Any], hosts: int) -> StatetierConfig:
     """A pipeline's settings as the host resolves them, once per pipeline: a spill tier asked
-    for by its parts but switched off is logged then, in the executor's log."""
+    for by its parts but switched off is logged then, in the executor's log. The state budget
+    is this host's share of the executor's (one of ``hosts``)."""
     config = load_config(settings)
     warn_if_spill_off(config, log)
-    return config
+    return host_config(config, hosts)
 
 
 def _piece_memory(config: StatetierConfig) -> PieceMemory:
@@ -642,13 +647,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--idle-timeout", type=float, default=600.0)
     parser.add_argument("--watch-pid", type=int, default=None)
+    parser.add_argument("--hosts", type=int, default=1)  # the executor's (see slots)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     # `kill -USR1 <pid>` writes every thread's stack to the log: what a host that holds a
     # range's snapshot past host.result-timeout is doing, without stopping it
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     secret = bytes.fromhex(sys.stdin.readline().strip())
-    host = StateHost(args.socket, args.idle_timeout, args.watch_pid, secret, args.bind, args.port)
+    host = StateHost(
+        args.socket, args.idle_timeout, args.watch_pid, secret, args.bind, args.port, args.hosts
+    )
     print(json.dumps({"listening": host.info.to_json()}), flush=True)
     host.serve()
     os._exit(0)  # daemon threads may be blocked in a connection: leave no process behind

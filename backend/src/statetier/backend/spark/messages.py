@@ -65,6 +65,7 @@ class PipelineSpec:
     host_bind: str  # where a host the task starts listens for other executors' tasks
     host_port: int
     state: StateSpec  # what its state hosts need
+    hosts: int = 1  # state hosts per executor (see slots); a task uses slot partition mod hosts
 
 
 @dataclasses.dataclass(frozen=True)

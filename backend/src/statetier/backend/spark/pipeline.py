@@ -78,6 +78,7 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
 from statetier.backend.spark.shipping import check_function_ships
+from statetier.backend.spark.slots import hosts_per_executor
 from statetier.backend.spark.state_writer import apply_initial_state, state_columns
 from statetier.backend.spark.task import (
     direct_function,
@@ -468,6 +469,7 @@ class StatefulPipeline:
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)
+        registry.hosts_per_executor = hosts = self._hosts_per_executor(spark)
         return PipelineSpec(
             app_id=spark.sparkContext.applicationId,
             idle_timeout=float(self.config.host_idle_timeout),
@@ -485,7 +487,16 @@ class StatefulPipeline:
                 storage_options=self.storage_options,
                 config=self._host_config(),
             ),
+            hosts=hosts,
         )
+
+    def _hosts_per_executor(self, spark: SparkSession) -> int:
+        """State hosts per executor (``host.per-executor``; 0: one per task slot, see slots)."""
+        assert self.config is not None
+        context = spark.sparkContext
+        conf = dict(context.getConf().getAll())
+        master = context.master or ""
+        return hosts_per_executor(self.config.host_per_executor, master, conf, self.parallelism)
 
     def registry(self, spark: SparkSession) -> HostRegistry:
         """The application's host registry (started on first use, shared by its pipelines)."""
@@ -564,7 +575,7 @@ class StatefulPipeline:
         registry = self._registry
         if registry is None:
             return False
-        return len(registry.live_hosts()) >= max(1, registry.executors)
+        return len(registry.live_hosts()) >= max(1, registry.expected_hosts())
 
     def _plans_per_batch(self) -> bool:
         """Whether :meth:`write_stream` plans each micro-batch's route (else the query is planned

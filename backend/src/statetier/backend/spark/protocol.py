@@ -56,26 +56,29 @@ def epoch_property(pipeline: str) -> str:
     return f"statetier.epoch.{pipeline}"
 
 
-def socket_path(app_id: str, local_dirs: str | None = None) -> str:
-    """Where the state host of application ``app_id`` listens on this machine/executor.
+def socket_path(app_id: str, local_dirs: str | None = None, slot: int = 0) -> str:
+    """Where the state host of application ``app_id`` (of host slot ``slot``, see slots) listens
+    on this machine/executor.
 
     Under the executor's first local dir (``SPARK_LOCAL_DIRS``), else the temp dir; hashed into
     the temp dir when the path would pass the Unix socket length limit.
     """
-    path = host_file(app_id, ".sock", local_dirs)
+    path = host_file(app_id, ".sock", local_dirs, slot)
     if len(path.encode()) > 100:
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
         path = os.path.join(tempfile.gettempdir(), f"statetier-host-{digest}.sock")
     return path
 
 
-def host_file(app_id: str, suffix: str, local_dirs: str | None = None) -> str:
-    """A file of this executor's state host (``.log``, ``.lock``) under the executor's first
-    local dir, which Spark removes with the application; the temp dir when there is none."""
+def host_file(app_id: str, suffix: str, local_dirs: str | None = None, slot: int = 0) -> str:
+    """A file of this executor's state host of ``slot`` (``.log``, ``.lock``) under the
+    executor's first local dir, which Spark removes with the application; the temp dir when
+    there is none. Slot 0 keeps the name of the one host an executor had before slots."""
     dirs = local_dirs if local_dirs is not None else os.environ.get("SPARK_LOCAL_DIRS", "")
     root = next((d.strip() for d in dirs.split(",") if d.strip()), tempfile.gettempdir())
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(root, f"statetier-host-{safe}{suffix}")
+    tail = f"-s{slot}" if slot else ""
+    return os.path.join(root, f"statetier-host-{safe}{tail}{suffix}")
 
 
 def process_alive(pid: int) -> bool:

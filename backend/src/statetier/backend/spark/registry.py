@@ -8,8 +8,9 @@ here which host owns its range (:meth:`HostRegistry.route`) and streams its reco
 every task of a gathered epoch reports here which ranges it delivered (see deliveries).
 
 Ownership is sticky. A range is assigned once, to the asking task's own host while that host owns
-fewer than its share (``ceil(parallelism / live hosts)``), else to the least loaded live host, and
-it stays there until:
+fewer than its share (``ceil(parallelism / hosts)``, hosts being the live ones or, while some have
+not joined yet, executors x hosts per executor), else to the least loaded host of the task's
+executor below its share, else to the least loaded live host, and it stays there until:
 
 - its host is gone: its registry connection closed (the process died: noticed at once) or
   went ``host.liveness-timeout`` without a heartbeat (a hung or cut-off host);
@@ -194,6 +195,7 @@ class HostRegistry:
         self.owners: dict[RangeKey, str] = {}
         self.moves = 0  # ranges that changed owner (a host lost or unreachable)
         self.executors = 0  # executors the application has (the driver updates it each epoch)
+        self.hosts_per_executor = 1  # state hosts each executor runs (see slots)
         self.join_wait = JOIN_WAIT_S
         self.written: dict[str, bytes] = {}  # results and error files the hosts told
         self.deliveries = Deliveries()  # which gathered ranges' outputs tasks delivered
@@ -393,20 +395,22 @@ class HostRegistry:
 
     def _choose(self, key: RangeKey, local_host: str | None) -> HostInfo:
         """A new owner for ``key`` (lock held): the asking task's host while it owns fewer than
-        its share, else the least loaded live host. While fewer hosts are registered than the
-        application has executors (the first micro-batch starts them), wait a moment for the
-        others rather than pile every range on the first."""
+        its share, else a host of the task's executor below its share, else the least loaded
+        live host. While fewer hosts are registered than the application's executors run
+        (the first micro-batch starts them), wait a moment for the others rather than pile
+        every range on the first."""
         deadline = time.monotonic() + self.join_wait
         while True:
             live = [h for h in self.hosts.values() if h.alive]
-            expected = max(len(live), self.executors)
+            expected = max(len(live), self.expected_hosts())
             share = math.ceil(key[1] / expected) if expected else key[1]
             loads = {h.host_id: 0 for h in live}
             for (pipeline, parallelism, _), owner in self.owners.items():
                 if (pipeline, parallelism) == key[:2] and owner in loads:
                     loads[owner] += 1
-            if local_host in loads and loads[local_host] < share:
-                return self.hosts[local_host]
+            beside = self._beside(live, local_host, loads, share)
+            if beside is not None:
+                return beside
             left = deadline - time.monotonic()
             if live and (len(live) >= expected or left <= 0):
                 return min(
@@ -415,6 +419,27 @@ class HostRegistry:
             if left <= 0:
                 raise RouteError("no live state host is registered")
             self._changed.wait(left)
+
+    def expected_hosts(self) -> int:
+        """The state hosts the application's executors run when all have started theirs."""
+        return self.executors * max(1, self.hosts_per_executor)
+
+    def _beside(
+        self, live: list[HostInfo], local_host: str | None, loads: dict[str, int], share: int
+    ) -> HostInfo | None:
+        """The asking task's own host while it owns fewer than ``share`` ranges, else the least
+        loaded host of its executor below its share, else None."""
+        local = self.hosts.get(local_host) if local_host is not None else None
+        if local is None or not local.alive:
+            return None
+        if loads[local.host_id] < share:
+            return local
+        siblings = [
+            h
+            for h in live
+            if (h.executor, h.node) == (local.executor, local.node) and loads[h.host_id] < share
+        ]
+        return min(siblings, key=lambda h: (loads[h.host_id], h.host_id), default=None)
 
     def owner(self, key: RangeKey) -> HostInfo | None:
         """The live owner of ``key``, None when it has none (its host is gone)."""

@@ -7,11 +7,12 @@ function with a :class:`~statetier.backend.spark.functions.Combiner` also gets a
 ``mapInArrow`` before the exchange (:func:`combine_function`), which pre-aggregates each input
 partition per key.
 
-Each task first makes sure its own executor has a state host (the first task of the application
-on the executor starts it, detached, under a file lock so concurrent tasks start one) and that the
-host is registered with the driver. Then it asks the driver's registry which host owns its range
-(see registry) and streams its records there: over the host's Unix socket when the owner runs
-beside the task, else over TCP to the owner's executor. Every connection is authenticated with
+Each task first makes sure its own executor has its state hosts, one per host slot (see slots;
+the first task of the application on the executor starts them, detached, each under a file lock
+so concurrent tasks start one) and that its slot's host is registered with the driver. Then it
+asks the driver's registry which host owns its range (see registry) and streams its records
+there: over the host's Unix socket when the owner runs on the task's executor, else over TCP to
+the owner's executor. Every connection is authenticated with
 the application's secret (see channel).
 """
 
@@ -49,11 +50,13 @@ from statetier.backend.spark.protocol import (
     write_batch,
 )
 from statetier.backend.spark.registry import HostInfo, ask_route
+from statetier.backend.spark.slots import slot_of
 
 __all__ = [
     "bind_address",
     "combine_function",
     "direct_function",
+    "endpoint_to",
     "epoch_of_job",
     "gather_function",
     "local_host",
@@ -113,41 +116,58 @@ def bind_address(configured: str, registry: Endpoint) -> str:
     return address
 
 
-def local_host(spec: PipelineSpec) -> HostInfo:
-    """This executor's state host, registered with the driver; started if none runs."""
-    registry, secret = spec.registry, spec.secret
-    path = socket_path(spec.app_id)
-    host = _join(path, secret, registry)
+def local_host(spec: PipelineSpec, slot: int = 0) -> HostInfo:
+    """This executor's state host of ``slot`` (see slots), registered with the driver. When it
+    does not run, every missing host of the executor is started at once (each under its own
+    file lock, so concurrent tasks start one of each): the driver spreads ranges over them
+    all, and waits for the executors' hosts that have not joined."""
+    host = _join(socket_path(spec.app_id, slot=slot), spec.secret, spec.registry)
     if host is not None:
         return host
-    log_path = host_file(spec.app_id, ".log")
-    with open(host_file(spec.app_id, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        host = _join(path, secret, registry)
-        if host is not None:
-            return host
-        process = _start_host(spec, path, log_path)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            host = _join(path, secret, registry)
-            if host is not None:
-                return host
-            time.sleep(0.02)
-        status = process.poll()
-        with open(log_path, errors="replace") as f:
-            tail = f.read()[-2000:]
-        why = (
-            f"it exited with status {status}"
-            if status is not None
-            else f"it did not listen within {START_TIMEOUT_S:.0f}s"
-        )
-        raise RuntimeError(
-            f"the statetier state host did not start at {path}: {why}; its log "
-            f"({log_path}) ends with:\n{tail}"
-        )
+    with contextlib.ExitStack() as locks:
+        starting: dict[int, subprocess.Popen[bytes] | None] = {}
+        for s in range(max(slot + 1, spec.hosts)):  # in slot order: no two tasks deadlock
+            lock = locks.enter_context(open(host_file(spec.app_id, ".lock", slot=s), "w"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = socket_path(spec.app_id, slot=s)
+            running = _join(path, spec.secret, spec.registry) is not None
+            starting[s] = None if running else _start_host(spec, s)
+        for s, process in starting.items():
+            if process is not None:
+                _wait_started(spec, s, process)
+    host = _join(socket_path(spec.app_id, slot=slot), spec.secret, spec.registry)
+    if host is None:
+        raise RuntimeError(f"the statetier state host of slot {slot} stopped as it started")
+    return host
 
 
-def _start_host(spec: PipelineSpec, path: str, log_path: str) -> subprocess.Popen[bytes]:
+def _wait_started(spec: PipelineSpec, slot: int, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the host of ``slot`` listens; an error with its log's end if it does not."""
+    path = socket_path(spec.app_id, slot=slot)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        if _join(path, spec.secret, spec.registry) is not None:
+            return
+        time.sleep(0.02)
+    status = process.poll()
+    log_path = host_file(spec.app_id, ".log", slot=slot)
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-2000:]
+    why = (
+        f"it exited with status {status}"
+        if status is not None
+        else f"it did not listen within {START_TIMEOUT_S:.0f}s"
+    )
+    raise RuntimeError(
+        f"the statetier state host did not start at {path}: {why}; its log "
+        f"({log_path}) ends with:\n{tail}"
+    )
+
+
+def _start_host(spec: PipelineSpec, slot: int) -> subprocess.Popen[bytes]:
+    """Start the state host of ``slot``, detached (it outlives the task's Python worker)."""
+    path = socket_path(spec.app_id, slot=slot)
+    log_path = host_file(spec.app_id, ".log", slot=slot)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     command = [
@@ -164,6 +184,8 @@ def _start_host(spec: PipelineSpec, path: str, log_path: str) -> subprocess.Pope
         str(spec.idle_timeout),
         "--watch-pid",
         str(_executor_pid()),
+        "--hosts",
+        str(spec.hosts),
     ]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -182,20 +204,26 @@ def _start_host(spec: PipelineSpec, path: str, log_path: str) -> subprocess.Pope
     return process
 
 
+def endpoint_to(owner: HostInfo, local: HostInfo) -> Endpoint:
+    """Where a task reaches the range's ``owner`` from beside ``local``: the owner's Unix
+    socket when it runs on the task's executor (any of its hosts), else its TCP endpoint."""
+    beside = owner.host_id == local.host_id or (
+        bool(owner.executor) and (owner.executor, owner.node) == (local.executor, local.node)
+    )
+    kind = "unix" if beside else "tcp"
+    return next(e for e in owner.endpoints if e.kind == kind)
+
+
 def _open(owner: HostInfo, local: HostInfo, secret: bytes) -> Connection:
-    """A connection to the range's owner: its Unix socket when it runs beside this task."""
-    kind = "unix" if owner.host_id == local.host_id else "tcp"
-    endpoint = next(e for e in owner.endpoints if e.kind == kind)
-    return connect(endpoint, secret)
+    return connect(endpoint_to(owner, local), secret)
 
 
 def _owner_connection(
-    spec: PipelineSpec, index: int, local: HostInfo | None = None
+    spec: PipelineSpec, index: int, local: HostInfo
 ) -> tuple[HostInfo, Connection]:
     """The owner of range ``index`` as the driver assigns it, connected. An owner this task
     cannot reach is reported: the driver probes it and assigns a new owner if it is gone."""
     registry, secret = spec.registry, spec.secret
-    local = local or local_host(spec)
     key = (spec.state.pipeline, spec.state.parallelism, index)
     owner = ask_route(registry, secret, key, local.host_id)
     try:
@@ -219,7 +247,8 @@ def partition_function(
         assert task is not None
         index = task.partitionId()
         this_epoch = epoch or epoch_of_job(task, spec.state.pipeline)
-        owner, conn = _owner_connection(spec, index)
+        local = local_host(spec, slot_of(index, spec.hosts))
+        owner, conn = _owner_connection(spec, index, local)
         header = _header(spec, this_epoch, task, index, owner)
         with contextlib.closing(conn), _host_lost(owner, index):
             yield from stream(conn, header, function_bytes, batches)
@@ -411,7 +440,8 @@ def _send_ranges(
     ranges whose hosts said this task completed them (gathered ranges)."""
     with contextlib.ExitStack() as open_connections:
         sent: list[tuple[HostInfo, int, Connection]] = []
-        local = local_host(spec)  # once for the task, not once per range
+        # once for the task, not once per range
+        local = local_host(spec, slot_of(task.partitionId(), spec.hosts))
         for index, records in enumerate(slices):
             owner, conn = _owner_connection(spec, index, local)
             open_connections.callback(conn.close)

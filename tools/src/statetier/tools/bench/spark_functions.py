@@ -17,9 +17,17 @@ from statetier.backend.descriptors import ReducingStateDescriptor, ValueStateDes
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN, KeyGroupFunction
 
-__all__ = ["SESSION_GAP_MS", "ArrowSessions", "ArrowWordCount", "Sessions"]
+__all__ = [
+    "BUSY_LOOPS",
+    "SESSION_GAP_MS",
+    "ArrowSessions",
+    "ArrowWordCount",
+    "BusyWordCount",
+    "Sessions",
+]
 
 SESSION_GAP_MS = 30_000  # sessions benchmark: a session ends after 30 s without a click
+BUSY_LOOPS = 800  # spark-slots benchmark: about 30 us of Python per record on a 2020s core
 
 
 class ArrowWordCount(KeyGroupFunction):
@@ -108,3 +116,20 @@ class ArrowSessions(KeyGroupFunction):
         start, end, clicks = self.session.value() or (0, 0, 0)
         self.session.clear()
         return [(key, start, end, clicks)]
+
+
+class BusyWordCount(KeyedProcessFunction[str, None, tuple[str, int]]):
+    """A per-record word count that also does :data:`BUSY_LOOPS` steps of pure Python
+    arithmetic per record (``statetier bench spark-slots``): a function heavy enough that the
+    state host's interpreter, one core at most, is what bounds an executor."""
+
+    def open(self, context: RuntimeContext) -> None:
+        self.count = context.get_state(ValueStateDescriptor[int]("count"))
+
+    def process(self, key: str, value: None, context: RuntimeContext) -> list[tuple[str, int]]:
+        x = len(key)
+        for _ in range(BUSY_LOOPS):
+            x = x * 31 % 1000003
+        count = (self.count.value() or 0) + 1 + x * 0
+        self.count.update(count)
+        return [(key, count)]
