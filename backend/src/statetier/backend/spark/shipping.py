@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pickle
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
+from statetier.backend.spark.session_kind import is_connect
 
 __all__ = ["FunctionNotShippedError", "check_function_ships"]
 
@@ -34,9 +36,26 @@ def check_function_ships(spark: SparkSession, function_bytes: bytes) -> None:
         else:
             yield None
 
-    (missing,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
+    if is_connect(spark):  # no RDDs: one task of a one-row range, answering in Arrow
+        missing = _connect_load(spark, load)
+    else:
+        (missing,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
     if missing is not None:
         raise FunctionNotShippedError(_message(missing), name=missing)
+
+
+def _connect_load(
+    spark: SparkSession, load: Callable[[Iterable[object]], Iterator[str | None]]
+) -> str | None:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        missing = list(load(batches))
+        yield pa.RecordBatch.from_pydict({"missing": missing}, schema=_MISSING)
+
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(run, "missing string").collect()
+    return None if row.missing is None else str(row.missing)
+
+
+_MISSING = pa.schema([("missing", pa.string())])
 
 
 def _message(module: str) -> str:
