@@ -78,9 +78,9 @@ from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_fo
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
 from statetier.backend.spark.session_kind import (
-    app_id,
     client_address,
     executor_count,
+    hosts_of,
     is_connect,
     master,
     on_connect_driver,
@@ -501,7 +501,7 @@ class StatefulPipeline:
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)
         return PipelineSpec(
-            app_id=app_id(spark),
+            app_id=hosts_of(spark),
             idle_timeout=float(self.config.host_idle_timeout),
             registry=registry.endpoint,
             secret=registry.secret,
@@ -524,7 +524,7 @@ class StatefulPipeline:
         assert self.config is not None
         if self._registry is None or self._registry.closed:
             self._registry = registry_for(
-                app_id(spark),
+                hosts_of(spark),
                 _registry_bind(spark),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),

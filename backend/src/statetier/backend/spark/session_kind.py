@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import uuid
 from typing import Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -26,6 +27,7 @@ __all__ = [
     "app_id",
     "client_address",
     "executor_count",
+    "hosts_of",
     "is_connect",
     "master",
     "on_connect_driver",
@@ -35,6 +37,7 @@ __all__ = [
 
 # set by the Connect server in the Python process that runs a query's foreachBatch function
 CONNECT_WORKER_URL = "SPARK_CONNECT_LOCAL_URL"
+_COORDINATOR = uuid.uuid4().hex[:8]  # this process, as a Connect coordinator
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,")
 
 
@@ -61,6 +64,17 @@ def app_id(spark: SparkSession) -> str:
     if is_connect(spark):
         return str(spark.conf.get("spark.app.id"))
     return str(spark.sparkContext.applicationId)
+
+
+def hosts_of(spark: SparkSession) -> str:
+    """Whose state hosts this process's coordinator uses: the application's (one registry per
+    classic driver); on Connect, this process's within the application. Each process that
+    coordinates on Connect (a client running batches, each query's ``foreachBatch`` process)
+    has a registry of its own whose secret the hosts of another cannot know, so each gets its
+    own hosts; those of a coordinator that ended leave after ``host.idle-timeout``."""
+    if is_connect(spark):
+        return f"{app_id(spark)}-{_COORDINATOR}"
+    return app_id(spark)
 
 
 def master(spark: SparkSession) -> str:
