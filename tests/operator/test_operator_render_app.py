@@ -46,8 +46,9 @@ def test_rendered_application_is_what_the_webhook_writes() -> None:
     for role in ("driver", "executor"):
         (var,) = [e for e in app["spec"][role]["env"] if e["name"] == "STATETIER_COMPACTION_TOKEN"]
         assert var["valueFrom"]["secretKeyRef"] == {"name": generated[0], "key": "token"}
-    # The executor's memory covers the state host: 1g overhead + 2g budget + 256Mi allowance.
-    assert app["spec"]["executor"]["memoryOverhead"] == f"{1024 + 2048 + 256}m"
+    # The executor's memory covers its state hosts: 1g overhead + 2g budget (shared) + a 256Mi
+    # allowance for each host, one per task slot (2 cores).
+    assert app["spec"]["executor"]["memoryOverhead"] == f"{1024 + 2048 + 2 * 256}m"
     conf = app["spec"]["sparkConf"]
     assert conf["spark.statetier.compaction.endpoints"] == ENDPOINT
     assert conf["spark.statetier.spill.dirs"] == "/var/lib/statetier/spill"
