@@ -176,6 +176,43 @@ def test_the_earliest_timer_skips_deleted_and_fired_ones() -> None:
     assert inst.timers.earliest(EVENT) is None and inst.timers.earliest(PROC) == 70
 
 
+def test_timers_moved_and_deleted_on_many_keys_fire_in_order_at_their_last_place() -> None:
+    """Sessions move each key's timer later on every record; here 3,000 keys' timers are moved,
+    some moved earlier again, most deleted (enough to rebuild the firing index from the state
+    mid-way), then time advances in steps: every timer left fires once, at its last place, in
+    (timestamp, key group, key bytes) order, and ``earliest`` names the next one each time."""
+    inst = instance()
+    keys = [f"user-{i:05d}" for i in range(3_000)]
+    model: dict[str, set[int]] = {}
+    for i, key in enumerate(keys):
+        run(inst, (key, ("event", 1_000 + i % 97)))
+        model[key] = {1_000 + i % 97}
+    for step in range(1, 4):  # move later: delete the key's timer, register it further on
+        for i, key in enumerate(keys):
+            (old,) = model[key]
+            new = old + 50 * step + i % 13
+            run(inst, (key, ("del-event", old)), (key, ("event", new)))
+            model[key] = {new}
+    for i, key in enumerate(keys[:300]):  # a second, earlier timer on some keys
+        run(inst, (key, ("event", 900 + i % 7)))
+        model[key].add(900 + i % 7)
+    for key in keys[300:2_700]:  # most keys stop (the index has to drop their entries)
+        for ts in sorted(model.pop(key)):
+            run(inst, (key, ("del-event", ts)))
+    expected = sorted(
+        (ts, assign_to_key_group(key, 16), key.encode(), key) for key in model for ts in model[key]
+    )
+    assert inst.timers.count(EVENT) == len(expected)
+    fired: list[tuple[int, str]] = []
+    for watermark in range(900, 1_400, 37):
+        assert inst.timers.earliest(EVENT) == min(t[0] for t in expected[len(fired) :])
+        fired += [(ts, key) for _, ts, key, _ in inst.advance_time(watermark=watermark)]
+        assert all(ts <= watermark for ts, _ in fired)
+    fired += [(ts, key) for _, ts, key, _ in inst.end_of_input()]
+    assert fired == [(ts, key) for ts, _, _, key in expected]
+    assert inst.timers.count(EVENT) == 0 and inst.timers.earliest(EVENT) is None
+
+
 def test_a_timer_already_due_fires_at_the_next_advance() -> None:
     """Flink: a timer registered at or before the current watermark fires at the next
     watermark; here at the next advance_time, even with the watermark unchanged."""

@@ -129,7 +129,7 @@ class FunctionInstance:
         for key, value in records:
             set_key(key)
             result = process(key, value, context)
-            if result is not None:
+            if result:  # None, or an empty list or tuple: nothing to add (a generator is true)
                 out.extend(result)
         return out
 
@@ -157,16 +157,19 @@ class FunctionInstance:
         on_timer = getattr(self.function, "on_timer", None)
         context = self.context
         for domain in (TimeDomain.PROCESSING_TIME, TimeDomain.EVENT_TIME):
-            for timestamp, key in self.timers.due(domain):
-                if on_timer is None:
-                    continue
-                context.time_domain = domain
-                try:
+            if on_timer is None:
+                for _ in self.timers.due(domain):
+                    pass
+                continue
+            # set once per domain: between two calls only the timer service runs
+            context.time_domain = domain
+            try:
+                for timestamp, key in self.timers.due(domain):
                     result = on_timer(timestamp, key, context)
-                    if result is not None:
-                        out.extend(result)  # inside: a generator runs only now
-                finally:
-                    context.time_domain = None
+                    if result:  # None or empty: nothing; a generator (true) runs only now
+                        out.extend(result)
+            finally:
+                context.time_domain = None
         return out
 
     def end_of_input(self) -> list[Any]:

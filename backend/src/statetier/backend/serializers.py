@@ -45,17 +45,20 @@ class SerializationError(TypeError):
 # what the default serializer writes as it is, and the containers it writes element by element
 _SCALARS = frozenset({str, int, float, bool, bytes, bytearray, memoryview, type(None)})
 _SEQUENCES = frozenset({list, tuple, set, frozenset})
-_INT_RANGE = range(-(1 << 63), 1 << 64)  # int64 and uint64
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1  # int64 and uint64
 WRITABLE = object()  # first_unwritable's answer for a value it can write whole
 
 
 def first_unwritable(value: Any) -> Any:
     """The first part of ``value`` (itself or a nested element, key or value) that the default
     serializer cannot write, or :data:`WRITABLE`: what a write checks before it stores a value
-    whose bytes are only made later (spill, checkpoint)."""
+    whose bytes are only made later (spill, checkpoint). It runs on every write of a container
+    to state, so a container's scalars are looked at in its own loop, with no call each."""
     kind = type(value)
+    if kind is int:
+        return WRITABLE if _INT_MIN <= value <= _INT_MAX else value
     if kind in _SCALARS:
-        return WRITABLE if kind is not int or value in _INT_RANGE else value
+        return WRITABLE
     if kind in _SEQUENCES:
         parts: Any = value
     elif kind is dict:
@@ -63,9 +66,14 @@ def first_unwritable(value: Any) -> Any:
     else:
         return value
     for part in parts:
-        bad = first_unwritable(part)
-        if bad is not WRITABLE:
-            return bad
+        kind = type(part)
+        if kind is int:
+            if not _INT_MIN <= part <= _INT_MAX:
+                return part
+        elif kind not in _SCALARS:
+            bad = first_unwritable(part)
+            if bad is not WRITABLE:
+                return bad
     return WRITABLE
 
 

@@ -9,10 +9,9 @@ As in Flink, timers are state: each domain is one keyed state (``EVENT_TIMER_STA
 ``PROCESSING_TIMER_STATE``) holding, per key, the sorted list of its timestamps. They therefore
 spill, checkpoint (incrementally: registering a timer touches its key), restore and rescale with
 their key groups, and a timer registered twice for one key and timestamp is one timer. The
-firing order comes from a heap over all timers of the instance (timestamp, key group, key bytes:
-deterministic at any parallelism), rebuilt from the state on restore. The heap is an index only:
-an entry whose timer was deleted (or already fired) is skipped when it comes up, and the heap is
-rebuilt when such entries outnumber the live timers.
+firing order (timestamp, key group, key bytes: deterministic at any parallelism) comes from a
+heap over the keys with timers (``_TimerQueue``), rebuilt from the state on restore; it is an
+index only, which is lazy: moving a key's timer later writes the state, not the heap.
 
 Time is given to the service by the runtime (:meth:`TimerService.advance`), never read by it:
 the watermark starts at ``MIN_WATERMARK`` and both clocks only move forward.
@@ -24,7 +23,7 @@ import bisect
 import enum
 import heapq
 import itertools
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from statetier.backend.descriptors import ValueStateDescriptor
@@ -33,7 +32,7 @@ from statetier.backend.keyed_backend import (
     PROCESSING_TIMER_STATE,
     KeyedStateBackend,
 )
-from statetier.backend.serializers import MsgpackSerializer
+from statetier.backend.serializers import MsgpackSerializer, Serializer
 
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "TimeDomain", "TimerService"]
 
@@ -57,6 +56,7 @@ _HeapEntry = tuple[int, int, bytes, int, Any]  # timestamp, key group, key bytes
 
 
 def _check_timestamp(timestamp: object) -> int:
+    """``timestamp``, if it is a timer timestamp; else a TypeError naming it."""
     if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
         raise TypeError(
             f"a timer timestamp is an int of milliseconds (64-bit), got "
@@ -65,15 +65,45 @@ def _check_timestamp(timestamp: object) -> int:
     return timestamp
 
 
+def _key_encoder(serializer: Serializer) -> Callable[[Any], bytes]:
+    """What makes a key's bytes for the heap: the default serializer's packer called directly
+    (a fifth of ``dumps``, which finds its thread's packer on every call). A queue is used by
+    one thread at a time (its instance's), as that packer must be; the keys were hashed when
+    they became current, so they are ones it can write."""
+    if isinstance(serializer, MsgpackSerializer):
+        return serializer.direct_codec()[0]
+    return serializer.dumps
+
+
 class _TimerQueue:
-    """The timers of one domain: their keyed state (created on first use) and the heap index."""
+    """The timers of one domain: their keyed state (created on first use) and a heap over keys.
+
+    The state is the truth: per key, the sorted list of its timestamps. The heap orders the
+    keys, not the timers: it holds, for every key with timers, an entry at or before the key's
+    earliest timer, its *bound* (``_bound[key]``, the timestamp of that entry). A timer at or
+    after the bound is only written to the state; a function that moves its key's timer later
+    on every record (a session) writes a dict entry per record and leaves the heap alone. When
+    the bound's entry comes up, the key's earliest timer fires if it is the entry's timestamp;
+    else (the timer was moved or deleted) the entry is pushed again at the earliest timer, or
+    dropped with the bound when the key has none left. Entries that are not their key's bound
+    (an earlier timer was registered since) are dropped when they come up, and the heap is
+    rebuilt from the state when they outnumber the live timers.
+
+    The heap is ordered by (timestamp, key group, key bytes), and every key's entry is at or
+    before its earliest timer, so a timer fires exactly when it is the smallest of all by that
+    order: the same order as a heap holding every timer.
+    """
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
         self._backend = backend
+        self._ctx = backend.context
+        self._first = backend.key_groups.start
         self._name = name
         self._maps: list[MutableMapping[Any, Any]] | None = None
         self._heap: list[_HeapEntry] = []
+        self._bound: dict[Any, int] = {}
         self._seq = itertools.count()
+        self._key_bytes = _key_encoder(backend.key_serializer)
         self.live = 0
         if name in backend.restored or name in backend.tables:
             self._state_maps()  # restored timers: register the state and index them now
@@ -86,88 +116,133 @@ class _TimerQueue:
             self._rebuild()
         return self._maps
 
-    def _entry(self, timestamp: int, key_group: int, key: Any) -> _HeapEntry:
-        key_bytes = self._backend.key_serializer.dumps(key)
-        return (timestamp, key_group, key_bytes, next(self._seq), key)
-
     def _rebuild(self) -> None:
-        """The heap from the state: every timer once (after a restore, or to drop stale ones)."""
+        """The heap from the state: one entry per key with timers, at its earliest (after a
+        restore, or to drop stale entries)."""
         assert self._maps is not None
-        first = self._backend.key_groups.start
+        encode, seq = self._key_bytes, self._seq
         heap: list[_HeapEntry] = []
+        bound: dict[Any, int] = {}
+        live = 0
         for slot in range(len(self._backend.key_groups)):
+            key_group = self._first + slot
             for key, stamps in self._maps[slot].items():
-                heap.extend(self._entry(ts, first + slot, key) for ts in stamps)
+                heap.append((stamps[0], key_group, encode(key), next(seq), key))
+                bound[key] = stamps[0]
+                live += len(stamps)
         heapq.heapify(heap)
-        self._heap = heap
-        self.live = len(heap)
+        self._heap, self._bound, self.live = heap, bound, live
 
     def register(self, timestamp: int) -> None:
-        maps = self._state_maps()
-        ctx = self._backend.context
-        ctx.require_key()
-        kg_map = maps[ctx.index]
-        stamps: list[int] | None = kg_map.get(ctx.key)
+        if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
+            _check_timestamp(timestamp)
+        maps = self._maps or self._state_maps()
+        ctx = self._ctx
+        key = ctx.key
+        kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
+        stamps: list[int] | None = kg_map.get(key)
         if stamps is None:
-            kg_map[ctx.key] = [timestamp]
+            kg_map[key] = [timestamp]
         elif timestamp in stamps:
             return  # one timer per key and timestamp
         else:
             bisect.insort(stamps, timestamp)
-            kg_map[ctx.key] = stamps  # a spilled map must see the write
+            kg_map[key] = stamps  # a spilled map must see the write
         self.live += 1
-        key_group = self._backend.key_groups.start + ctx.index
-        heapq.heappush(self._heap, self._entry(timestamp, key_group, ctx.key))
+        bound = self._bound.get(key)
+        if bound is None or timestamp < bound:
+            self._push(timestamp, self._first + ctx.index, key)
+
+    def _push(self, timestamp: int, key_group: int, key: Any, key_bytes: bytes = b"") -> None:
+        """Make ``timestamp`` ``key``'s bound: an entry for it in the heap."""
+        if not key_bytes:
+            key_bytes = self._key_bytes(key)
+        heapq.heappush(self._heap, (timestamp, key_group, key_bytes, next(self._seq), key))
+        self._bound[key] = timestamp
 
     def delete(self, timestamp: int) -> None:
-        ctx = self._backend.context
-        ctx.require_key()
+        if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
+            _check_timestamp(timestamp)
+        ctx = self._ctx
+        if ctx.index < 0:
+            ctx.require_key()
         if self._maps is None:
             return
-        removed = self._remove(self._maps[ctx.index], ctx.key, timestamp)
-        if removed and len(self._heap) > 2 * self.live + _COMPACT_SLACK:
-            self._rebuild()  # mostly stale entries: index the live timers only
-
-    def _remove(self, kg_map: MutableMapping[Any, Any], key: Any, timestamp: int) -> bool:
+        kg_map = self._maps[ctx.index]
+        key = ctx.key
         stamps: list[int] | None = kg_map.get(key)
         if not stamps or timestamp not in stamps:
-            return False
+            return
         stamps.remove(timestamp)
         if stamps:
             kg_map[key] = stamps
         else:
             del kg_map[key]
         self.live -= 1
-        return True
+        if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
+            self._rebuild()  # mostly stale entries: index the live timers only
 
     def due(self, time: int) -> Iterator[tuple[int, Any]]:
         """Pop the timers at or before ``time`` in order, each with its key made current.
 
         A generator: timers registered while one fires (by ``on_timer``) are seen by the same
-        loop when due, as in Flink's ``advanceWatermark``.
+        loop when due, as in Flink's ``advanceWatermark``. Entries passed on the way are pushed
+        again at their key's earliest timer, or dropped (not their key's bound, or the key has
+        no timers left).
         """
-        backend = self._backend
+        if self._maps is None:
+            return
+        maps, bound, first, backend = self._maps, self._bound, self._first, self._backend
         while self._heap and self._heap[0][0] <= time:  # on_timer may rebuild the heap
-            timestamp, _, _, _, key = heapq.heappop(self._heap)
+            timestamp, key_group, key_bytes, _, key = heapq.heappop(self._heap)
+            if bound.get(key) != timestamp:
+                continue  # an earlier entry of the key is its bound
+            slot = key_group - first
+            kg_map = maps[slot]
+            stamps = kg_map.get(key)
+            if not stamps:
+                del bound[key]
+                continue
+            if stamps[0] != timestamp:  # moved later: the entry goes to its earliest timer
+                self._push(stamps[0], key_group, key, key_bytes)
+                continue
             backend.set_current_key(key)  # the key's state in scope; logs the change
-            assert self._maps is not None
-            if self._remove(self._maps[backend.context.index], key, timestamp):
-                yield timestamp, key
+            if maps[slot] is not kg_map:  # making the key current moved its key group
+                kg_map = maps[slot]
+                stamps = kg_map[key]
+            del stamps[0]
+            if stamps:
+                kg_map[key] = stamps
+                self._push(stamps[0], key_group, key, key_bytes)
+            else:
+                del kg_map[key]
+                del bound[key]
+            self.live -= 1
+            yield timestamp, key
 
     def earliest(self) -> int | None:
-        """The earliest live timer's timestamp (None: no timer). Stale heap entries on top (of
-        deleted or fired timers) are dropped on the way: the heap is only an index."""
-        while self._heap:
-            timestamp, key_group, _, _, key = self._heap[0]
-            assert self._maps is not None
-            stamps = self._maps[key_group - self._backend.key_groups.start].get(key)
-            if stamps and timestamp in stamps:
-                return timestamp
-            heapq.heappop(self._heap)
+        """The earliest live timer's timestamp (None: no timer). Entries on top that are not
+        at their key's earliest timer are moved or dropped on the way."""
+        if self._maps is None:
+            return None
+        heap, maps, bound, first = self._heap, self._maps, self._bound, self._first
+        while heap:
+            timestamp, key_group, key_bytes, _, key = heap[0]
+            if bound.get(key) == timestamp:
+                stamps = maps[key_group - first].get(key)
+                if stamps and stamps[0] == timestamp:
+                    return timestamp
+                heapq.heappop(heap)
+                if stamps:
+                    self._push(stamps[0], key_group, key, key_bytes)
+                else:
+                    del bound[key]
+            else:
+                heapq.heappop(heap)
         return None
 
     def timers_of_current_key(self) -> list[int]:
-        ctx = self._backend.context
+        ctx = self._ctx
         ctx.require_key()
         if self._maps is None:
             return []
@@ -183,6 +258,12 @@ class TimerService:
 
     def __init__(self, backend: KeyedStateBackend, processing_time: int) -> None:
         self._queues = {domain: _TimerQueue(backend, name) for domain, name in _STATE_NAMES.items()}
+        self._event = self._queues[TimeDomain.EVENT_TIME]
+        self._processing = self._queues[TimeDomain.PROCESSING_TIME]
+        self.register_event_time_timer = self._event.register  # type: ignore[method-assign]
+        self.delete_event_time_timer = self._event.delete  # type: ignore[method-assign]
+        self.register_processing_time_timer = self._processing.register  # type: ignore[method-assign]
+        self.delete_processing_time_timer = self._processing.delete  # type: ignore[method-assign]
         self._watermark = MIN_WATERMARK
         self._processing_time = processing_time
 
@@ -196,21 +277,24 @@ class TimerService:
         """The processing time (ms) the runtime last set: the epoch's clock."""
         return self._processing_time
 
+    # What functions call on every record. __init__ replaces each by its queue's method, which
+    # checks the timestamp itself: one call per timer operation instead of two.
+
     def register_event_time_timer(self, timestamp: int) -> None:
         """Fire ``on_timer`` for the current key once the watermark reaches ``timestamp``."""
-        self._queues[TimeDomain.EVENT_TIME].register(_check_timestamp(timestamp))
+        self._event.register(timestamp)
 
     def register_processing_time_timer(self, timestamp: int) -> None:
         """Fire ``on_timer`` for the current key once processing time reaches ``timestamp``."""
-        self._queues[TimeDomain.PROCESSING_TIME].register(_check_timestamp(timestamp))
+        self._processing.register(timestamp)
 
     def delete_event_time_timer(self, timestamp: int) -> None:
         """Remove the current key's event-time timer at ``timestamp`` (none: no error)."""
-        self._queues[TimeDomain.EVENT_TIME].delete(_check_timestamp(timestamp))
+        self._event.delete(timestamp)
 
     def delete_processing_time_timer(self, timestamp: int) -> None:
         """Remove the current key's processing-time timer at ``timestamp`` (none: no error)."""
-        self._queues[TimeDomain.PROCESSING_TIME].delete(_check_timestamp(timestamp))
+        self._processing.delete(timestamp)
 
     def timers(self, domain: TimeDomain) -> list[int]:
         """The current key's timers in ``domain``, ascending (for tests and tools)."""

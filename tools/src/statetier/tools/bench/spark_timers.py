@@ -21,6 +21,10 @@ oracle, the sessions closed by the last click: Spark runs a no-data micro-batch 
 watermark moves after the last file, and statetier a wake-up micro-batch for the timers that
 watermark made due (spark.wakeups), so both emit the same sessions. records/s = clicks / wall
 time of the query; each runs once, after an untimed warm-up on a small input.
+
+First, before Spark starts, ``local_per_record``: the per-record ``Sessions`` on the LocalRunner
+(``local_timers``, parallelism 2, ``--epochs`` epochs), its CPU microseconds per click in this
+process, the median of ``--local-rounds`` runs; ``--local-only`` stops there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from statetier.tools.bench import print_table
+from statetier.tools.bench.local_timers import epochs_of, median_runs
 from statetier.tools.bench.spark_functions import SESSION_GAP_MS, Sessions
 from statetier.tools.bench.spark_wordcount import run_query, spark_session
 
@@ -159,16 +164,42 @@ def bench_tws(spark: Any, source: Path, work: Path) -> tuple[float, list[Session
     return run_query(writer, work / "tws-ckpt"), out
 
 
+def local_per_record(data: list[Click], args: argparse.Namespace) -> dict[str, Any]:
+    """The per-record ``Sessions`` on the LocalRunner (local_timers), checked against the
+    oracle; its sessions themselves are left out of the report."""
+    parts = epochs_of(data, args.epochs)
+    result = median_runs(parts, args.local_rounds)
+    sessions = result.pop("sessions")
+    result["sessions_exact"] = sorted(sessions) == closed_sessions(parts, data[-1][1])
+    return result
+
+
+def local_line(local: dict[str, Any]) -> str:
+    return (
+        f"  local_per_record (LocalRunner, parallelism {local['parallelism']}, "
+        f"{local['epochs']} epochs): {local['cpu_us_per_record']:.2f} CPU us/record, "
+        f"{local['records_per_s']:,.0f} records/s (median of {local['rounds']}), "
+        f"exact {local['sessions_exact']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="statetier bench timers")
     parser.add_argument("--clicks", type=int, default=250_000)
     parser.add_argument("--users", type=int, default=25_000)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=50, help="epochs of local_per_record")
+    parser.add_argument("--local-rounds", type=int, default=5, help="runs of local_per_record")
+    parser.add_argument("--local-only", action="store_true", help="only local_per_record")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     data = clicks(args.clicks, args.users)
+    local = local_per_record(data, args)
+    if args.local_only:
+        print(json.dumps(local, indent=2) if args.json else local_line(local))
+        return 0 if local["sessions_exact"] else 1
     size = -(-len(data) // args.batches)
     parts = [data[i : i + size] for i in range(0, len(data), size)]
     warm = clicks(2_000, 200, seed=3)
@@ -219,9 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         "batches": len(parts),
         "partitions": args.partitions,
         "pipelines": results,
+        "local_per_record": local,
         "ratio": round(ratio, 3),
         "target": TARGET,
-        "meets_target": ratio >= TARGET and st_exact and rec_exact and tws_exact,
+        "meets_target": ratio >= TARGET
+        and st_exact
+        and rec_exact
+        and tws_exact
+        and local["sessions_exact"],
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -245,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  statetier / transform_with_state_in_pandas: {ratio:.1f}x (target >= {TARGET}x)")
         per_record = tws_seconds / rec_seconds
         print(f"  statetier_per_record / transform_with_state_in_pandas: {per_record:.1f}x")
+        print(local_line(local))
     return 0 if report["meets_target"] else 1
 
 
