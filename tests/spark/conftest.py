@@ -6,10 +6,13 @@ the workers run this interpreter (PYSPARK_PYTHON) with the repository on PYTHONP
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +32,30 @@ def spark_env() -> dict[str, str]:
     paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
+
+
+def run_job_module(
+    module: str, config: dict[str, Any], config_file: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m module config_file`` (a Spark job in its own process: its own
+    local-cluster master) with ``config`` written there as JSON; its output captured."""
+    config_file.write_text(json.dumps(config))
+    env = {**os.environ, **spark_env(), "SPARK_HOME": os.path.dirname(pyspark.__file__)}
+    return subprocess.run(
+        [sys.executable, "-m", module, str(config_file)],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+
+def last_json_line(stdout: str) -> dict[str, Any]:
+    """A job's report: the last line it printed, as JSON."""
+    report: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return report
 
 
 @pytest.fixture(scope="session")

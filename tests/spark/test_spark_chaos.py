@@ -11,15 +11,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 
-from tests.spark.conftest import REPO, spark_env
+from tests.spark.conftest import last_json_line, run_job_module
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,20 +37,10 @@ def run_chaos(tmp_path: Path, seed: int) -> dict[str, Any]:
         "parallelism": 4,
         "phases": PHASES,
     }
-    (tmp_path / "chaos.json").write_text(json.dumps(config))
-    env = {**os.environ, **spark_env(), "SPARK_HOME": os.path.dirname(pyspark.__file__)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.spark.chaos_job", str(tmp_path / "chaos.json")],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    done = run_job_module("tests.spark.chaos_job", config, tmp_path / "chaos.json")
     (tmp_path / "chaos.log").write_text(done.stderr)
     assert done.returncode == 0, f"seed {seed}: {done.stderr[-3000:]}"
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report = last_json_line(done.stdout)
     (tmp_path / "report.json").write_text(json.dumps(report, indent=1))
     return report
 

@@ -5,16 +5,12 @@ and survives losing one of them. Each case runs ``tests/spark/cluster_job.py`` i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 
-from tests.spark.conftest import REPO, spark_env
+from tests.spark.conftest import last_json_line, run_job_module
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,19 +27,9 @@ def run_job(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         "parallelism": 4,
         **overrides,
     }
-    (tmp_path / "job.json").write_text(json.dumps(config))
-    env = {**os.environ, **spark_env(), "SPARK_HOME": os.path.dirname(pyspark.__file__)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.spark.cluster_job", str(tmp_path / "job.json")],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    done = run_job_module("tests.spark.cluster_job", config, tmp_path / "job.json")
     assert done.returncode == 0, done.stderr[-3000:]
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report = last_json_line(done.stdout)
     assert report["error"] is None, report["error"]
     return report
 

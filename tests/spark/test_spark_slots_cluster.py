@@ -6,16 +6,11 @@ the first micro-batch; with ``host.per-executor`` 1 the executor runs one host, 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-import pyspark
 import pytest
 
-from tests.spark.conftest import REPO, spark_env
+from tests.spark.conftest import last_json_line, run_job_module
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -23,19 +18,9 @@ pytestmark = pytest.mark.timeout(600)
 def test_an_executor_of_two_cores_runs_a_host_per_slot(tmp_path: Path) -> None:
     config = {"uri": f"file://{tmp_path}/ckpt", "batches": 3, "words": 2000, "vocabulary": 300}
     config["parallelism"] = 4
-    (tmp_path / "job.json").write_text(json.dumps(config))
-    env = {**os.environ, **spark_env(), "SPARK_HOME": os.path.dirname(pyspark.__file__)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.spark.slots_job", str(tmp_path / "job.json")],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    done = run_job_module("tests.spark.slots_job", config, tmp_path / "job.json")
     assert done.returncode == 0, done.stderr[-3000:]
-    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    report = last_json_line(done.stdout)
     shown = json.dumps(report)
     slots, one = report["slots"], report["one"]
     # one executor, two slots: two hosts, two of the four ranges each

@@ -185,6 +185,7 @@ class StatefulPipeline:
         self.name = name or uuid.uuid4().hex[:12]
         self.config: StatetierConfig | None = None
         self._store: SnapshotStore | None = None
+        self._hosts = 1  # state hosts per executor, decided in _setup (see slots)
         self._lease: WriterLease | None = None
         self._restored_from = 0  # the savepoint epoch this driver's location started from
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
@@ -215,6 +216,14 @@ class StatefulPipeline:
         if self._store is None:
             conf = dict(spark.sparkContext.getConf().getAll())
             self.config = load_config(self.overrides, spark_conf=conf)
+            # state hosts per executor (host.per-executor; 0: one per task slot, see slots):
+            # the Spark conf is fixed for the application's life, so decided once
+            self._hosts = hosts_per_executor(
+                self.config.host_per_executor,
+                spark.sparkContext.master or "",
+                conf,
+                self.parallelism,
+            )
             warn_if_spill_off(self.config, log)
             check_function_ships(spark, self.function_bytes)
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
@@ -469,7 +478,7 @@ class StatefulPipeline:
         max_parallelism = self._location(store, None)[1]
         check_parallelism(max_parallelism, self.parallelism)
         registry = self.registry(spark)
-        registry.hosts_per_executor = hosts = self._hosts_per_executor(spark)
+        registry.hosts_per_executor = self._hosts
         return PipelineSpec(
             app_id=spark.sparkContext.applicationId,
             idle_timeout=float(self.config.host_idle_timeout),
@@ -487,16 +496,8 @@ class StatefulPipeline:
                 storage_options=self.storage_options,
                 config=self._host_config(),
             ),
-            hosts=hosts,
+            hosts=self._hosts,
         )
-
-    def _hosts_per_executor(self, spark: SparkSession) -> int:
-        """State hosts per executor (``host.per-executor``; 0: one per task slot, see slots)."""
-        assert self.config is not None
-        context = spark.sparkContext
-        conf = dict(context.getConf().getAll())
-        master = context.master or ""
-        return hosts_per_executor(self.config.host_per_executor, master, conf, self.parallelism)
 
     def registry(self, spark: SparkSession) -> HostRegistry:
         """The application's host registry (started on first use, shared by its pipelines)."""
