@@ -74,6 +74,7 @@ from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
+from statetier.backend.spark.refusals import refusal_at_driver
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
@@ -673,6 +674,11 @@ class StatefulPipeline:
                     raise
                 log.warning("epoch %s runs again: %s", epoch, e)
                 continue
+            except Exception as e:
+                refused = refusal_at_driver(e)  # the one line, not Spark's stacks around it
+                if refused is not None:
+                    raise refused from None
+                raise
             report.reruns = rerun
             return report
         raise AssertionError("unreachable")
