@@ -32,6 +32,12 @@ from statetier.backend.snapshot.bootstrap import (
     bootstrap_epoch,
     write_range,
 )
+from statetier.backend.snapshot.epoch_offset import (
+    EpochOffsets,
+    epoch_offsets,
+    pruned_offsets,
+    record_added_epoch,
+)
 from statetier.backend.snapshot.savepoint import read_savepoint, take_savepoint
 from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.ttl import ManualClock
@@ -226,6 +232,34 @@ def test_a_savepoint_of_a_bootstrapped_location_carries_its_epoch_offset(
     dest = SnapshotStore(f"file://{tmp_path}/sp1")
     assert take_savepoint(source, dest).epoch == 1
     assert bootstrap_epoch(dest) == 1
+
+
+def test_an_added_epoch_is_skipped_by_the_micro_batch_numbering(tmp_path: Any) -> None:
+    """A repaired state written back over a query's epochs 1-2 (micro-batches 0-1) as epoch 3:
+    the restarted query's micro-batch 2 is epoch 4, so no micro-batch is numbered as the added
+    epoch (it would be adopted, its records lost); a savepoint of epoch 3 names micro-batch 1.
+    An added epoch whose commit failed is dropped by the next query that takes the lease."""
+    uri = f"file://{tmp_path}/ckpt"
+    runner = LocalRunner(Show, 2, checkpoint_uri=uri, max_parallelism=MAX_P)
+    for batch in range(2):
+        runner.process([("k1", 1), ("k2", batch)])
+        runner.checkpoint()
+    runner.close()
+    store = SnapshotStore(uri)
+    assert epoch_offsets(store).epoch_of(1) == 2  # a plain query: micro-batch b is epoch b + 1
+    fixed = [StateRows(descriptors()["count"], [("k1", 100)])]
+    assert bootstrap(store, fixed, max_parallelism=MAX_P, add_epoch=True).epoch == 3
+    offsets = epoch_offsets(store)
+    assert offsets == EpochOffsets(0, (3,))
+    assert [offsets.epoch_of(b) for b in range(4)] == [1, 2, 4, 5]
+    assert [offsets.micro_batch_of(e) for e in (2, 3, 4)] == [1, 1, 2]
+    saved = take_savepoint(store, SnapshotStore(f"file://{tmp_path}/sp"))
+    assert saved.epoch == 3 and epoch_offsets(SnapshotStore(f"file://{tmp_path}/sp")) == offsets
+    # after a first epoch of a bootstrap too: micro-batch 0 is epoch 3 when 1 and 2 were written
+    assert EpochOffsets(1, (2,)).epoch_of(0) == 3
+    record_added_epoch(store, 4)  # a bootstrap that failed before committing epoch 4
+    assert epoch_offsets(store).added == (3, 4)
+    assert pruned_offsets(store) == offsets and epoch_offsets(store) == offsets
 
 
 def test_bad_rows_are_named() -> None:

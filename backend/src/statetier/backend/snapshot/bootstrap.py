@@ -18,7 +18,9 @@ Where the epoch goes (:func:`plan_epoch`): a location without committed epochs g
 with a marker (``bootstrap.json``) that tells a streaming query its micro-batch 0 follows that
 epoch. A location with epochs is refused unless ``add_epoch`` is asked for; then the epoch is
 the latest + 1, states not written are carried over from the latest epoch as they are (their
-files named again), and nothing is deleted. A savepoint destination gets the savepoint marker.
+files named again), nothing is deleted, and the marker records the epoch, so that a restarted
+query's next micro-batch is the epoch after it (see epoch_offset). A savepoint destination
+gets the savepoint marker.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ from statetier.backend.keygroups import (
 )
 from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot.commit import build_manifest
-from statetier.backend.snapshot.epoch_offset import MARKER, bootstrap_epoch, write_bootstrap_marker
+from statetier.backend.snapshot.epoch_offset import (
+    MARKER,
+    bootstrap_epoch,
+    record_added_epoch,
+    write_bootstrap_marker,
+)
 from statetier.backend.snapshot.manifest import Manifest
 from statetier.backend.snapshot.savepoint import MARKER as SAVEPOINT_MARKER
 from statetier.backend.snapshot.savepoint import Savepoint, SavepointExistsError, read_savepoint
@@ -271,6 +278,9 @@ def commit_bootstrap(
         # before the manifest: a query that sees epoch 1 must know micro-batch 0 follows it
         # (a savepoint too: a location restored from it gets the marker)
         write_bootstrap_marker(store, epoch)
+    elif plan.carried is not None:
+        # before the manifest too: a restarted query's next micro-batch runs after this epoch
+        record_added_epoch(store, epoch)
     store.commit(manifest, lease)
     if plan.savepoint:
         marker = Savepoint(source, epoch, _now_ms(), None, [])

@@ -28,7 +28,7 @@ from typing import Any
 
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot.compaction import merge_chain, needs_compaction
-from statetier.backend.snapshot.epoch_offset import bootstrap_epoch, carry_bootstrap_marker
+from statetier.backend.snapshot.epoch_offset import carry_bootstrap_marker, epoch_offsets
 from statetier.backend.snapshot.format import (
     BASE,
     CorruptFileError,
@@ -133,11 +133,11 @@ def take_savepoint(
 ) -> Savepoint:
     """Copy committed ``epoch`` (default: the latest) of ``source`` into a savepoint at
     ``dest``, with the Spark log entries of the epoch's micro-batch (``epoch - 1``, less the
-    epoch of a bootstrap the location began with: see epoch_offset) from ``spark_checkpoint``."""
+    epochs bootstraps wrote up to it: see epoch_offset) from ``spark_checkpoint``."""
     _check_destination(source, dest)
     manifest = source.manifest(epoch)
-    offset = bootstrap_epoch(source)
-    spark_batch = None if spark_checkpoint is None else manifest.epoch - 1 - offset
+    last_batch = epoch_offsets(source).micro_batch_of(manifest.epoch)
+    spark_batch = None if spark_checkpoint is None else last_batch
     if spark_batch is not None and spark_batch < 0:
         raise ValueError(
             f"epoch {manifest.epoch} of {source.uri} is its bootstrap's: no micro-batch ran "

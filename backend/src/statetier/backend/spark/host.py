@@ -62,6 +62,7 @@ from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
 from statetier.backend.spark.processing import as_batches, count_records, process
 from statetier.backend.spark.protocol import ProcessWatch, read_batch, write_batch
+from statetier.backend.spark.refusals import REFUSALS, TAG, refused_line
 from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.slots import host_config
@@ -303,8 +304,8 @@ class StateHost:
             return
         try:
             outputs, finish = self.start_task(header, function_bytes, batches)
-        except Exception:
-            conn.send_bytes(protocol.ERROR + traceback.format_exc().encode())
+        except Exception as e:
+            conn.send_bytes(_error_frame(e))
             return
         try:
             _send_outputs(conn, outputs)
@@ -343,10 +344,10 @@ class StateHost:
             return
         try:
             outputs, finish = self.start_task(header, function_bytes, records)
-        except Exception:
-            error = traceback.format_exc()
-            gatherings.failed(gathering, error)
-            conn.send_bytes(protocol.ERROR + error.encode())
+        except Exception as e:
+            frame = _error_frame(e)
+            gatherings.failed(gathering, _error_text(e))  # the other pieces' tasks fail alike
+            conn.send_bytes(frame)
             return
         gatherings.finish(gathering, outputs)
         try:
@@ -628,6 +629,19 @@ def _piece_memory(config: StatetierConfig) -> PieceMemory:
     (the first spill directory, the local disk)."""
     directory = (config.spill_dirs or tuple(default_spill_dirs()))[0]
     return PieceMemory(config.memory_runtime_allowance // 2, os.path.join(directory, "pieces"))
+
+
+def _error_frame(error: Exception) -> bytes:
+    """What a task is told of ``error`` (being handled): a refused state as its line alone,
+    which the driver shows as it is (see refusals); anything else with the host's stack."""
+    if isinstance(error, REFUSALS):
+        return protocol.REFUSED + refused_line(error).encode()
+    return protocol.ERROR + traceback.format_exc().encode()
+
+
+def _error_text(error: Exception) -> str:
+    """The error a gathered range's other pieces are told (being handled), tagged if refused."""
+    return TAG + refused_line(error) if isinstance(error, REFUSALS) else traceback.format_exc()
 
 
 def _send_outputs(conn: Connection, outputs: list[pa.RecordBatch], completed: bool = False) -> None:

@@ -54,7 +54,7 @@ from statetier.backend.snapshot import (
     commit_snapshot,
 )
 from statetier.backend.snapshot.bootstrap import plan_epoch
-from statetier.backend.snapshot.epoch_offset import bootstrap_epoch
+from statetier.backend.snapshot.epoch_offset import EpochOffsets, pruned_offsets
 from statetier.backend.snapshot.layout import results_dir
 from statetier.backend.snapshot.location import default_location_notice, open_location
 from statetier.backend.snapshot.process_compactor import stop_merge_process
@@ -74,6 +74,7 @@ from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
+from statetier.backend.spark.refusals import refusal_at_driver
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
@@ -204,11 +205,11 @@ class StatefulPipeline:
         # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
         self.clock = clock
         # the state of each descriptor at the query's first epoch (see state_writer), and the
-        # epoch a bootstrap committed before micro-batch 0 (snapshot.bootstrap's marker)
+        # epochs bootstraps wrote, which no micro-batch ran (snapshot.epoch_offset's marker)
         self.initial_state = dict(initial_state or {})
         for descriptor, df in self.initial_state.items():  # a missing column fails here
             state_columns(df, descriptor, self.key_columns, where="initial_state")
-        self._epoch_offset = 0
+        self._offsets = EpochOffsets()
 
     # ------------------------------------------------------------------ setup
 
@@ -344,9 +345,10 @@ class StatefulPipeline:
         return (keyed if planned is None else planned).writeStream.foreachBatch(on_batch)
 
     def _micro_batch_epoch(self, spark: SparkSession, batch_id: int) -> int:
-        """Micro-batch ``b`` is epoch ``b + 1``, after the epoch of a bootstrap (its marker)."""
+        """Micro-batch ``b`` is epoch ``b + 1``, less the epochs bootstraps wrote (their marker:
+        the first epoch, a repaired state written back between a stop and a restart)."""
         self._take_lease(spark, self._setup(spark))
-        return batch_id + 1 + self._epoch_offset
+        return self._offsets.epoch_of(batch_id)
 
     def _wake_ups_of_new_query(self) -> WakeUps:
         """The wake-up request of a query about to start (see wakeups): a micro-batch at once
@@ -435,7 +437,7 @@ class StatefulPipeline:
                 )
                 self._restored_from = seeded.epoch if seeded is not None else 0
             self._apply_initial_state(store, self._lease)
-            self._epoch_offset = bootstrap_epoch(store)
+            self._offsets = pruned_offsets(store)  # under the lease: see epoch_offset
             self._latest = None  # list the epochs again, now that nobody else commits
         return self._lease
 
@@ -672,6 +674,11 @@ class StatefulPipeline:
                     raise
                 log.warning("epoch %s runs again: %s", epoch, e)
                 continue
+            except Exception as e:
+                refused = refusal_at_driver(e)  # the one line, not Spark's stacks around it
+                if refused is not None:
+                    raise refused from None
+                raise
             report.reruns = rerun
             return report
         raise AssertionError("unreachable")

@@ -4,8 +4,8 @@ One connection per task attempt over a Unix socket (``multiprocessing.connection
 The task sends a JSON header (:class:`~statetier.backend.spark.messages.TaskHeader`), the
 pickled function, then its records as Arrow IPC messages and an empty frame; the host answers
 with output batches (``B`` + Arrow IPC), then ``R`` + the result as JSON, or ``X`` + the error
-text. Control requests (``ping``, ``shutdown``, ``stats``) are a JSON header answered by one
-``R`` frame.
+text (``F`` + one line when the function's state was refused: see refusals). Control requests
+(``ping``, ``shutdown``, ``stats``) are a JSON header answered by one ``R`` frame.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pyarrow as pa
 __all__ = [
     "BATCH",
     "ERROR",
+    "REFUSED",
     "RESULT",
     "ProcessWatch",
     "epoch_property",
@@ -35,6 +36,7 @@ __all__ = [
 BATCH = b"B"
 RESULT = b"R"
 ERROR = b"X"
+REFUSED = b"F"
 
 
 def write_batch(batch: pa.RecordBatch) -> bytes:

@@ -42,6 +42,7 @@ from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
     ERROR,
+    REFUSED,
     RESULT,
     epoch_property,
     host_file,
@@ -49,6 +50,7 @@ from statetier.backend.spark.protocol import (
     socket_path,
     write_batch,
 )
+from statetier.backend.spark.refusals import StateRefusedError
 from statetier.backend.spark.registry import HostInfo, ask_route
 from statetier.backend.spark.slots import slot_of
 
@@ -327,6 +329,8 @@ def receive_outputs(conn: Connection) -> Generator[pa.RecordBatch, None, dict[st
             return end
         elif kind == ERROR:
             raise RuntimeError(f"statetier state host failed:\n{bytes(body).decode()}")
+        elif kind == REFUSED:
+            raise StateRefusedError(bytes(body).decode())
         else:
             raise RuntimeError(f"statetier state host sent an unknown frame {kind!r}")
 
