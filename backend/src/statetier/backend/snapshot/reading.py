@@ -47,6 +47,8 @@ from statetier.backend.snapshot.restore import read_key_groups
 from statetier.backend.snapshot.store import NoSnapshotError, SnapshotStore
 from statetier.backend.state.codec import StateCodec
 from statetier.backend.ttl import StateTtlConfig
+from statetier.backend.typed.schema import stored_value_schema
+from statetier.backend.typed.serializer import TYPED_SERIALIZER_ID, TypedSerializer
 
 __all__ = [
     "OperatorElement",
@@ -149,15 +151,27 @@ def check_state(manifest: Manifest, name: str, where: str) -> dict[str, Any]:
     )
 
 
+def _stored_serializer(meta: dict[str, Any], slot: str) -> Serializer:
+    """The serializer of ``slot``'s stored bytes. A typed one is made with the schema the
+    manifest records, so that it reads records as dicts of exactly that schema (an ``int``
+    stored before a widening as a ``float``) and writes them back (the bytes of one map entry
+    or list element), which a TypedSerializer without a type cannot."""
+    serializer_id = meta["serializers"][slot]
+    schema = stored_value_schema(meta, slot)
+    if serializer_id == TYPED_SERIALIZER_ID and schema is not None:
+        return TypedSerializer(schema)
+    return serializer_by_id(serializer_id)
+
+
 def _layout_descriptor(name: str, meta: dict[str, Any]) -> StateDescriptor:
     """A descriptor with the stored layout of ``meta``'s state: a StateCodec lays out lists
     and maps on their own and every other kind (reducing, aggregating) as a value, so the
     user's functions, which a reader does not have, are not needed to decode it."""
-    value = serializer_by_id(meta["serializers"]["value"])
+    value = _stored_serializer(meta, "value")
     ttl = StateTtlConfig.from_json(meta["ttl"]) if meta["ttl"] else None
     kind = StateKind(meta["kind"])
     if kind is StateKind.MAP:
-        user_key = serializer_by_id(meta["serializers"]["user_key"])
+        user_key = _stored_serializer(meta, "user_key")
         return MapStateDescriptor(name, serializer=value, key_serializer=user_key, ttl=ttl)
     if kind is StateKind.LIST:
         return ListStateDescriptor(name, serializer=value, ttl=ttl)

@@ -59,6 +59,7 @@ from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.spark.state_metadata import StateMetadataDataSource
 from statetier.backend.spark.state_options import ReadOptions, open_store
 from statetier.backend.spark.value_columns import KeyColumns, ValueColumns, value_columns_for
+from statetier.backend.typed.schema import stored_value_schema
 
 __all__ = [
     "PUSHDOWN_CONF",
@@ -116,7 +117,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         assert options.state is not None
         meta = check_state(manifest, options.state, store.uri)
         kind, ttl = StateKind(meta["kind"]), meta["ttl"] is not None
-        values = value_columns_for(meta["serializers"]["value"])
+        values = value_columns_for(meta["serializers"]["value"], stored_value_schema(meta))
         sample = _sample(store, manifest, options.state)
         key_sample, user_key_sample = (sample.key, sample.user_key) if sample else (None, None)
     elif mode == "timers":

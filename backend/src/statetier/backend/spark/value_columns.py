@@ -18,6 +18,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from statetier.backend.spark.typed_columns import TypedValueColumns
+from statetier.backend.typed.schema import ValueType
+from statetier.backend.typed.serializer import TYPED_SERIALIZER_ID
 
 __all__ = [
     "JsonValueColumns",
@@ -77,17 +80,20 @@ class JsonValueColumns:
         return [json_texts(values), pa.array(value_bytes, pa.binary())]
 
 
-_REGISTRY: dict[str, Callable[[], ValueColumns]] = {}
+ColumnsFactory = Callable[[ValueType], ValueColumns]
+_REGISTRY: dict[str, ColumnsFactory] = {TYPED_SERIALIZER_ID: TypedValueColumns}
 
 
-def register_value_columns(serializer_id: str, factory: Callable[[], ValueColumns]) -> None:
-    """Give the values of serializer ``serializer_id`` columns of their own."""
+def register_value_columns(serializer_id: str, factory: ColumnsFactory) -> None:
+    """Give the values of serializer ``serializer_id`` columns of their own, made from the
+    schema the manifest records for them (a state without one keeps the JSON columns)."""
     _REGISTRY[serializer_id] = factory
 
 
-def value_columns_for(serializer_id: str) -> ValueColumns:
+def value_columns_for(serializer_id: str, schema: ValueType | None = None) -> ValueColumns:
+    """The columns of values of ``serializer_id`` stored with ``schema`` (None: schemaless)."""
     factory = _REGISTRY.get(serializer_id)
-    return JsonValueColumns() if factory is None else factory()
+    return JsonValueColumns() if factory is None or schema is None else factory(schema)
 
 
 _SCALARS: list[tuple[type, str, pa.DataType]] = [
