@@ -78,5 +78,8 @@ class TypedValueColumns:
         self.type = arrow_type(schema)
         self.fields = [(prefix, spark_ddl(schema)), (f"{prefix}_bytes", "binary")]
 
-    def arrays(self, values: Sequence[Any], value_bytes: Sequence[bytes]) -> list[pa.Array]:
-        return [pa.array(values, self.type), pa.array(value_bytes, pa.binary())]
+    def arrays(
+        self, values: Sequence[Any], value_bytes: Sequence[bytes] | pa.Array
+    ) -> list[pa.Array]:
+        stored = value_bytes if isinstance(value_bytes, pa.Array) else pa.array(value_bytes)
+        return [pa.array(values, self.type), stored.cast(pa.binary())]

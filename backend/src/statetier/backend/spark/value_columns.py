@@ -25,6 +25,7 @@ from statetier.backend.typed.serializer import TYPED_SERIALIZER_ID
 __all__ = [
     "JsonValueColumns",
     "KeyColumns",
+    "binary_column",
     "ValueColumns",
     "register_value_columns",
     "value_columns_for",
@@ -36,7 +37,19 @@ class ValueColumns(Protocol):
 
     fields: list[tuple[str, str]]
 
-    def arrays(self, values: Sequence[Any], value_bytes: Sequence[bytes]) -> list[pa.Array]: ...
+    def arrays(
+        self, values: Sequence[Any], value_bytes: Sequence[bytes] | pa.Array
+    ) -> list[pa.Array]:
+        """The columns of ``values``; ``value_bytes`` their stored bytes, a list or a column."""
+        ...
+
+
+def binary_column(value_bytes: Sequence[bytes] | pa.Array) -> pa.Array:
+    """Stored bytes as a binary column: a stored column is cast (its buffers reused), a list
+    copied into one."""
+    if isinstance(value_bytes, pa.Array):
+        return value_bytes.cast(pa.binary())
+    return pa.array(value_bytes, pa.binary())
 
 
 def to_json(value: Any) -> str | None:
@@ -76,8 +89,10 @@ class JsonValueColumns:
     def __init__(self, prefix: str = "value") -> None:
         self.fields = [(prefix, "string"), (f"{prefix}_bytes", "binary")]
 
-    def arrays(self, values: Sequence[Any], value_bytes: Sequence[bytes]) -> list[pa.Array]:
-        return [json_texts(values), pa.array(value_bytes, pa.binary())]
+    def arrays(
+        self, values: Sequence[Any], value_bytes: Sequence[bytes] | pa.Array
+    ) -> list[pa.Array]:
+        return [json_texts(values), binary_column(value_bytes)]
 
 
 ColumnsFactory = Callable[[ValueType], ValueColumns]
