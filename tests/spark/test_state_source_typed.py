@@ -171,3 +171,12 @@ def test_the_metadata_view_shows_the_value_schema(
         "`tags`: array<string>>",
         "pages": "struct<`count`: bigint, `last`: double>",
     }
+
+
+def test_a_small_state_is_one_task_unless_partitions_says(
+    reader: SparkSession, job: tuple[str, list[Oracle]]
+) -> None:
+    """The job ran 2 instances; its few kilobytes of state are not worth a second task."""
+    uri, _ = job
+    assert load(reader, uri, state="session").rdd.getNumPartitions() == 1
+    assert load(reader, uri, state="session", partitions=2).rdd.getNumPartitions() == 2

@@ -4,11 +4,12 @@ change feed of a checkpoint or savepoint as a DataFrame (PySpark's Python Data S
 ``spark.read.format("statetier").option("path", URI).option("state", NAME).load()``. The plan
 is made once on the driver (:meth:`StateDataSource.schema`): the options are checked, the epoch
 is fixed (the latest when none is given, so every task reads the same one) and the columns are
-typed after a sample key. The read is split into key-group ranges (the job's parallelism unless
-``partitions`` says otherwise), each a task that reads its range from object storage on an
-executor through :mod:`statetier.backend.snapshot.reading` (the restore's code) and hands Spark
-Arrow batches. A range of key groups (``key_groups``, or a filter on ``key_group``) and a key
-(a filter ``key = ...``) narrow the ranges read: by filter pushdown when the session has
+typed after a sample key. The read is split into key-group ranges (``partitions`` of them, by
+default one per BYTES_PER_TASK of stored state, at most the job's parallelism), each a task that
+reads its range from object storage on an executor through
+:mod:`statetier.backend.snapshot.reading` (the restore's code) and hands Spark Arrow batches.
+A range of key groups (``key_groups``, or a filter on ``key_group``) and a key (a filter
+``key = ...``) narrow the ranges read: by filter pushdown when the session has
 ``spark.sql.python.filterPushdown.enabled`` on (Spark still applies the filters itself).
 See docs/state-as-data.md.
 """
@@ -70,6 +71,10 @@ __all__ = [
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 BATCH_ROWS = 65536
+# A task costs about a second of fixed work on a busy executor (a Python worker, the manifest,
+# its files downloaded and checked) and decodes about 4 MiB of stored state a second: a task
+# per 2 MiB keeps the fixed part under half (a million small entries take 4 MiB).
+BYTES_PER_TASK = 2 << 20
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
@@ -82,6 +87,7 @@ class ReadPlan:
     epoch: int
     max_parallelism: int
     parallelism: int
+    tasks: int  # the key-group ranges read when ``partitions`` is not given
     change_start: int
     kind: StateKind | None
     ttl: bool
@@ -134,6 +140,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         epoch=manifest.epoch,
         max_parallelism=manifest.max_parallelism,
         parallelism=manifest.parallelism,
+        tasks=_tasks(manifest, set(TIMER_DOMAINS) if mode == "timers" else {options.state}),
         change_start=options.change_start or manifest.epoch,
         kind=kind,
         ttl=ttl,
@@ -146,6 +153,13 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         ),
         values=values,
     )
+
+
+def _tasks(manifest: Manifest, states: set[str | None]) -> int:
+    """How many tasks read ``states`` by default: one per BYTES_PER_TASK of their files in the
+    manifest, at least one and at most the job's parallelism (a task then reads whole files)."""
+    stored = sum(f.size for f in manifest.keyed_files if f.state in states)
+    return max(1, min(manifest.parallelism, -(-stored // BYTES_PER_TASK)))
 
 
 def _mode(options: ReadOptions) -> str:
@@ -215,7 +229,7 @@ class StateReader(DataSourceReader):
         plan = self.plan
         if plan.mode == "operator":
             return [InputPartition(None)]
-        count = min(plan.options.partitions or plan.parallelism, plan.max_parallelism)
+        count = min(plan.options.partitions or plan.tasks, plan.max_parallelism)
         wanted = self.narrowed or KeyGroupRange.of(plan.max_parallelism)
         if self.key is not None:
             group = assign_to_key_group(self.key[0], plan.max_parallelism)
@@ -317,16 +331,25 @@ def _batches(rows: Iterable[Any], plan: ReadPlan, arrays: Any) -> Iterator[pa.Re
 
 
 def _column_batches(groups: Iterable[StateColumns], plan: ReadPlan) -> Iterator[pa.RecordBatch]:
-    """Key groups' columns in Arrow batches of about BATCH_ROWS (a key group is not cut)."""
-    chunk = StateColumns()
+    """Key groups' columns in Arrow batches of about BATCH_ROWS (a key group is not cut): each
+    key group's arrays are made as it comes, and a batch's are joined by Arrow."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     for columns in groups:
-        for field in dataclasses.fields(StateColumns):
-            getattr(chunk, field.name).extend(getattr(columns, field.name))
-        if len(chunk) >= BATCH_ROWS:
-            yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
-            chunk = StateColumns()
-    if len(chunk):
-        yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
+        if len(columns):
+            pending.append(pa.RecordBatch.from_arrays(_columns_arrays(plan, columns), _names(plan)))
+            rows += len(columns)
+        if rows >= BATCH_ROWS:
+            yield _joined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _columns_arrays(plan: ReadPlan, columns: StateColumns) -> list[pa.Array]:
