@@ -72,9 +72,10 @@ __all__ = [
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 BATCH_ROWS = 65536
 # A task costs about a second of fixed work on a busy executor (a Python worker, the manifest,
-# its files downloaded and checked) and decodes about 4 MiB of stored state a second: a task
-# per 2 MiB keeps the fixed part under half (a million small entries take 4 MiB).
-BYTES_PER_TASK = 2 << 20
+# its files downloaded and checked, its batches handed to the JVM) and decodes about 4 MiB of
+# stored state a second: a million small entries (4 MiB) read as fast in one task as in two,
+# and faster than in 4 or 8 (docs/benchmarks.md), so a task takes 8 MiB before another pays.
+BYTES_PER_TASK = 8 << 20
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
