@@ -43,6 +43,7 @@ __all__ = [
     "encode_lists",
     "from_flat",
     "from_lists",
+    "joined",
     "merge",
     "sort_by_key",
 ]
@@ -254,6 +255,12 @@ def _column(array: pa.LargeBinaryArray) -> _Raw:
     data = memoryview(array.buffers()[2] or b"")[int(offsets[0]) : int(offsets[-1])]
     nulls = _nulls(array) if array.null_count else None
     return np.diff(offsets), data, nulls
+
+
+def joined(array: pa.LargeBinaryArray) -> bytes | memoryview:
+    """The items of ``array`` end to end (a view into its data buffer, nulls having no bytes):
+    what a bulk decoder reads in one call, without a bytes object per item."""
+    return _column(array)[1] if len(array) else b""
 
 
 def decode(block: bytes | memoryview) -> Columns:

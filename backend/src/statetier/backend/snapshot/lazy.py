@@ -20,8 +20,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import overload
 
+from statetier.backend.snapshot import columns as block_columns
+from statetier.backend.snapshot.columns import Columns
 from statetier.backend.snapshot.format import Block
-from statetier.backend.snapshot.merge import merge_blocks
+from statetier.backend.snapshot.merge import merge_blocks, merge_columns
 
 __all__ = ["FlatPairs", "LazyEntries", "bulk_allocation"]
 
@@ -126,6 +128,18 @@ class LazyEntries(Mapping[int, Pairs]):
             pairs = group.pairs = _decode(group.blocks)
             group.blocks = []
         return pairs
+
+    def columns(self, key_group: int) -> Columns:
+        """``key_group``'s entries as Arrow columns, sorted by key, without tombstones. A key
+        group not decoded yet is merged in Arrow (no Python object per entry, and nothing
+        kept): the bulk readers' path, which turn columns into columns."""
+        group = self._groups[key_group]
+        if group.pairs is None:
+            return merge_columns(group.blocks)
+        pairs = group.pairs
+        if isinstance(pairs, FlatPairs):
+            return block_columns.from_lists(pairs.keys(), pairs.values())
+        return block_columns.from_lists([k for k, _ in pairs], [v for _, v in pairs])
 
     def __contains__(self, key_group: object) -> bool:
         return key_group in self._groups  # without decoding it

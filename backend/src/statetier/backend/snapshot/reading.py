@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import pyarrow as pa
 from statetier.backend.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -40,6 +41,8 @@ from statetier.backend.serializers import (
     Serializer,
     serializer_by_id,
 )
+from statetier.backend.snapshot import columns as block_columns
+from statetier.backend.snapshot.columns import Columns
 from statetier.backend.snapshot.format import decode_operator_file
 from statetier.backend.snapshot.lazy import FlatPairs, LazyEntries
 from statetier.backend.snapshot.manifest import Manifest
@@ -47,6 +50,8 @@ from statetier.backend.snapshot.restore import read_key_groups
 from statetier.backend.snapshot.store import NoSnapshotError, SnapshotStore
 from statetier.backend.state.codec import StateCodec
 from statetier.backend.ttl import StateTtlConfig
+from statetier.backend.typed.schema import stored_value_schema
+from statetier.backend.typed.serializer import TYPED_SERIALIZER_ID, TypedSerializer
 
 __all__ = [
     "OperatorElement",
@@ -58,6 +63,7 @@ __all__ = [
     "open_epoch",
     "operator_state_summaries",
     "read_operator_state",
+    "read_group_columns",
     "read_groups",
     "read_state",
     "read_state_columns",
@@ -149,15 +155,27 @@ def check_state(manifest: Manifest, name: str, where: str) -> dict[str, Any]:
     )
 
 
+def _stored_serializer(meta: dict[str, Any], slot: str) -> Serializer:
+    """The serializer of ``slot``'s stored bytes. A typed one is made with the schema the
+    manifest records, so that it reads records as dicts of exactly that schema (an ``int``
+    stored before a widening as a ``float``) and writes them back (the bytes of one map entry
+    or list element), which a TypedSerializer without a type cannot."""
+    serializer_id = meta["serializers"][slot]
+    schema = stored_value_schema(meta, slot)
+    if serializer_id == TYPED_SERIALIZER_ID and schema is not None:
+        return TypedSerializer(schema)
+    return serializer_by_id(serializer_id)
+
+
 def _layout_descriptor(name: str, meta: dict[str, Any]) -> StateDescriptor:
     """A descriptor with the stored layout of ``meta``'s state: a StateCodec lays out lists
     and maps on their own and every other kind (reducing, aggregating) as a value, so the
     user's functions, which a reader does not have, are not needed to decode it."""
-    value = serializer_by_id(meta["serializers"]["value"])
+    value = _stored_serializer(meta, "value")
     ttl = StateTtlConfig.from_json(meta["ttl"]) if meta["ttl"] else None
     kind = StateKind(meta["kind"])
     if kind is StateKind.MAP:
-        user_key = serializer_by_id(meta["serializers"]["user_key"])
+        user_key = _stored_serializer(meta, "user_key")
         return MapStateDescriptor(name, serializer=value, key_serializer=user_key, ttl=ttl)
     if kind is StateKind.LIST:
         return ListStateDescriptor(name, serializer=value, ttl=ttl)
@@ -238,6 +256,15 @@ def _only_state(manifest: Manifest, name: str) -> Manifest:
     )
 
 
+def _restored(
+    store: SnapshotStore, manifest: Manifest, name: str, key_groups: KeyGroupRange
+) -> LazyEntries:
+    """State ``name``'s entries in ``key_groups``, read as a restore reads them (undecoded)."""
+    entries = read_key_groups(store, _only_state(manifest, name), key_groups)[name].entries
+    assert isinstance(entries, LazyEntries)
+    return entries
+
+
 def read_groups(
     store: SnapshotStore,
     manifest: Manifest,
@@ -249,9 +276,7 @@ def read_groups(
     at the manifest's epoch, read as a restore reads them; only ``key_bytes`` when given."""
     if name not in manifest.states:
         return
-    restored = read_key_groups(store, _only_state(manifest, name), key_groups)[name]
-    entries = restored.entries
-    assert isinstance(entries, LazyEntries)
+    entries = _restored(store, manifest, name, key_groups)
     for key_group in sorted(entries):
         if key_bytes is not None:
             found = entries.lookup(key_group, key_bytes)
@@ -263,6 +288,26 @@ def read_groups(
             yield key_group, pairs.keys(), pairs.values()
         else:
             yield key_group, [k for k, _ in pairs], [v for _, v in pairs]
+
+
+def read_group_columns(
+    store: SnapshotStore,
+    manifest: Manifest,
+    name: str,
+    key_groups: KeyGroupRange,
+    key_bytes: bytes | None = None,
+) -> Iterator[tuple[int, Columns]]:
+    """:func:`read_groups` as Arrow columns (keys and values), merged from the blocks without
+    a Python object per entry."""
+    if key_bytes is not None:
+        for key_group, keys, values in read_groups(store, manifest, name, key_groups, key_bytes):
+            yield key_group, block_columns.from_lists(keys, values)
+        return
+    if name not in manifest.states:
+        return
+    entries = _restored(store, manifest, name, key_groups)
+    for key_group in sorted(entries):
+        yield key_group, entries.columns(key_group)
 
 
 def read_stored(
@@ -286,7 +331,8 @@ class StateColumns:
     key: list[Any] = dataclasses.field(default_factory=list)
     user_key: list[Any] = dataclasses.field(default_factory=list)
     value: list[Any] = dataclasses.field(default_factory=list)
-    value_bytes: list[bytes] = dataclasses.field(default_factory=list)
+    # the stored column of a plain value's bytes, a list of each entry's bytes otherwise
+    value_bytes: list[bytes] | pa.Array = dataclasses.field(default_factory=list)
     timestamp: list[int | None] = dataclasses.field(default_factory=list)
     expires_at: list[int | None] = dataclasses.field(default_factory=list)
 
@@ -299,21 +345,23 @@ class StateColumns:
                 getattr(self, field).extend(column)
 
 
-def bulk_loads(serializer: Serializer) -> Callable[[list[bytes]], list[Any]]:
-    """``serializer.loads`` of many items in one call. msgpack items are decoded as one
-    msgpack array of them (an array header, then the items end to end): one C call, no Python
-    call per item, and exactly the values ``loads`` gives each (a count that does not match
-    fails the decode, and the items are then read one by one, for ``loads``'s error)."""
+def bulk_loads(serializer: Serializer) -> Callable[[pa.LargeBinaryArray], list[Any]]:
+    """``serializer.loads`` of each item of an Arrow binary column, in one call. msgpack items
+    are decoded as one msgpack array of them (an array header, then the column's bytes end to
+    end): one C call, no bytes object and no Python call per item, and exactly the values
+    ``loads`` gives each (a count that does not match fails the decode, and the items are then
+    read one by one, for ``loads``'s error)."""
     loads = serializer.loads
     if not isinstance(serializer, MsgpackSerializer):
-        return lambda items: list(map(loads, items))
+        return lambda column: list(map(loads, column.to_pylist()))
 
-    def loads_all(items: list[bytes]) -> list[Any]:
+    def loads_all(column: pa.LargeBinaryArray) -> list[Any]:
+        head = _ARRAY_HEAD.pack(0xDD, len(column))
         try:
-            found: list[Any] = loads(b"".join((_ARRAY_HEAD.pack(0xDD, len(items)), *items)))
+            found: list[Any] = loads(b"".join((head, block_columns.joined(column))))
             return found
         except SerializationError:
-            return list(map(loads, items))
+            return list(map(loads, column.to_pylist()))
 
     return loads_all
 
@@ -331,8 +379,9 @@ def read_state_columns(
     key_bytes: bytes | None = None,
 ) -> Iterator[StateColumns]:
     """:func:`read_state` a key group at a time, as columns. A plain value (no list, map or
-    TTL) is its serializer's bytes: its keys and values are decoded with a ``map`` over the
-    block's columns, with no row object per entry (the common case, and the bulk of a read)."""
+    TTL) is its serializer's bytes: the key group's Arrow columns are decoded in bulk, with no
+    row object per entry, and its values' bytes are the stored column itself (the common case,
+    and the bulk of a read)."""
     check_state(manifest, name, store.uri)
     decoder = StateDecoder.of(manifest, name)
     plain = decoder.kind not in (StateKind.LIST, StateKind.MAP) and decoder.ttl is None
@@ -340,18 +389,23 @@ def read_state_columns(
         bulk_loads(decoder.key_serializer),
         bulk_loads(decoder.value_serializer),
     )
+    if plain:
+        for key_group, found in read_group_columns(store, manifest, name, key_groups, key_bytes):
+            count = len(found)
+            yield StateColumns(
+                key_group=[key_group] * count,
+                key=key_loads(found.keys),
+                user_key=[None] * count,
+                value=value_loads(found.values),
+                value_bytes=found.values,
+                timestamp=[None] * count,
+                expires_at=[None] * count,
+            )
+        return
     for key_group, keys, values in read_groups(store, manifest, name, key_groups, key_bytes):
         columns = StateColumns()
-        if plain:
-            count = len(keys)
-            columns.key_group = [key_group] * count
-            columns.key = key_loads(keys)
-            columns.user_key = columns.timestamp = columns.expires_at = [None] * count
-            columns.value = value_loads(values)
-            columns.value_bytes = values
-        else:
-            for key, value in zip(keys, values, strict=True):
-                columns.add(decoder.entries(key_group, key, value, now_ms))
+        for key, value in zip(keys, values, strict=True):
+            columns.add(decoder.entries(key_group, key, value, now_ms))
         yield columns
 
 

@@ -4,11 +4,12 @@ change feed of a checkpoint or savepoint as a DataFrame (PySpark's Python Data S
 ``spark.read.format("statetier").option("path", URI).option("state", NAME).load()``. The plan
 is made once on the driver (:meth:`StateDataSource.schema`): the options are checked, the epoch
 is fixed (the latest when none is given, so every task reads the same one) and the columns are
-typed after a sample key. The read is split into key-group ranges (the job's parallelism unless
-``partitions`` says otherwise), each a task that reads its range from object storage on an
-executor through :mod:`statetier.backend.snapshot.reading` (the restore's code) and hands Spark
-Arrow batches. A range of key groups (``key_groups``, or a filter on ``key_group``) and a key
-(a filter ``key = ...``) narrow the ranges read: by filter pushdown when the session has
+typed after a sample key. The read is split into key-group ranges (``partitions`` of them, by
+default one per BYTES_PER_TASK of stored state, at most the job's parallelism), each a task that
+reads its range from object storage on an executor through
+:mod:`statetier.backend.snapshot.reading` (the restore's code) and hands Spark Arrow batches.
+A range of key groups (``key_groups``, or a filter on ``key_group``) and a key (a filter
+``key = ...``) narrow the ranges read: by filter pushdown when the session has
 ``spark.sql.python.filterPushdown.enabled`` on (Spark still applies the filters itself).
 See docs/state-as-data.md.
 """
@@ -59,6 +60,7 @@ from statetier.backend.snapshot.store import SnapshotStore
 from statetier.backend.spark.state_metadata import StateMetadataDataSource
 from statetier.backend.spark.state_options import ReadOptions, open_store
 from statetier.backend.spark.value_columns import KeyColumns, ValueColumns, value_columns_for
+from statetier.backend.typed.schema import stored_value_schema
 
 __all__ = [
     "PUSHDOWN_CONF",
@@ -69,6 +71,11 @@ __all__ = [
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 BATCH_ROWS = 65536
+# A task costs about a second of fixed work on a busy executor (a Python worker, the manifest,
+# its files downloaded and checked, its batches handed to the JVM) and decodes about 4 MiB of
+# stored state a second: a million small entries (4 MiB) read as fast in one task as in two,
+# and faster than in 4 or 8 (docs/benchmarks.md), so a task takes 8 MiB before another pays.
+BYTES_PER_TASK = 8 << 20
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
@@ -81,6 +88,7 @@ class ReadPlan:
     epoch: int
     max_parallelism: int
     parallelism: int
+    tasks: int  # the key-group ranges read when ``partitions`` is not given
     change_start: int
     kind: StateKind | None
     ttl: bool
@@ -116,7 +124,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         assert options.state is not None
         meta = check_state(manifest, options.state, store.uri)
         kind, ttl = StateKind(meta["kind"]), meta["ttl"] is not None
-        values = value_columns_for(meta["serializers"]["value"])
+        values = value_columns_for(meta["serializers"]["value"], stored_value_schema(meta))
         sample = _sample(store, manifest, options.state)
         key_sample, user_key_sample = (sample.key, sample.user_key) if sample else (None, None)
     elif mode == "timers":
@@ -133,6 +141,7 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         epoch=manifest.epoch,
         max_parallelism=manifest.max_parallelism,
         parallelism=manifest.parallelism,
+        tasks=_tasks(manifest, set(TIMER_DOMAINS) if mode == "timers" else {options.state}),
         change_start=options.change_start or manifest.epoch,
         kind=kind,
         ttl=ttl,
@@ -145,6 +154,13 @@ def make_plan(options: ReadOptions) -> ReadPlan:
         ),
         values=values,
     )
+
+
+def _tasks(manifest: Manifest, states: set[str | None]) -> int:
+    """How many tasks read ``states`` by default: one per BYTES_PER_TASK of their files in the
+    manifest, at least one and at most the job's parallelism (a task then reads whole files)."""
+    stored = sum(f.size for f in manifest.keyed_files if f.state in states)
+    return max(1, min(manifest.parallelism, -(-stored // BYTES_PER_TASK)))
 
 
 def _mode(options: ReadOptions) -> str:
@@ -214,7 +230,7 @@ class StateReader(DataSourceReader):
         plan = self.plan
         if plan.mode == "operator":
             return [InputPartition(None)]
-        count = min(plan.options.partitions or plan.parallelism, plan.max_parallelism)
+        count = min(plan.options.partitions or plan.tasks, plan.max_parallelism)
         wanted = self.narrowed or KeyGroupRange.of(plan.max_parallelism)
         if self.key is not None:
             group = assign_to_key_group(self.key[0], plan.max_parallelism)
@@ -316,16 +332,25 @@ def _batches(rows: Iterable[Any], plan: ReadPlan, arrays: Any) -> Iterator[pa.Re
 
 
 def _column_batches(groups: Iterable[StateColumns], plan: ReadPlan) -> Iterator[pa.RecordBatch]:
-    """Key groups' columns in Arrow batches of about BATCH_ROWS (a key group is not cut)."""
-    chunk = StateColumns()
+    """Key groups' columns in Arrow batches of about BATCH_ROWS (a key group is not cut): each
+    key group's arrays are made as it comes, and a batch's are joined by Arrow."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     for columns in groups:
-        for field in dataclasses.fields(StateColumns):
-            getattr(chunk, field.name).extend(getattr(columns, field.name))
-        if len(chunk) >= BATCH_ROWS:
-            yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
-            chunk = StateColumns()
-    if len(chunk):
-        yield pa.RecordBatch.from_arrays(_columns_arrays(plan, chunk), names=_names(plan))
+        if len(columns):
+            pending.append(pa.RecordBatch.from_arrays(_columns_arrays(plan, columns), _names(plan)))
+            rows += len(columns)
+        if rows >= BATCH_ROWS:
+            yield _joined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _columns_arrays(plan: ReadPlan, columns: StateColumns) -> list[pa.Array]:

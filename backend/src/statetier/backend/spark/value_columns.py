@@ -18,10 +18,14 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from statetier.backend.spark.typed_columns import TypedValueColumns
+from statetier.backend.typed.schema import ValueType
+from statetier.backend.typed.serializer import TYPED_SERIALIZER_ID
 
 __all__ = [
     "JsonValueColumns",
     "KeyColumns",
+    "binary_column",
     "ValueColumns",
     "register_value_columns",
     "value_columns_for",
@@ -33,7 +37,19 @@ class ValueColumns(Protocol):
 
     fields: list[tuple[str, str]]
 
-    def arrays(self, values: Sequence[Any], value_bytes: Sequence[bytes]) -> list[pa.Array]: ...
+    def arrays(
+        self, values: Sequence[Any], value_bytes: Sequence[bytes] | pa.Array
+    ) -> list[pa.Array]:
+        """The columns of ``values``; ``value_bytes`` their stored bytes, a list or a column."""
+        ...
+
+
+def binary_column(value_bytes: Sequence[bytes] | pa.Array) -> pa.Array:
+    """Stored bytes as a binary column: a stored column is cast (its buffers reused), a list
+    copied into one."""
+    if isinstance(value_bytes, pa.Array):
+        return value_bytes.cast(pa.binary())
+    return pa.array(value_bytes, pa.binary())
 
 
 def to_json(value: Any) -> str | None:
@@ -73,21 +89,26 @@ class JsonValueColumns:
     def __init__(self, prefix: str = "value") -> None:
         self.fields = [(prefix, "string"), (f"{prefix}_bytes", "binary")]
 
-    def arrays(self, values: Sequence[Any], value_bytes: Sequence[bytes]) -> list[pa.Array]:
-        return [json_texts(values), pa.array(value_bytes, pa.binary())]
+    def arrays(
+        self, values: Sequence[Any], value_bytes: Sequence[bytes] | pa.Array
+    ) -> list[pa.Array]:
+        return [json_texts(values), binary_column(value_bytes)]
 
 
-_REGISTRY: dict[str, Callable[[], ValueColumns]] = {}
+ColumnsFactory = Callable[[ValueType], ValueColumns]
+_REGISTRY: dict[str, ColumnsFactory] = {TYPED_SERIALIZER_ID: TypedValueColumns}
 
 
-def register_value_columns(serializer_id: str, factory: Callable[[], ValueColumns]) -> None:
-    """Give the values of serializer ``serializer_id`` columns of their own."""
+def register_value_columns(serializer_id: str, factory: ColumnsFactory) -> None:
+    """Give the values of serializer ``serializer_id`` columns of their own, made from the
+    schema the manifest records for them (a state without one keeps the JSON columns)."""
     _REGISTRY[serializer_id] = factory
 
 
-def value_columns_for(serializer_id: str) -> ValueColumns:
+def value_columns_for(serializer_id: str, schema: ValueType | None = None) -> ValueColumns:
+    """The columns of values of ``serializer_id`` stored with ``schema`` (None: schemaless)."""
     factory = _REGISTRY.get(serializer_id)
-    return JsonValueColumns() if factory is None else factory()
+    return JsonValueColumns() if factory is None or schema is None else factory(schema)
 
 
 _SCALARS: list[tuple[type, str, pa.DataType]] = [
