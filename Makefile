@@ -41,7 +41,7 @@ lint: $(STAMP)
 
 # Every benchmark runs even when an earlier one misses its target; the target exits with the
 # names of those that missed.
-BENCHMARKS := state typed-values wordcount state-scale checkpoint savepoint compaction spark-wordcount timers compaction-offload
+BENCHMARKS := state typed-values state-read state-bootstrap wordcount state-scale checkpoint savepoint compaction spark-wordcount timers compaction-offload
 
 bench: $(STAMP)
 	@missed=""; for name in $(BENCHMARKS); do \
