@@ -6,6 +6,7 @@ The whole, on three executors, is test_spark_rebalance_cluster.py."""
 from __future__ import annotations
 
 import json
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from statetier.backend.spark import protocol
 from statetier.backend.spark.channel import Server, new_secret
 from statetier.backend.spark.handoff import HandOffRequest, fetch_handoff
 from statetier.backend.spark.rebalancing import Move, plan_moves
-from statetier.backend.spark.registry import HostInfo
+from statetier.backend.spark.registry import HostInfo, HostRegistry, OrderKind, ask_route
 from statetier.backend.spark.results import snapshot_to_dict
 
 from tests.spark.spark_support import WordCount
+from tests.spark.test_spark_registry import FakeHost
 
 
 def test_moves_go_from_the_most_loaded_hosts_to_the_new_one_within_the_bound() -> None:
@@ -39,6 +41,38 @@ def test_moves_go_from_the_most_loaded_hosts_to_the_new_one_within_the_bound() -
         Move(3, "a", "c"),
         Move(2, "a", "d"),
     ]
+
+
+def test_the_registry_moves_ranges_to_a_host_that_joined_and_names_their_old_owners() -> None:
+    registry = HostRegistry(new_secret(), "127.0.0.1", liveness_timeout=5)
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    try:
+        registry.executors = 2
+        for index in range(4):
+            ask_route(
+                registry.endpoint, registry.secret, ("p", 4, index), "a" if index % 2 else "b"
+            )
+        assert registry.rebalance("p", 4, limit=4) == []  # two each: even already
+        c = FakeHost(registry, "c")
+        moves = registry.rebalance("p", 4, limit=4)
+        assert [(m.index, m.source, m.target) for m in moves] == [(3, "a", "c")]
+        assert registry.owners[("p", 4, 3)] == "c"
+        previous = registry.previous_owner(("p", 4, 3), "c")
+        assert previous is not None and previous.host_id == "a"
+        assert registry.previous_owner(("p", 4, 3), "b") is None  # only the new owner asks
+        assert registry.previous_owner(("p", 4, 1), "a") is None  # not moved
+        # at the next boundary the old owner is told to drop what it was not asked for
+        assert registry.rebalance("p", 4, limit=4) == []
+        deadline = time.monotonic() + 5
+        while not a.orders and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [(o.kind, o.ranges) for o in a.orders] == [(OrderKind.RELEASE, (("p", 4, 3),))]
+        assert registry.previous_owner(("p", 4, 3), "c") is None
+        c.die()
+    finally:
+        a.die()
+        b.die()
+        registry.close()
 
 
 def _committed_runner(tmp_path: Path) -> LocalRunner:
