@@ -275,7 +275,7 @@ class StateHost:
         if op == "task":
             self._task(conn, request.data)
         elif op == "handoff":
-            self._hand_over(conn, HandOffRequest.decode(request))
+            self._hand_over(conn, request)
         elif registry is not None:
             self.link.join(registry)
             conn.send_bytes(protocol.RESULT + json.dumps(self.info.to_json()).encode())
@@ -557,9 +557,14 @@ class StateHost:
         request = HandOffRequest(key, header.base_epoch, header.base_token)
         return fetch_handoff(previous, self.secret, request, store.manifest(header.base_epoch))
 
-    def _hand_over(self, conn: Connection, request: HandOffRequest) -> None:
+    def _hand_over(self, conn: Connection, fields: Fields) -> None:
         """Give a range that rebalancing moved away to its new host (see handoff), at the
         committed version it asks for only, and drop it here: it is the new host's now."""
+        try:
+            request = HandOffRequest.decode(fields)
+        except MessageError as e:
+            conn.send_bytes(protocol.ERROR + str(e).encode())
+            return
         with self.lock:
             hosted = self.ranges.get(request.key)
         if hosted is None or not hosted.lock.acquire(timeout=HANDOFF_TIMEOUT_S):
