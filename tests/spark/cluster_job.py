@@ -138,6 +138,7 @@ def main() -> None:
             {
                 "epoch": r.epoch,
                 "warm": r.warm,
+                "handed_off": r.handed_off,  # moved to a host that joined (see rebalancing)
                 "restored": r.restored,
                 "fresh": r.fresh,
                 "restored_bytes": r.restored_bytes,

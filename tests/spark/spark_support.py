@@ -61,6 +61,30 @@ class FailingWordCount(VectorWordCount):
     fail_at = (2, 1)
 
 
+PAD = ValueStateDescriptor[str]("pad")
+PAD_BYTES = 1024
+
+
+class PaddedWordCount(VectorWordCount):
+    """A word count that also keeps about 1 KiB per word: state of a size a memory test picks
+    by the number of distinct words."""
+
+    def open(self, context: RuntimeContext) -> None:
+        super().open(context)
+        self.pad = context.get_state(PAD)
+
+    def process_key_group(
+        self, key_group: int, records: Any, context: RuntimeContext
+    ) -> Iterable[tuple[str, int]]:
+        out = list(super().process_key_group(key_group, records, context))
+        set_key = context.keyed_state.set_current_key
+        for word, _ in out:
+            set_key(word)
+            if self.pad.value() is None:
+                self.pad.update(word.ljust(PAD_BYTES, "."))
+        return out
+
+
 class CombinedWordCount(KeyGroupFunction):
     """A combiner (partial counts per map task) and one vectorized pass per range.
 

@@ -687,6 +687,18 @@ SETTINGS: tuple[Setting[Any], ...] = (
         between(0, 256),
     ),
     Setting(
+        "host.rebalance-moves",
+        "int",
+        parse_int,
+        4,
+        "Spark: at most this many key-group ranges move per epoch (between micro-batches, "
+        "after the commit) to spread the ranges evenly over the live state hosts when hosts "
+        "joined (a new executor). A moved range's state goes from its old host to the new one "
+        "when the old one is alive, else it is restored from the checkpoint. 0: ranges move "
+        "only when their host is gone.",
+        between(0, 4096),
+    ),
+    Setting(
         "pipeline.exchange",
         "enum",
         parse_exchange,
@@ -760,6 +772,7 @@ class StatetierConfig(Mapping[str, Any]):
     host_port: int
     host_registry_port: int
     host_per_executor: int
+    host_rebalance_moves: int
     pipeline_exchange: Exchange
     metrics_port: int
     sources: Mapping[str, str] = dataclasses.field(

@@ -44,6 +44,7 @@ from statetier.backend.snapshot import (
     restore_operator_state,
     restored_bytes,
 )
+from statetier.backend.snapshot.handoff import HandOff, restore_handoff
 from statetier.backend.timers import MAX_WATERMARK, TimeDomain, TimerService
 from statetier.backend.ttl import Clock, SystemClock
 
@@ -68,6 +69,7 @@ class FunctionInstance:
         restore_store: SnapshotStore | None = None,
         clock: Clock | None = None,
         config: StatetierConfig | None = None,
+        handoff: HandOff | None = None,
     ) -> None:
         key_groups = key_group_range_for_instance(max_parallelism, parallelism, index)
         self.clock: Clock = clock or SystemClock()
@@ -79,9 +81,14 @@ class FunctionInstance:
         if config is not None:
             self.writer.incremental = config.checkpoint_incremental
             self.writer.codec = config.checkpoint_compression
-        restored = store is not None and restore_epoch is not None
+        restored = store is not None and (restore_epoch is not None or handoff is not None)
         self.restored_bytes = 0  # downloaded by the restore (what a move of the range costs)
-        if restored:
+        if handoff is not None:
+            # the committed state from the range's old owner (see snapshot.handoff)
+            assert store is not None
+            self.restored_bytes = restore_handoff(handoff, self.keyed, self.operator_state, store)
+            self.writer.restored_from(handoff.committed)
+        elif restored:
             assert store is not None
             # restore_store: a savepoint that is being copied into store (restore_from)
             source = restore_store or store

@@ -50,13 +50,25 @@ from statetier.backend.config import StatetierConfig, load_config, warn_if_spill
 from statetier.backend.functions import KeyedProcessFunction
 from statetier.backend.metrics import serve_metrics
 from statetier.backend.runtime import FunctionInstance
-from statetier.backend.snapshot import SnapshotStore, SubtaskSnapshot
+from statetier.backend.snapshot import (
+    CorruptFileError,
+    SnapshotError,
+    SnapshotStore,
+    SubtaskSnapshot,
+)
 from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
+from statetier.backend.snapshot.handoff import HandOff
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark import protocol
 from statetier.backend.spark.channel import Endpoint, Server
 from statetier.backend.spark.functions import SparkTask, set_current_task
 from statetier.backend.spark.gathering import GatherError, Gatherings, PieceMemory
+from statetier.backend.spark.handoff import (
+    HANDOFF_TIMEOUT_S,
+    HandOffRequest,
+    fetch_handoff,
+    send_handoff,
+)
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
@@ -77,6 +89,10 @@ log = logging.getLogger("statetier.spark.host")
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+# the starts whose restored bytes a result reports (tier 2's: 0 for a hand-off without union
+# operator state)
+_STARTED_FROM = (RangeStart.RESTORED, RangeStart.HANDED_OFF)
 
 # How long a retry of a gathered range's completing task waits for the run under way (a task
 # that is gone is seen at once: its connection closes).
@@ -160,6 +176,9 @@ class StateHost:
         self.tasks = 0
         self.warm = 0
         self.restored = 0
+        self.handed_off = 0  # ranges taken from their old hosts (see handoff)
+        self.handed_over = 0  # ranges given to their new hosts
+        self.secret = secret
         self.server = Server(secret, self._connection, "statetier-host")
         self.server.bind_tcp(bind, port)
         self.server.bind_unix(socket_path)  # last: tasks take its presence for readiness
@@ -256,6 +275,8 @@ class StateHost:
             return
         if op == "task":
             self._task(conn, request.data)
+        elif op == "handoff":
+            self._hand_over(conn, request)
         elif registry is not None:
             self.link.join(registry)
             conn.send_bytes(protocol.RESULT + json.dumps(self.info.to_json()).encode())
@@ -274,6 +295,8 @@ class StateHost:
             "tasks": self.tasks,
             "warm": self.warm,
             "restored": self.restored,
+            "handed_off": self.handed_off,
+            "handed_over": self.handed_over,
             "ranges": len(self.ranges),
         }
 
@@ -480,22 +503,91 @@ class StateHost:
                 hosted.instance.close()
         serve_metrics(config.metrics_port)  # the host process's endpoint, from its first range
         t0 = time.perf_counter()
-        instance = FunctionInstance(
-            cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
-            header.index,
-            parallelism,
-            header.state.max_parallelism,
-            store=store,
-            restore_epoch=base if base > 0 else None,
-            clock=EpochClock(header.time.processing_time),
-            config=config,
-        )
+        instance, start = self._new_instance(header, factory, store, config)
         restore_s = time.perf_counter() - t0
         hosted = HostedRange(instance)
         hosted.lock.acquire()
         with self.lock:
             self.ranges[key] = hosted
-        return hosted, RangeStart.RESTORED if base > 0 else RangeStart.FRESH, restore_s
+        return hosted, start, restore_s
+
+    def _new_instance(
+        self, header: TaskHeader, factory: Callable[[], Any], store: SnapshotStore, config: Any
+    ) -> tuple[FunctionInstance, RangeStart]:
+        """The range's instance at the task's base: fresh at epoch 0, else handed off by its
+        old host when rebalancing moved it here and that host is alive, else restored from
+        tier 2 (also when the hand-off's files fail their checks)."""
+        base = header.base_epoch
+
+        def make(handoff: HandOff | None) -> FunctionInstance:
+            return FunctionInstance(
+                cast(Callable[[], KeyedProcessFunction[Any, Any, Any]], factory),
+                header.index,
+                header.state.parallelism,
+                header.state.max_parallelism,
+                store=store,
+                restore_epoch=base if base > 0 and handoff is None else None,
+                clock=EpochClock(header.time.processing_time),
+                config=config,
+                handoff=handoff,
+            )
+
+        if base <= 0:
+            return make(None), RangeStart.FRESH
+        handoff = self._fetch_handoff(header, store)
+        if handoff is not None:
+            try:
+                return make(handoff), RangeStart.HANDED_OFF
+            except (CorruptFileError, SnapshotError) as e:
+                log.warning("range %s: the hand-off failed its checks (%s)", header.index, e)
+        return make(None), RangeStart.RESTORED
+
+    def _fetch_handoff(self, header: TaskHeader, store: SnapshotStore) -> HandOff | None:
+        """The range's committed state from the host that owned it before rebalancing moved it
+        here, if that host is alive (see handoff); None: restore it from tier 2."""
+        if header.base_token is None:
+            return None
+        key = (header.state.pipeline, header.state.parallelism, header.index)
+        try:
+            previous = self.link.previous_owner(key)
+        except (OSError, EOFError, MessageError) as e:
+            log.warning("range %s: the driver did not name its old host (%s)", header.index, e)
+            return None
+        if previous is None or previous.host_id == self.host_id:
+            return None
+        request = HandOffRequest(key, header.base_epoch, header.base_token)
+        return fetch_handoff(previous, self.secret, request, store.manifest(header.base_epoch))
+
+    def _hand_over(self, conn: Connection, fields: Fields) -> None:
+        """Give a range that rebalancing moved away to its new host (see handoff), at the
+        committed version it asks for only, and drop it here: it is the new host's now."""
+        try:
+            request = HandOffRequest.decode(fields)
+        except MessageError as e:
+            conn.send_bytes(protocol.ERROR + str(e).encode())
+            return
+        with self.lock:
+            hosted = self.ranges.get(request.key)
+        if hosted is None or not hosted.lock.acquire(timeout=HANDOFF_TIMEOUT_S):
+            conn.send_bytes(protocol.ERROR + f"range {request.key[2]} is not held here".encode())
+            return
+        try:
+            with self.lock:
+                if self.ranges.get(request.key) is hosted:
+                    del self.ranges[request.key]
+            instance = hosted.instance
+            if (hosted.epoch, hosted.token) != (request.epoch, request.token) or not instance.store:
+                message = f"range {request.key[2]} is at epoch {hosted.epoch}, not {request.epoch}"
+                conn.send_bytes(protocol.ERROR + message.encode())
+                return
+            sent = send_handoff(conn, instance, instance.store, request.epoch)
+            with self.lock:
+                self.handed_over += 1
+            log.info("range %s handed over to its new host (%d bytes)", request.key[2], sent)
+        finally:
+            hosted.lock.release()
+            with contextlib.suppress(Exception):
+                hosted.instance.close()
 
     def _finish(
         self,
@@ -542,7 +634,7 @@ class StateHost:
                 process_s=run.process_s,
                 rows=run.rows,
                 host_id=self.host_id,
-                restored_bytes=(instance.restored_bytes if run.state is RangeStart.RESTORED else 0),
+                restored_bytes=(instance.restored_bytes if run.state in _STARTED_FROM else 0),
                 snapshot_cpu_s=snapshot_cpu_s,
                 compaction_base=done.compaction_base,
                 next_event_timer=instance.timers.earliest(TimeDomain.EVENT_TIME),
@@ -564,6 +656,7 @@ class StateHost:
             self.tasks += 1
             self.warm += run.state is RangeStart.WARM
             self.restored += run.state is RangeStart.RESTORED
+            self.handed_off += run.state is RangeStart.HANDED_OFF
             self.last_activity = time.monotonic()
 
     def _snapshot(

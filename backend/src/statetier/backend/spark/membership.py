@@ -22,7 +22,13 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from statetier.backend.spark.channel import Endpoint, connect
-from statetier.backend.spark.registry import HostInfo, HostOrder, OrderKind
+from statetier.backend.spark.registry import (
+    HostInfo,
+    HostOrder,
+    OrderKind,
+    RangeKey,
+    ask_previous_owner,
+)
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.wire import MessageError
 
@@ -72,6 +78,14 @@ class RegistryLink:
             self._conn, self._registry = conn, registry
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
         threading.Thread(target=self._orders, args=(conn,), daemon=True).start()
+
+    def previous_owner(self, key: RangeKey) -> HostInfo | None:
+        """The live host that owned ``key`` before rebalancing moved it here (None: none, or
+        not registered: restore the range from tier 2)."""
+        registry = self._registry
+        if registry is None:
+            return None
+        return ask_previous_owner(registry, self.secret, key, self.host.host_id)
 
     def _heartbeat(self, conn: Connection) -> None:
         while not self._stopped.wait(HEARTBEAT_S):

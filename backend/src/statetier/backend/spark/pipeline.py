@@ -145,6 +145,12 @@ class EpochReport:
     # needs a micro-batch without input (see wakeups)
     next_event_timer: int | None = None
     next_processing_timer: int | None = None
+    # ranges rebalancing moved to other hosts before the epoch (hosts joined, see rebalancing),
+    # and ranges whose state came from their old host rather than tier 2 (see handoff)
+    moved: list[int] = dataclasses.field(default_factory=list)
+    handed_off: int = 0
+    restored_bytes_by_range: list[int] = dataclasses.field(default_factory=list)
+    hosts_by_range: list[str] = dataclasses.field(default_factory=list)  # owner host ids
 
 
 class StatefulPipeline:
@@ -196,6 +202,7 @@ class StatefulPipeline:
         self._max_parallelism: int | None = None  # fixed by the first committed epoch
         self._committed_before: dict[int, bool] = {}  # planned epoch -> already committed?
         self._routing: dict[int, str] = {}  # planned epoch -> "exchange", "direct", "gathered"
+        self._moved: dict[int, list[int]] = {}  # planned epoch -> ranges rebalanced before it
         self._schemas: tuple[StructType, str] | None = None
         self.reports: list[EpochReport] = []
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
@@ -404,6 +411,7 @@ class StatefulPipeline:
             )
         self._committed_before[epoch] = epoch <= latest
         self._count_executors(spark)
+        self._moved[epoch] = self._rebalance(spark)
         base = epoch - 1
         return EpochSpec(
             epoch=epoch,
@@ -413,6 +421,14 @@ class StatefulPipeline:
             time=time or EpochTime(None, self._now_ms()),
             chain_updates=self.upkeep.updates(),
         )
+
+    def _rebalance(self, spark: SparkSession) -> list[int]:
+        """Move ranges to hosts that joined, a few per epoch (``host.rebalance-moves``, see
+        rebalancing): between epochs, so no task of this pipeline runs; the ranges moved."""
+        assert self.config is not None
+        limit = self.config.host_rebalance_moves
+        moves = self.registry(spark).rebalance(self.name, self.parallelism, limit)
+        return [move.index for move in moves]
 
     def _count_executors(self, spark: SparkSession) -> None:
         """Tell the registry how many executors there are, so that new ranges spread over all
@@ -789,6 +805,10 @@ class StatefulPipeline:
             commit_seconds=time.perf_counter() - commit_started,
             next_event_timer=_earliest(r.next_event_timer for r in results),
             next_processing_timer=_earliest(r.next_processing_timer for r in results),
+            moved=self._moved.pop(epoch, []),
+            handed_off=sum(r.state is RangeStart.HANDED_OFF for r in results),
+            restored_bytes_by_range=[r.restored_bytes for r in results],
+            hosts_by_range=[r.host_id for r in results],
         )
         self.reports.append(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
@@ -814,8 +834,9 @@ class StatefulPipeline:
     # ------------------------------------------------------------------ hosts
 
     def warm_hit_rate(self) -> float:
-        """Ranges served warm / ranges that needed state (fresh starts not counted)."""
-        warm = sum(r.warm for r in self.reports)
+        """Ranges served warm (or handed off warm by their old host) / ranges that needed
+        state (fresh starts not counted)."""
+        warm = sum(r.warm + r.handed_off for r in self.reports)
         restored = sum(r.restored for r in self.reports)
         return warm / (warm + restored) if warm + restored else 0.0
 

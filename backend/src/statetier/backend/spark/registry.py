@@ -19,6 +19,13 @@ executor below its share, else to the least loaded live host, and it stays there
 
 A moved range is restored by its new host from the last committed epoch; its old host, if still
 alive, is told to release it. Nothing uncommitted ever moves.
+
+Hosts that join late (a new executor) get ranges by rebalancing (:meth:`HostRegistry.rebalance`,
+see rebalancing): at an epoch boundary the driver moves a few ranges from the most loaded live
+hosts to them. The old owner of such a range is alive, so the new owner asks for it here
+(``previous``) and takes its committed state from it directly (see host's hand-off); the old
+owner drops the range once it handed it over, or when it is told to release it at the next
+boundary.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
 from statetier.backend.spark.deliveries import Deliveries, DeliveryReport
 from statetier.backend.spark.protocol import RESULT
+from statetier.backend.spark.rebalancing import Move, plan_moves
 from statetier.backend.wire import LOCAL, Fields, MessageError, decode_fields, encode_fields
 
 __all__ = [
@@ -47,6 +55,7 @@ __all__ = [
     "RangeKey",
     "RouteError",
     "RouteRequest",
+    "ask_previous_owner",
     "ask_route",
     "registry_for",
 ]
@@ -208,6 +217,8 @@ class HostRegistry:
         self.closed = False
         self.stopping = False  # hosts are told to stop: their ends are no news
         self._losses: dict[RangeKey, _Loss] = {}  # released ranges not routed again yet
+        self.rebalanced = 0  # ranges moved to spread the ranges over hosts that joined
+        self.previous: dict[RangeKey, str] = {}  # moved by rebalancing: range -> old owner
 
     # ------------------------------------------------------------------ connections
 
@@ -217,6 +228,9 @@ class HostRegistry:
             op = request.text("op")
             if op == "register":
                 self._host_link(conn, HostInfo.from_json(request.mapping("host")))
+                return
+            if op == "previous":
+                conn.send_bytes(self._previous_answer(request))
                 return
             if op == "delivered":
                 refusal = self.deliveries.report(DeliveryReport.decode(request))
@@ -234,6 +248,12 @@ class HostRegistry:
         except RouteError as e:
             answer = {"error": str(e)}
         conn.send_bytes(json.dumps(answer).encode())
+
+    def _previous_answer(self, request: Fields) -> bytes:
+        """The answer to a new owner's ``previous`` request (see :meth:`previous_owner`)."""
+        key = (request.text("pipeline"), request.integer("parallelism"), request.integer("index"))
+        previous = self.previous_owner(key, request.text("asker"))
+        return json.dumps({"host": previous.to_json() if previous is not None else None}).encode()
 
     def _host_link(self, conn: Connection, host: HostInfo) -> None:
         """A host's registration: kept open, a heartbeat a second; its end is the host's end."""
@@ -441,6 +461,63 @@ class HostRegistry:
         ]
         return min(siblings, key=lambda h: (loads[h.host_id], h.host_id), default=None)
 
+    def rebalance(self, pipeline: str, parallelism: int, limit: int) -> list[Move]:
+        """Move up to ``limit`` of the pipeline's ranges toward an even spread over the live
+        hosts (see rebalancing), at an epoch boundary (no task of the pipeline runs). The new
+        owners take the moved ranges' state from the old ones (:meth:`previous_owner`); the
+        ranges moved at the boundary before are released on their old owners now (a hand-off
+        that did not happen restored from tier 2 instead)."""
+        with self._lock:
+            releases = self._take_previous(pipeline)
+            live = [h.host_id for h in self.hosts.values() if h.alive]
+            owners = {
+                key[2]: owner
+                for key, owner in self.owners.items()
+                if key[:2] == (pipeline, parallelism)
+            }
+            moves = plan_moves(owners, live, limit)
+            for move in moves:
+                key = (pipeline, parallelism, move.index)
+                self.owners[key] = move.target
+                self.previous[key] = move.source
+            self.rebalanced += len(moves)
+        for link, keys in releases:
+            self._send(link, HostOrder(OrderKind.RELEASE, keys))
+        for move in moves:
+            log.info(
+                "range %s of pipeline %s moves from state host %s to %s (rebalancing)",
+                move.index,
+                pipeline,
+                move.source,
+                move.target,
+            )
+        return moves
+
+    def _take_previous(self, pipeline: str) -> list[tuple[Connection, tuple[RangeKey, ...]]]:
+        """(lock held) Forget the old owners of the pipeline's ranges moved at the last
+        boundary; the release orders for those alive that may still hold them (no hand-off)."""
+        by_host: dict[str, list[RangeKey]] = {}
+        for key in [k for k in self.previous if k[0] == pipeline]:
+            host = self.previous.pop(key)
+            if self.owners.get(key) != host:
+                by_host.setdefault(host, []).append(key)
+        releases = []
+        for host_id, keys in by_host.items():
+            old = self.hosts.get(host_id)
+            if old is not None and old.alive and old.link is not None:
+                releases.append((old.link, tuple(keys)))
+        return releases
+
+    def previous_owner(self, key: RangeKey, asker: str) -> HostInfo | None:
+        """The live old owner of ``key`` when rebalancing moved it to ``asker``; None when
+        there is none to take its state from (the new owner restores it from tier 2)."""
+        with self._lock:
+            previous = self.previous.get(key)
+            if previous is None or self.owners.get(key) != asker:
+                return None
+            host = self.hosts.get(previous)
+            return host if host is not None and host.alive else None
+
     def owner(self, key: RangeKey) -> HostInfo | None:
         """The live owner of ``key``, None when it has none (its host is gone)."""
         with self._lock:
@@ -514,6 +591,21 @@ def registry_for(app_id: str, bind: str, port: int, liveness_timeout: float) -> 
             secret = _SECRETS.setdefault(app_id, new_secret())
             registry = _REGISTRIES[app_id] = HostRegistry(secret, bind, port, liveness_timeout)
         return registry
+
+
+def ask_previous_owner(
+    registry: Endpoint, secret: bytes, key: RangeKey, asker: str
+) -> HostInfo | None:
+    """A new owner's question to the driver: the live old owner of a range rebalancing moved
+    to it (None: none, restore it from tier 2)."""
+    pipeline, parallelism, index = key
+    request = {"op": "previous", "pipeline": pipeline, "parallelism": parallelism}
+    request.update(index=index, asker=asker)
+    with contextlib.closing(connect(registry, secret)) as conn:
+        conn.send_bytes(json.dumps(request).encode())
+        answer = Fields.parse("the registry's previous owner", conn.recv_bytes())
+    host = answer.data.get("host")
+    return HostInfo.from_json(host) if host is not None else None
 
 
 def ask_route(

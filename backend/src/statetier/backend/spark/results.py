@@ -30,6 +30,7 @@ class RangeStart(str, enum.Enum):
 
     WARM = "warm"  # the host held the range at the task's base
     RESTORED = "restored"  # restored from the checkpoint at the base
+    HANDED_OFF = "handed-off"  # taken from its old host, alive after rebalancing moved it
     FRESH = "fresh"  # no state yet (the first epoch)
 
 
