@@ -31,7 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -39,6 +39,7 @@ from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
+from pyspark.sql.utils import is_remote
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config, warn_if_spill_off
 from statetier.backend.descriptors import StateDescriptor
@@ -60,7 +61,7 @@ from statetier.backend.snapshot.location import default_location_notice, open_lo
 from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.snapshot.writer import epoch_clock
-from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
+from statetier.backend.spark.arrow_batches import capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.combining import (
     aggregate_ranges,
@@ -68,15 +69,26 @@ from statetier.backend.spark.combining import (
     combined_schema,
     combining,
 )
+from statetier.backend.spark.connect_writer import connect_stream_writer
 from statetier.backend.spark.epoch_time import has_watermark, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
+from statetier.backend.spark.offset_log import offset_log_time
 from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
+from statetier.backend.spark.session_kind import (
+    client_address,
+    executor_count,
+    hosts_of,
+    is_connect,
+    master,
+    on_connect_driver,
+    session_conf,
+)
 from statetier.backend.spark.shipping import check_function_ships
 from statetier.backend.spark.slots import hosts_per_executor
 from statetier.backend.spark.state_writer import apply_initial_state, state_columns
@@ -183,6 +195,17 @@ class StatefulPipeline:
         self.overrides = dict(config or {})
         self.storage_options = dict(storage_options or {})
         self.name = name or uuid.uuid4().hex[:12]
+        # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
+        self.clock = clock
+        self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
+        # the state of each descriptor at the query's first epoch (see state_writer)
+        self.initial_state = dict(initial_state or {})
+        for descriptor, df in self.initial_state.items():  # a missing column fails here
+            state_columns(df, descriptor, self.key_columns, where="initial_state")
+        self._start_runtime()
+
+    def _start_runtime(self) -> None:
+        """What a pipeline learns and holds as it runs (none of it is declared)."""
         self.config: StatetierConfig | None = None
         self._store: SnapshotStore | None = None
         self._hosts = 1  # state hosts per executor, decided in _setup (see slots)
@@ -200,21 +223,32 @@ class StatefulPipeline:
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
-        self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
-        # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
-        self.clock = clock
-        # the state of each descriptor at the query's first epoch (see state_writer), and the
-        # epoch a bootstrap committed before micro-batch 0 (snapshot.bootstrap's marker)
-        self.initial_state = dict(initial_state or {})
-        for descriptor, df in self.initial_state.items():  # a missing column fails here
-            state_columns(df, descriptor, self.key_columns, where="initial_state")
-        self._epoch_offset = 0
+        self._epoch_offset = 0  # the epoch a bootstrap committed before micro-batch 0
+        self._watermarked_query: bool | None = None  # (Connect) the query has a watermark
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pipeline pickled into another process carries its declaration only: Spark Connect
+        runs a streaming query's ``foreachBatch`` function in a Python process on the driver's
+        machine, which opens the checkpoint, takes the lease and runs its own host registry
+        (the coordinator runs where the executors reach it; see docs/spark.md)."""
+        if self.initial_state:
+            raise ValueError(
+                "initial_state cannot travel to the Spark Connect server's foreachBatch process "
+                "(its DataFrames belong to the client): write it with write_state(df, "
+                "checkpoint.uri, descriptor, key=...) before the query starts"
+            )
+        return {name: self.__dict__[name] for name in _DECLARED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.initial_state = {}
+        self._start_runtime()
 
     # ------------------------------------------------------------------ setup
 
     def _setup(self, spark: SparkSession) -> SnapshotStore:
         if self._store is None:
-            conf = dict(spark.sparkContext.getConf().getAll())
+            conf = session_conf(spark)
             self.config = load_config(self.overrides, spark_conf=conf)
             # state hosts per executor (host.per-executor; 0: one per task slot, see slots):
             # the Spark conf is fixed for the application's life, so decided once
@@ -281,19 +315,47 @@ class StatefulPipeline:
     def _now_ms(self) -> int:
         return (self.clock or SystemClock()).now_ms()
 
-    def _batch_time(self, batch: DataFrame, batch_id: int) -> EpochTime:
+    def _batch_time(
+        self, batch: DataFrame, batch_id: int, location: str | None = None
+    ) -> EpochTime:
         """A micro-batch's time: the query's (its offset log), the clock's if one was given."""
-        spark_time = micro_batch_time(batch, batch_id)
+        if is_connect(batch.sparkSession):
+            assert location is not None
+            spark_time = offset_log_time(location, batch_id, self._watermarked(batch))
+        else:
+            spark_time = micro_batch_time(batch, batch_id)
         if self.clock is None:
             return spark_time
         return dataclasses.replace(spark_time, processing_time=self.clock.now_ms())
 
-    def foreach_batch(self, sink: Sink | None = None) -> Callable[[DataFrame, int], None]:
-        """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``."""
+    def foreach_batch(
+        self, sink: Sink | None = None, *, checkpoint_location: str | None = None
+    ) -> Callable[[DataFrame, int], None]:
+        """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``.
+
+        On Spark Connect, pass the query's ``checkpoint_location`` too (the same as its
+        ``checkpointLocation`` option): the function runs on the Connect server and reads each
+        micro-batch's time from the query's offset log there."""
+        if checkpoint_location is None and is_remote():
+            raise ValueError(
+                "statetier on Spark Connect: call foreach_batch(sink, checkpoint_location=...) "
+                "with the query's checkpointLocation, or use pipeline.write_stream(df, sink)"
+            )
+        return self._batch_function(sink, checkpoint_location, None)
+
+    def _batch_function(
+        self, sink: Sink | None, location: str | None, watermarked: bool | None
+    ) -> Callable[[DataFrame, int], None]:
+        """Micro-batch ``b`` as epoch ``b + 1``, its time read from the offset log at
+        ``location`` on Spark Connect; ``watermarked`` not None: then ask for the wake-ups its
+        timers need (a query of :meth:`write_stream`)."""
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
+            time_ = self._batch_time(batch, batch_id, location)
             epoch = self._micro_batch_epoch(batch.sparkSession, batch_id)
-            self.run_epoch(batch, epoch, sink, time=self._batch_time(batch, batch_id))
+            report = self.run_epoch(batch, epoch, sink, time=time_)
+            if watermarked is not None:
+                self._ask_wake_up(report, watermarked)
 
         return on_batch
 
@@ -309,6 +371,8 @@ class StatefulPipeline:
         planned once; the last step (the exchange or not, the combiner's aggregation) is planned
         per micro-batch.
         """
+        if is_connect(df.sparkSession):
+            return cast(DataStreamWriter, self._connect_write_stream(df, sink))
         static = self._static_spec(df.sparkSession)
         watermarked = has_watermark(df)
         keyed = self._keyed(with_wake_ups(df, self._wake_ups_of_new_query()), static)
@@ -347,6 +411,26 @@ class StatefulPipeline:
         """Micro-batch ``b`` is epoch ``b + 1``, after the epoch of a bootstrap (its marker)."""
         self._take_lease(spark, self._setup(spark))
         return batch_id + 1 + self._epoch_offset
+
+    def _connect_write_stream(self, df: DataFrame, sink: Sink | None) -> Any:
+        """:meth:`write_stream` on Spark Connect: the query's ``foreachBatch`` runs on the
+        Connect server, each micro-batch planned with its epoch in its tasks' closure (Connect
+        has no job properties), and the key groups added per micro-batch (as with
+        ``pipeline.exchange`` ``auto``)."""
+        store = self._setup(df.sparkSession)  # the client reads the location, commits nothing
+        self._location(store, None)
+        watermarked = has_watermark(df)
+        self._watermarked_query = watermarked
+        stream = with_wake_ups(df, self._wake_ups_of_new_query())
+        return connect_stream_writer(
+            stream, lambda location: self._batch_function(sink, location, watermarked)
+        )
+
+    def _watermarked(self, batch: DataFrame) -> bool:
+        """Whether the query of a Connect micro-batch has a watermark (asked once)."""
+        if self._watermarked_query is None:
+            self._watermarked_query = has_watermark(batch)
+        return self._watermarked_query
 
     def _wake_ups_of_new_query(self) -> WakeUps:
         """The wake-up request of a query about to start (see wakeups): a micro-batch at once
@@ -415,12 +499,7 @@ class StatefulPipeline:
     def _count_executors(self, spark: SparkSession) -> None:
         """Tell the registry how many executors there are, so that new ranges spread over all
         of them (one py4j call per epoch)."""
-        registry = self.registry(spark)
-        if _one_executor(spark):
-            registry.executors = 1  # the driver is the executor
-            return
-        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-        registry.executors = max(0, int(status.size()) - 1)  # less the driver
+        self.registry(spark).executors = executor_count(spark)
 
     def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
         """The writer lease, taken by the first epoch (not when a query is planned: taking it
@@ -480,7 +559,7 @@ class StatefulPipeline:
         registry = self.registry(spark)
         registry.hosts_per_executor = self._hosts
         return PipelineSpec(
-            app_id=spark.sparkContext.applicationId,
+            app_id=hosts_of(spark),
             idle_timeout=float(self.config.host_idle_timeout),
             registry=registry.endpoint,
             secret=registry.secret,
@@ -503,16 +582,9 @@ class StatefulPipeline:
         """The application's host registry (started on first use, shared by its pipelines)."""
         assert self.config is not None
         if self._registry is None or self._registry.closed:
-            conf = spark.sparkContext.getConf()
-            if _local_master(spark):
-                bind = "127.0.0.1"  # every executor runs on this machine
-            else:
-                bind = conf.get("spark.driver.bindAddress") or socket.gethostbyname(
-                    conf.get("spark.driver.host") or socket.gethostname()
-                )
             self._registry = registry_for(
-                spark.sparkContext.applicationId,
-                bind,
+                hosts_of(spark),
+                _registry_bind(spark),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),
             )
@@ -603,7 +675,9 @@ class StatefulPipeline:
         assert self.config is not None
         mode = self.config.pipeline_exchange
         routing = "exchange"
-        if mode == "never" or (mode == "auto" and self._every_executor_hosts()):
+        if is_connect(keyed.sparkSession):  # Connect cannot count a plan's partitions cheaply
+            routing = "direct" if mode == "never" else "exchange"
+        elif mode == "never" or (mode == "auto" and self._every_executor_hosts()):
             partitions = partition_count(keyed)
             if partitions > 1 and (self.combiner is None or self.combiner.map_side):
                 routing = "gathered"
@@ -713,7 +787,7 @@ class StatefulPipeline:
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
-        with batches_capped_by_rows_only(out.sparkSession.sparkContext):
+        with capped_by_rows_only(out.sparkSession):
             if sink is not None:
                 sink(out, epoch)
             else:
@@ -864,12 +938,35 @@ def _perf_counter() -> float:
     return time.perf_counter()
 
 
-def _one_executor(spark: SparkSession) -> bool:
-    """``local[...]``: the driver is the one executor (``local-cluster[...]`` starts several)."""
-    master = spark.sparkContext.master or ""
-    return master.startswith("local") and not master.startswith("local-cluster")
-
-
 def _local_master(spark: SparkSession) -> bool:
     """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
-    return (spark.sparkContext.master or "").startswith("local")
+    return master(spark).startswith("local")
+
+
+def _registry_bind(spark: SparkSession) -> str:
+    """Where the host registry listens: on the driver's address, in the classic driver and in
+    the process a Connect server runs ``foreachBatch`` in; in a Connect client, on its address
+    that routes to the server (a local master's executors reach 127.0.0.1 either way)."""
+    if _local_master(spark) and (not is_connect(spark) or client_address(spark) == "127.0.0.1"):
+        return "127.0.0.1"  # every executor runs on this machine
+    if is_connect(spark) and not on_connect_driver():
+        return client_address(spark)
+    conf = session_conf(spark)
+    return conf.get("spark.driver.bindAddress") or socket.gethostbyname(
+        conf.get("spark.driver.host") or socket.gethostname()
+    )
+
+
+# what a pipeline pickled into another process keeps (see StatefulPipeline.__getstate__)
+_DECLARED = (
+    "function_bytes",
+    "combiner",
+    "key_columns",
+    "output_schema",
+    "parallelism",
+    "overrides",
+    "storage_options",
+    "name",
+    "clock",
+    "_wake_ups",
+)

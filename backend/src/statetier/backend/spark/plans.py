@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as sf
+from statetier.backend.spark.session_kind import is_connect, plan_text
 
 __all__ = ["opaque_empty", "partition_count", "runs_no_task"]
 
@@ -32,6 +34,8 @@ def runs_no_task(out: DataFrame) -> bool:
     """Whether the optimizer dropped the exchange into ranges because it proved the input empty
     (``mapInArrow`` straight over an empty local relation: no task would run). Looks at the
     optimized plan only: nothing is executed."""
+    if is_connect(out.sparkSession):
+        return _connect_runs_no_task(out)
     plan = out._jdf.queryExecution().optimizedPlan()
     if plan.nodeName() != "MapInArrow" or plan.children().size() != 1:
         return False
@@ -42,5 +46,22 @@ def runs_no_task(out: DataFrame) -> bool:
 def opaque_empty(df: DataFrame, partitions: int) -> DataFrame:
     """No rows of ``df``'s schema, in ``partitions`` partitions the optimizer cannot see into."""
     spark = df.sparkSession
+    if is_connect(spark):  # no RDDs: a range that reads nothing, which Spark does not fold
+        nothing = spark.range(0, partitions, 1, partitions).where(sf.col("id") < 0)
+        return nothing.select(
+            *(sf.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields)
+        )
     empty: Any = spark.sparkContext.parallelize([], partitions)
     return spark.createDataFrame(empty, df.schema)
+
+
+def _connect_runs_no_task(out: DataFrame) -> bool:
+    """:func:`runs_no_task` on Spark Connect, which shows plans as text only (one analyze call)."""
+    text = plan_text(out)
+    optimized = text.partition("== Optimized Logical Plan ==")[2].partition("== Physical Plan ==")
+    lines = optimized[0].strip().splitlines()
+    return (
+        len(lines) == 2
+        and lines[0].startswith("MapInArrow")
+        and lines[1].lstrip("+- ").startswith("LocalRelation <empty>")
+    )
