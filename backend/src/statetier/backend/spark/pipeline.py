@@ -225,6 +225,9 @@ class StatefulPipeline:
         self._registry: HostRegistry | None = None
         self._epoch_offset = 0  # the epoch a bootstrap committed before micro-batch 0
         self._watermarked_query: bool | None = None  # (Connect) the query has a watermark
+        # the executors load the function (asked once; on Connect the client that starts a
+        # query asks, and its foreachBatch process, whose executors are the same, does not)
+        self._function_ships = False
 
     def __getstate__(self) -> dict[str, Any]:
         """A pipeline pickled into another process carries its declaration only: Spark Connect
@@ -240,9 +243,11 @@ class StatefulPipeline:
         return {name: self.__dict__[name] for name in _DECLARED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        shipped = bool(state.pop("_function_ships", False))
         self.__dict__.update(state)
         self.initial_state = {}
         self._start_runtime()
+        self._function_ships = shipped
 
     # ------------------------------------------------------------------ setup
 
@@ -254,12 +259,14 @@ class StatefulPipeline:
             # the Spark conf is fixed for the application's life, so decided once
             self._hosts = hosts_per_executor(
                 self.config.host_per_executor,
-                spark.sparkContext.master or "",
+                master(spark),
                 conf,
                 self.parallelism,
             )
             warn_if_spill_off(self.config, log)
-            check_function_ships(spark, self.function_bytes)
+            if not self._function_ships:  # (a Connect client that started the query asked)
+                check_function_ships(spark, self.function_bytes)
+                self._function_ships = True
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
             opened = open_location(self._store)
             if self.config.source("checkpoint.uri") == "default":
@@ -969,4 +976,5 @@ _DECLARED = (
     "name",
     "clock",
     "_wake_ups",
+    "_function_ships",
 )
