@@ -75,7 +75,14 @@ from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.offset_log import offset_log_time
-from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
+from statetier.backend.spark.plans import (
+    estimated_bytes,
+    key_grouped,
+    opaque_empty,
+    partition_count,
+    runs_no_task,
+    with_schema,
+)
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
@@ -109,6 +116,9 @@ log = logging.getLogger("statetier.spark.pipeline")
 Sink = Callable[[DataFrame, int], None]
 
 MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
+# (Connect) the most bytes a micro-batch routed "direct" may have by the optimizer's estimate:
+# Spark's default spark.sql.files.maxPartitionBytes, what a file source reads in one partition
+DIRECT_BYTES = 128 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -209,6 +219,11 @@ class StatefulPipeline:
         self.config: StatetierConfig | None = None
         self._store: SnapshotStore | None = None
         self._hosts = 1  # state hosts per executor, decided in _setup (see slots)
+        # the application's master URL and whose hosts this coordinator uses, read in _setup:
+        # fixed for the application's life, and a conf read is a gRPC round trip on Connect
+        self._master = ""
+        self._hosts_of = ""
+        self._executors: int | None = None  # (Connect) from the master or conf, read once
         self._lease: WriterLease | None = None
         self._restored_from = 0  # the savepoint epoch this driver's location started from
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
@@ -255,11 +270,12 @@ class StatefulPipeline:
         if self._store is None:
             conf = session_conf(spark)
             self.config = load_config(self.overrides, spark_conf=conf)
+            self._master, self._hosts_of = master(spark), hosts_of(spark)
             # state hosts per executor (host.per-executor; 0: one per task slot, see slots):
             # the Spark conf is fixed for the application's life, so decided once
             self._hosts = hosts_per_executor(
                 self.config.host_per_executor,
-                master(spark),
+                self._master,
                 conf,
                 self.parallelism,
             )
@@ -357,10 +373,17 @@ class StatefulPipeline:
         ``location`` on Spark Connect; ``watermarked`` not None: then ask for the wake-ups its
         timers need (a query of :meth:`write_stream`)."""
 
+        # (Connect) the schema of the query's micro-batches, analyzed on its first only
+        known: list[StructType] = []
+
         def on_batch(batch: DataFrame, batch_id: int) -> None:
+            started = _perf_counter()
             time_ = self._batch_time(batch, batch_id, location)
             epoch = self._micro_batch_epoch(batch.sparkSession, batch_id)
-            report = self.run_epoch(batch, epoch, sink, time=time_)
+            out = self._transform(batch, epoch, time_, known[0] if known else None)
+            if not known and is_connect(batch.sparkSession):
+                known.append(batch.schema)  # (cached by the analysis above)
+            report = self._run_and_commit(out, epoch, sink, started)
             if watermarked is not None:
                 self._ask_wake_up(report, watermarked)
 
@@ -466,12 +489,21 @@ class StatefulPipeline:
     def transform(self, df: DataFrame, epoch: int, time: EpochTime | None = None) -> DataFrame:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
         timers fire at ``time`` (default: no watermark, the clock's processing time)."""
+        return self._transform(df, epoch, time, None)
+
+    def _transform(
+        self, df: DataFrame, epoch: int, time: EpochTime | None, known: StructType | None
+    ) -> DataFrame:
+        """:meth:`transform`; ``known``: ``df`` is a later micro-batch of a Connect query whose
+        first had this schema, where each look at a plan is a gRPC round trip: its key columns
+        were checked, its schema is not asked again, and it is a ``LogicalRDD`` (what a
+        ``foreachBatch`` function gets), which the optimizer cannot prove empty."""
         epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
         spec = self._static_spec(df.sparkSession)
-        keyed = self._keyed(df, spec)
+        keyed = self._keyed(df, spec, known)
         routing = self._routing_of(keyed, epoch)
         out = self._route(keyed, spec, epoch_spec, routing)
-        if runs_no_task(out):
+        if known is None and runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
             # see through, gives every range its (empty) task.
@@ -505,8 +537,11 @@ class StatefulPipeline:
 
     def _count_executors(self, spark: SparkSession) -> None:
         """Tell the registry how many executors there are, so that new ranges spread over all
-        of them (one py4j call per epoch)."""
-        self.registry(spark).executors = executor_count(spark)
+        of them (one py4j call per epoch; on Connect, which cannot ask the scheduler, what the
+        master or conf says, read once)."""
+        if self._executors is None or not is_connect(spark):
+            self._executors = executor_count(spark)
+        self.registry(spark).executors = self._executors
 
     def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
         """The writer lease, taken by the first epoch (not when a query is planned: taking it
@@ -566,7 +601,7 @@ class StatefulPipeline:
         registry = self.registry(spark)
         registry.hosts_per_executor = self._hosts
         return PipelineSpec(
-            app_id=hosts_of(spark),
+            app_id=self._hosts_of,
             idle_timeout=float(self.config.host_idle_timeout),
             registry=registry.endpoint,
             secret=registry.secret,
@@ -590,7 +625,7 @@ class StatefulPipeline:
         assert self.config is not None
         if self._registry is None or self._registry.closed:
             self._registry = registry_for(
-                hosts_of(spark),
+                self._hosts_of,
                 _registry_bind(spark),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),
@@ -600,19 +635,25 @@ class StatefulPipeline:
     def _host_bind(self, spark: SparkSession) -> str:
         assert self.config is not None
         configured: str = self.config.host_bind_address
-        if not configured and _local_master(spark):
+        if not configured and self._master.startswith("local"):
             return "127.0.0.1"
         return configured
 
-    def _keyed(self, df: DataFrame, spec: PipelineSpec) -> DataFrame:
-        """``df`` with its key-group column (and pre-aggregated by a map-side combiner)."""
-        fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
-        check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
+    def _keyed(
+        self, df: DataFrame, spec: PipelineSpec, known: StructType | None = None
+    ) -> DataFrame:
+        """``df`` with its key-group column (and pre-aggregated by a map-side combiner);
+        ``known``: ``df``'s schema, whose key columns were checked (see :meth:`_transform`)."""
+        if known is None:
+            fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+            check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
         expr = spark_key_group_expr(self.key_columns, spec.state.max_parallelism)
         keyed = df.withColumn(KG_COLUMN, sf.expr(expr))
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
-            keyed = combine_map_side(keyed, combiner, self.key_columns)
+            return combine_map_side(keyed, combiner, self.key_columns)
+        if known is not None:  # mapInArrow needs the columns: no analyze call for them
+            keyed = with_schema(keyed, key_grouped(known))
         return keyed
 
     def _route(
@@ -635,7 +676,8 @@ class StatefulPipeline:
             return keyed.mapInArrow(run, schema)
         if routing == "direct":
             assert self.config is not None
-            one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
+            auto = self.config.pipeline_exchange == "auto" and not is_connect(keyed.sparkSession)
+            one = keyed if auto else keyed.coalesce(1)  # (auto, classic: one partition)
             in_task = None
             if combiner is not None and not combiner.map_side:  # else the rows come combined
                 in_task = combining(combined_schema(keyed, combiner, self.key_columns), combiner)
@@ -648,7 +690,7 @@ class StatefulPipeline:
                 keyed, owner_col, combiner, self.key_columns, self.parallelism
             )
         else:
-            ranged = keyed.repartitionById(p, owner_col)
+            ranged = keyed.repartitionById(p, owner_col)  # (keeps a schema it was told)
         return ranged.mapInArrow(partition_function(spec, epoch, self.function_bytes), schema)
 
     def _every_executor_hosts(self) -> bool:
@@ -682,8 +724,8 @@ class StatefulPipeline:
         assert self.config is not None
         mode = self.config.pipeline_exchange
         routing = "exchange"
-        if is_connect(keyed.sparkSession):  # Connect cannot count a plan's partitions cheaply
-            routing = "direct" if mode == "never" else "exchange"
+        if is_connect(keyed.sparkSession):
+            routing = self._connect_routing(keyed, mode)
         elif mode == "never" or (mode == "auto" and self._every_executor_hosts()):
             partitions = partition_count(keyed)
             if partitions > 1 and (self.combiner is None or self.combiner.map_side):
@@ -692,6 +734,19 @@ class StatefulPipeline:
                 routing = "direct"  # (none: a wake-up's micro-batch, every range needs a task)
         self._routing[epoch] = routing
         return routing
+
+    def _connect_routing(self, keyed: DataFrame, mode: str) -> str:
+        """:meth:`_routing_of` on Spark Connect, which cannot count a plan's partitions without
+        planning it: ``auto`` sends a micro-batch the optimizer estimates at one file
+        partition's bytes at most (> 0: an empty one, every range needs a task) from one task
+        (``direct``, coalesced: as classic's one-partition micro-batch, without an exchange);
+        a bigger one, or one without an estimate, goes through the exchange."""
+        if mode == "never":
+            return "direct"
+        if mode == "always" or not self._every_executor_hosts():
+            return "exchange"
+        size = estimated_bytes(keyed)
+        return "direct" if size is not None and 0 < size <= DIRECT_BYTES else "exchange"
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string

@@ -7,13 +7,23 @@ plan that answers its question.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, cast
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
+from pyspark.sql.types import LongType, StructField, StructType
+from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.session_kind import is_connect, plan_text
 
-__all__ = ["opaque_empty", "partition_count", "runs_no_task"]
+__all__ = [
+    "estimated_bytes",
+    "key_grouped",
+    "opaque_empty",
+    "partition_count",
+    "runs_no_task",
+    "with_schema",
+]
 
 
 def partition_count(df: DataFrame) -> int:
@@ -65,3 +75,32 @@ def _connect_runs_no_task(out: DataFrame) -> bool:
         and lines[0].startswith("MapInArrow")
         and lines[1].lstrip("+- ").startswith("LocalRelation <empty>")
     )
+
+
+def key_grouped(schema: StructType) -> StructType:
+    """The schema of a DataFrame of ``schema`` with its key-group column added."""
+    return StructType([*schema.fields, StructField(KEY_GROUP_COLUMN, LongType(), True)])
+
+
+def with_schema(df: DataFrame, schema: StructType) -> DataFrame:
+    """``df``, told its schema when it is a Spark Connect DataFrame: the driver knows it, and
+    each question Connect asks the server about a plan (the columns ``mapInArrow`` names, a
+    ``schema``) is a gRPC round trip, paid per micro-batch."""
+    if is_connect(df.sparkSession):
+        cast(Any, df)._cached_schema = schema
+    return df
+
+
+_SIZE = re.compile(r"sizeInBytes=([0-9.]+)\s*([KMGTPE]i)?B")
+_UNITS = {None: 0, "Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+
+
+def estimated_bytes(df: DataFrame) -> float | None:
+    """The optimizer's estimate of a Connect DataFrame's bytes (its root's ``sizeInBytes``; one
+    analyze call), None when the plan has none. A micro-batch a ``foreachBatch`` function gets
+    keeps the estimate of the plan it was read by (a file source's: the files' bytes)."""
+    optimized = plan_text(df, "cost").partition("== Optimized Logical Plan ==")[2]
+    found = _SIZE.search(optimized)
+    if found is None:
+        return None
+    return float(found.group(1)) * 1024.0 ** _UNITS[found.group(2)]

@@ -104,10 +104,11 @@ def executor_count(spark: SparkSession) -> int:
         return 0
 
 
-def plan_text(df: DataFrame) -> str:
-    """A Connect DataFrame's plans as Spark prints them (parsed, analyzed, optimized, physical;
-    one analyze call): Connect shows plans as text only."""
-    text: str = cast(Any, df)._explain_string(extended=True)
+def plan_text(df: DataFrame, mode: str = "extended") -> str:
+    """A Connect DataFrame's plans as Spark prints them (``extended``: parsed, analyzed,
+    optimized, physical; ``cost``: the optimized plan with each node's statistics; one analyze
+    call): Connect shows plans as text only."""
+    text: str = cast(Any, df)._explain_string(mode=mode)
     return text
 
 
