@@ -31,6 +31,8 @@ BENCHMARKS = {
     # needs the spark extra and statetier-compaction installed
     "compaction-offload": "statetier.tools.bench.compaction_offload",
 }
+# spark-wordcount --connect: the same word count on a Spark Connect session and a classic one
+CONNECT_BENCHMARK = "statetier.tools.bench.spark_connect"
 BENCHMARK_HELP = {
     "state": "state API operations against a plain dict",
     "typed-values": "typed state values (by field name) against msgpack of a tuple",
@@ -39,7 +41,8 @@ BENCHMARK_HELP = {
     "checkpoint": "checkpoint upload and restore against raw object-store transfers",
     "savepoint": "a savepoint against a raw copy; restore from it against from the checkpoint",
     "compaction": "the compaction service against compacting in the job",
-    "spark-wordcount": "streaming word count on Spark against Spark's own state stores",
+    "spark-wordcount": "streaming word count on Spark against Spark's own state stores "
+    "(--connect: on Spark Connect too)",
     "state-read": "a state read as a DataFrame against Spark's statestore data source",
     "spark-slots": "a state host per task slot against one per executor, on 2 cores",
     "compaction-offload": "Spark compaction in the executor, in the driver, on the service",
@@ -64,7 +67,11 @@ def bench(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in BENCHMARKS:
         bench_parser().parse_args(argv)  # --help, or an error naming the known benchmarks
     terminate_as_interrupt()  # a timeout's SIGTERM stops the servers the benchmark started
-    return _load_main(BENCHMARKS[argv[0]])(argv[1:])
+    rest = list(argv[1:])
+    if argv[0] == "spark-wordcount" and "--connect" in rest:  # on a Spark Connect session too
+        rest.remove("--connect")
+        return _load_main(CONNECT_BENCHMARK)(rest)
+    return _load_main(BENCHMARKS[argv[0]])(rest)
 
 
 def demo(argv: Sequence[str]) -> int:

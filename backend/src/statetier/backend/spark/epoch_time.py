@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.spark.messages import EpochTime
+from statetier.backend.spark.session_kind import is_connect, plan_text
 
 __all__ = ["EpochTime", "has_watermark", "micro_batch_time"]
 
@@ -45,6 +46,8 @@ def micro_batch_time(batch: DataFrame, batch_id: int) -> EpochTime:
 def has_watermark(df: DataFrame) -> bool:
     """Whether the streaming DataFrame ``df`` has an event-time watermark (``withWatermark``),
     even on a column it no longer selects."""
+    if is_connect(df.sparkSession):  # the analyzed plan, as text (one analyze call)
+        return "EventTimeWatermark" in plan_text(df)
     return _names_a_watermark(df._jdf.queryExecution().logical())
 
 

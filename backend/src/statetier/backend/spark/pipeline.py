@@ -31,7 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -39,6 +39,7 @@ from pyspark.sql import functions as sf
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 from pyspark.sql.types import StructType
+from pyspark.sql.utils import is_remote
 from statetier.backend import metrics as backend_metrics
 from statetier.backend.config import SETTINGS, StatetierConfig, load_config, warn_if_spill_off
 from statetier.backend.descriptors import StateDescriptor
@@ -60,7 +61,7 @@ from statetier.backend.snapshot.location import default_location_notice, open_lo
 from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.snapshot.writer import epoch_clock
-from statetier.backend.spark.arrow_batches import batches_capped_by_rows_only
+from statetier.backend.spark.arrow_batches import capped_by_rows_only
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.combining import (
     aggregate_ranges,
@@ -68,16 +69,34 @@ from statetier.backend.spark.combining import (
     combined_schema,
     combining,
 )
+from statetier.backend.spark.connect_writer import connect_stream_writer
 from statetier.backend.spark.epoch_time import has_watermark, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
-from statetier.backend.spark.plans import opaque_empty, partition_count, runs_no_task
+from statetier.backend.spark.offset_log import offset_log_time
+from statetier.backend.spark.plans import (
+    estimated_bytes,
+    key_grouped,
+    opaque_empty,
+    partition_count,
+    runs_no_task,
+    with_schema,
+)
 from statetier.backend.spark.protocol import epoch_property, process_alive
 from statetier.backend.spark.refusals import refusal_at_driver
 from statetier.backend.spark.registry import HostInfo, HostRegistry, registry_for
 from statetier.backend.spark.result_wait import RangesLostError, ResultWait
 from statetier.backend.spark.results import RangeStart
+from statetier.backend.spark.session_kind import (
+    client_address,
+    executor_count,
+    hosts_of,
+    is_connect,
+    master,
+    on_connect_driver,
+    session_conf,
+)
 from statetier.backend.spark.shipping import check_function_ships
 from statetier.backend.spark.slots import hosts_per_executor
 from statetier.backend.spark.state_writer import apply_initial_state, state_columns
@@ -98,6 +117,9 @@ log = logging.getLogger("statetier.spark.pipeline")
 Sink = Callable[[DataFrame, int], None]
 
 MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
+# (Connect) the most bytes a micro-batch routed "direct" may have by the optimizer's estimate:
+# Spark's default spark.sql.files.maxPartitionBytes, what a file source reads in one partition
+DIRECT_BYTES = 128 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -190,9 +212,25 @@ class StatefulPipeline:
         self.overrides = dict(config or {})
         self.storage_options = dict(storage_options or {})
         self.name = name or uuid.uuid4().hex[:12]
+        # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
+        self.clock = clock
+        self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
+        # the state of each descriptor at the query's first epoch (see state_writer)
+        self.initial_state = dict(initial_state or {})
+        for descriptor, df in self.initial_state.items():  # a missing column fails here
+            state_columns(df, descriptor, self.key_columns, where="initial_state")
+        self._start_runtime()
+
+    def _start_runtime(self) -> None:
+        """What a pipeline learns and holds as it runs (none of it is declared)."""
         self.config: StatetierConfig | None = None
         self._store: SnapshotStore | None = None
         self._hosts = 1  # state hosts per executor, decided in _setup (see slots)
+        # the application's master URL and whose hosts this coordinator uses, read in _setup:
+        # fixed for the application's life, and a conf read is a gRPC round trip on Connect
+        self._master = ""
+        self._hosts_of = ""
+        self._executors: int | None = None  # (Connect) from the master or conf, read once
         self._lease: WriterLease | None = None
         self._restored_from = 0  # the savepoint epoch this driver's location started from
         self._tokens: dict[str, str] = {}  # range index -> token of its committed files
@@ -208,32 +246,52 @@ class StatefulPipeline:
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
-        self._wake_ups: WakeUps | None = None  # what write_stream's query asks Spark for
-        # processing time of batch runs; given, also of micro-batches (tests: a ManualClock)
-        self.clock = clock
-        # the state of each descriptor at the query's first epoch (see state_writer), and the
-        # epochs bootstraps wrote, which no micro-batch ran (snapshot.epoch_offset's marker)
-        self.initial_state = dict(initial_state or {})
-        for descriptor, df in self.initial_state.items():  # a missing column fails here
-            state_columns(df, descriptor, self.key_columns, where="initial_state")
+        # the epochs bootstraps wrote, which no micro-batch ran (snapshot.epoch_offset's marker)
         self._offsets = EpochOffsets()
+        self._watermarked_query: bool | None = None  # (Connect) the query has a watermark
+        # the executors load the function (asked once; on Connect the client that starts a
+        # query asks, and its foreachBatch process, whose executors are the same, does not)
+        self._function_ships = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pipeline pickled into another process carries its declaration only: Spark Connect
+        runs a streaming query's ``foreachBatch`` function in a Python process on the driver's
+        machine, which opens the checkpoint, takes the lease and runs its own host registry
+        (the coordinator runs where the executors reach it; see docs/spark.md)."""
+        if self.initial_state:
+            raise ValueError(
+                "initial_state cannot travel to the Spark Connect server's foreachBatch process "
+                "(its DataFrames belong to the client): write it with write_state(df, "
+                "checkpoint.uri, descriptor, key=...) before the query starts"
+            )
+        return {name: self.__dict__[name] for name in _DECLARED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shipped = bool(state.pop("_function_ships", False))
+        self.__dict__.update(state)
+        self.initial_state = {}
+        self._start_runtime()
+        self._function_ships = shipped
 
     # ------------------------------------------------------------------ setup
 
     def _setup(self, spark: SparkSession) -> SnapshotStore:
         if self._store is None:
-            conf = dict(spark.sparkContext.getConf().getAll())
+            conf = session_conf(spark)
             self.config = load_config(self.overrides, spark_conf=conf)
+            self._master, self._hosts_of = master(spark), hosts_of(spark)
             # state hosts per executor (host.per-executor; 0: one per task slot, see slots):
             # the Spark conf is fixed for the application's life, so decided once
             self._hosts = hosts_per_executor(
                 self.config.host_per_executor,
-                spark.sparkContext.master or "",
+                self._master,
                 conf,
                 self.parallelism,
             )
             warn_if_spill_off(self.config, log)
-            check_function_ships(spark, self.function_bytes)
+            if not self._function_ships:  # (a Connect client that started the query asked)
+                check_function_ships(spark, self.function_bytes)
+                self._function_ships = True
             self._store = SnapshotStore(self.config.checkpoint_uri, **self.storage_options)
             opened = open_location(self._store)
             if self.config.source("checkpoint.uri") == "default":
@@ -289,19 +347,54 @@ class StatefulPipeline:
     def _now_ms(self) -> int:
         return (self.clock or SystemClock()).now_ms()
 
-    def _batch_time(self, batch: DataFrame, batch_id: int) -> EpochTime:
+    def _batch_time(
+        self, batch: DataFrame, batch_id: int, location: str | None = None
+    ) -> EpochTime:
         """A micro-batch's time: the query's (its offset log), the clock's if one was given."""
-        spark_time = micro_batch_time(batch, batch_id)
+        if is_connect(batch.sparkSession):
+            assert location is not None
+            spark_time = offset_log_time(location, batch_id, self._watermarked(batch))
+        else:
+            spark_time = micro_batch_time(batch, batch_id)
         if self.clock is None:
             return spark_time
         return dataclasses.replace(spark_time, processing_time=self.clock.now_ms())
 
-    def foreach_batch(self, sink: Sink | None = None) -> Callable[[DataFrame, int], None]:
-        """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``."""
+    def foreach_batch(
+        self, sink: Sink | None = None, *, checkpoint_location: str | None = None
+    ) -> Callable[[DataFrame, int], None]:
+        """A ``writeStream.foreachBatch`` function: micro-batch ``b`` is epoch ``b + 1``.
+
+        On Spark Connect, pass the query's ``checkpoint_location`` too (the same as its
+        ``checkpointLocation`` option): the function runs on the Connect server and reads each
+        micro-batch's time from the query's offset log there."""
+        if checkpoint_location is None and is_remote():
+            raise ValueError(
+                "statetier on Spark Connect: call foreach_batch(sink, checkpoint_location=...) "
+                "with the query's checkpointLocation, or use pipeline.write_stream(df, sink)"
+            )
+        return self._batch_function(sink, checkpoint_location, None)
+
+    def _batch_function(
+        self, sink: Sink | None, location: str | None, watermarked: bool | None
+    ) -> Callable[[DataFrame, int], None]:
+        """Micro-batch ``b`` as epoch ``b + 1``, its time read from the offset log at
+        ``location`` on Spark Connect; ``watermarked`` not None: then ask for the wake-ups its
+        timers need (a query of :meth:`write_stream`)."""
+
+        # (Connect) the schema of the query's micro-batches, analyzed on its first only
+        known: list[StructType] = []
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
+            started = _perf_counter()
+            time_ = self._batch_time(batch, batch_id, location)
             epoch = self._micro_batch_epoch(batch.sparkSession, batch_id)
-            self.run_epoch(batch, epoch, sink, time=self._batch_time(batch, batch_id))
+            out = self._transform(batch, epoch, time_, known[0] if known else None)
+            if not known and is_connect(batch.sparkSession):
+                known.append(batch.schema)  # (cached by the analysis above)
+            report = self._run_and_commit(out, epoch, sink, started)
+            if watermarked is not None:
+                self._ask_wake_up(report, watermarked)
 
         return on_batch
 
@@ -317,6 +410,8 @@ class StatefulPipeline:
         planned once; the last step (the exchange or not, the combiner's aggregation) is planned
         per micro-batch.
         """
+        if is_connect(df.sparkSession):
+            return cast(DataStreamWriter, self._connect_write_stream(df, sink))
         static = self._static_spec(df.sparkSession)
         watermarked = has_watermark(df)
         keyed = self._keyed(with_wake_ups(df, self._wake_ups_of_new_query()), static)
@@ -357,6 +452,26 @@ class StatefulPipeline:
         self._take_lease(spark, self._setup(spark))
         return self._offsets.epoch_of(batch_id)
 
+    def _connect_write_stream(self, df: DataFrame, sink: Sink | None) -> Any:
+        """:meth:`write_stream` on Spark Connect: the query's ``foreachBatch`` runs on the
+        Connect server, each micro-batch planned with its epoch in its tasks' closure (Connect
+        has no job properties), and the key groups added per micro-batch (as with
+        ``pipeline.exchange`` ``auto``)."""
+        store = self._setup(df.sparkSession)  # the client reads the location, commits nothing
+        self._location(store, None)
+        watermarked = has_watermark(df)
+        self._watermarked_query = watermarked
+        stream = with_wake_ups(df, self._wake_ups_of_new_query())
+        return connect_stream_writer(
+            stream, lambda location: self._batch_function(sink, location, watermarked)
+        )
+
+    def _watermarked(self, batch: DataFrame) -> bool:
+        """Whether the query of a Connect micro-batch has a watermark (asked once)."""
+        if self._watermarked_query is None:
+            self._watermarked_query = has_watermark(batch)
+        return self._watermarked_query
+
     def _wake_ups_of_new_query(self) -> WakeUps:
         """The wake-up request of a query about to start (see wakeups): a micro-batch at once
         when the checkpoint has timers, whose restored ranges may have some due already."""
@@ -384,12 +499,21 @@ class StatefulPipeline:
     def transform(self, df: DataFrame, epoch: int, time: EpochTime | None = None) -> DataFrame:
         """The output DataFrame of ``epoch`` (lazy); :meth:`commit` it after it ran. Its
         timers fire at ``time`` (default: no watermark, the clock's processing time)."""
+        return self._transform(df, epoch, time, None)
+
+    def _transform(
+        self, df: DataFrame, epoch: int, time: EpochTime | None, known: StructType | None
+    ) -> DataFrame:
+        """:meth:`transform`; ``known``: ``df`` is a later micro-batch of a Connect query whose
+        first had this schema, where each look at a plan is a gRPC round trip: its key columns
+        were checked, its schema is not asked again, and it is a ``LogicalRDD`` (what a
+        ``foreachBatch`` function gets), which the optimizer cannot prove empty."""
         epoch_spec = self._begin_epoch(df.sparkSession, epoch, time)
         spec = self._static_spec(df.sparkSession)
-        keyed = self._keyed(df, spec)
+        keyed = self._keyed(df, spec, known)
         routing = self._routing_of(keyed, epoch)
         out = self._route(keyed, spec, epoch_spec, routing)
-        if runs_no_task(out):
+        if known is None and runs_no_task(out):
             # Spark proved the input empty and dropped the whole plan: no range would get a
             # task, snapshot or fire its timers. The same nothing, as partitions Spark cannot
             # see through, gives every range its (empty) task.
@@ -432,13 +556,11 @@ class StatefulPipeline:
 
     def _count_executors(self, spark: SparkSession) -> None:
         """Tell the registry how many executors there are, so that new ranges spread over all
-        of them (one py4j call per epoch)."""
-        registry = self.registry(spark)
-        if _one_executor(spark):
-            registry.executors = 1  # the driver is the executor
-            return
-        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-        registry.executors = max(0, int(status.size()) - 1)  # less the driver
+        of them (one py4j call per epoch; on Connect, which cannot ask the scheduler, what the
+        master or conf says, read once)."""
+        if self._executors is None or not is_connect(spark):
+            self._executors = executor_count(spark)
+        self.registry(spark).executors = self._executors
 
     def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
         """The writer lease, taken by the first epoch (not when a query is planned: taking it
@@ -498,7 +620,7 @@ class StatefulPipeline:
         registry = self.registry(spark)
         registry.hosts_per_executor = self._hosts
         return PipelineSpec(
-            app_id=spark.sparkContext.applicationId,
+            app_id=self._hosts_of,
             idle_timeout=float(self.config.host_idle_timeout),
             registry=registry.endpoint,
             secret=registry.secret,
@@ -521,16 +643,9 @@ class StatefulPipeline:
         """The application's host registry (started on first use, shared by its pipelines)."""
         assert self.config is not None
         if self._registry is None or self._registry.closed:
-            conf = spark.sparkContext.getConf()
-            if _local_master(spark):
-                bind = "127.0.0.1"  # every executor runs on this machine
-            else:
-                bind = conf.get("spark.driver.bindAddress") or socket.gethostbyname(
-                    conf.get("spark.driver.host") or socket.gethostname()
-                )
             self._registry = registry_for(
-                spark.sparkContext.applicationId,
-                bind,
+                self._hosts_of,
+                _registry_bind(spark),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),
             )
@@ -539,19 +654,25 @@ class StatefulPipeline:
     def _host_bind(self, spark: SparkSession) -> str:
         assert self.config is not None
         configured: str = self.config.host_bind_address
-        if not configured and _local_master(spark):
+        if not configured and self._master.startswith("local"):
             return "127.0.0.1"
         return configured
 
-    def _keyed(self, df: DataFrame, spec: PipelineSpec) -> DataFrame:
-        """``df`` with its key-group column (and pre-aggregated by a map-side combiner)."""
-        fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
-        check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
+    def _keyed(
+        self, df: DataFrame, spec: PipelineSpec, known: StructType | None = None
+    ) -> DataFrame:
+        """``df`` with its key-group column (and pre-aggregated by a map-side combiner);
+        ``known``: ``df``'s schema, whose key columns were checked (see :meth:`_transform`)."""
+        if known is None:
+            fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+            check_key_columns(fields, self.key_columns)  # a bad key type fails here, named
         expr = spark_key_group_expr(self.key_columns, spec.state.max_parallelism)
         keyed = df.withColumn(KG_COLUMN, sf.expr(expr))
         combiner = self.combiner
         if combiner is not None and combiner.map_side:
-            keyed = combine_map_side(keyed, combiner, self.key_columns)
+            return combine_map_side(keyed, combiner, self.key_columns)
+        if known is not None:  # mapInArrow needs the columns: no analyze call for them
+            keyed = with_schema(keyed, key_grouped(known))
         return keyed
 
     def _route(
@@ -574,7 +695,8 @@ class StatefulPipeline:
             return keyed.mapInArrow(run, schema)
         if routing == "direct":
             assert self.config is not None
-            one = keyed if self.config.pipeline_exchange == "auto" else keyed.coalesce(1)
+            auto = self.config.pipeline_exchange == "auto" and not is_connect(keyed.sparkSession)
+            one = keyed if auto else keyed.coalesce(1)  # (auto, classic: one partition)
             in_task = None
             if combiner is not None and not combiner.map_side:  # else the rows come combined
                 in_task = combining(combined_schema(keyed, combiner, self.key_columns), combiner)
@@ -587,7 +709,7 @@ class StatefulPipeline:
                 keyed, owner_col, combiner, self.key_columns, self.parallelism
             )
         else:
-            ranged = keyed.repartitionById(p, owner_col)
+            ranged = keyed.repartitionById(p, owner_col)  # (keeps a schema it was told)
         return ranged.mapInArrow(partition_function(spec, epoch, self.function_bytes), schema)
 
     def _every_executor_hosts(self) -> bool:
@@ -621,7 +743,9 @@ class StatefulPipeline:
         assert self.config is not None
         mode = self.config.pipeline_exchange
         routing = "exchange"
-        if mode == "never" or (mode == "auto" and self._every_executor_hosts()):
+        if is_connect(keyed.sparkSession):
+            routing = self._connect_routing(keyed, mode)
+        elif mode == "never" or (mode == "auto" and self._every_executor_hosts()):
             partitions = partition_count(keyed)
             if partitions > 1 and (self.combiner is None or self.combiner.map_side):
                 routing = "gathered"
@@ -629,6 +753,19 @@ class StatefulPipeline:
                 routing = "direct"  # (none: a wake-up's micro-batch, every range needs a task)
         self._routing[epoch] = routing
         return routing
+
+    def _connect_routing(self, keyed: DataFrame, mode: str) -> str:
+        """:meth:`_routing_of` on Spark Connect, which cannot count a plan's partitions without
+        planning it: ``auto`` sends a micro-batch the optimizer estimates at one file
+        partition's bytes at most (> 0: an empty one, every range needs a task) from one task
+        (``direct``, coalesced: as classic's one-partition micro-batch, without an exchange);
+        a bigger one, or one without an estimate, goes through the exchange."""
+        if mode == "never":
+            return "direct"
+        if mode == "always" or not self._every_executor_hosts():
+            return "exchange"
+        size = estimated_bytes(keyed)
+        return "direct" if size is not None and 0 < size <= DIRECT_BYTES else "exchange"
 
     def _output_schemas(self) -> tuple[StructType, str]:
         """The output schema, and its Arrow form for the hosts (parsed once: a DDL string
@@ -736,7 +873,7 @@ class StatefulPipeline:
 
     @staticmethod
     def _run_sink(out: DataFrame, epoch: int, sink: Sink | None) -> None:
-        with batches_capped_by_rows_only(out.sparkSession.sparkContext):
+        with capped_by_rows_only(out.sparkSession):
             if sink is not None:
                 sink(out, epoch)
             else:
@@ -892,12 +1029,36 @@ def _perf_counter() -> float:
     return time.perf_counter()
 
 
-def _one_executor(spark: SparkSession) -> bool:
-    """``local[...]``: the driver is the one executor (``local-cluster[...]`` starts several)."""
-    master = spark.sparkContext.master or ""
-    return master.startswith("local") and not master.startswith("local-cluster")
-
-
 def _local_master(spark: SparkSession) -> bool:
     """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
-    return (spark.sparkContext.master or "").startswith("local")
+    return master(spark).startswith("local")
+
+
+def _registry_bind(spark: SparkSession) -> str:
+    """Where the host registry listens: on the driver's address, in the classic driver and in
+    the process a Connect server runs ``foreachBatch`` in; in a Connect client, on its address
+    that routes to the server (a local master's executors reach 127.0.0.1 either way)."""
+    if _local_master(spark) and (not is_connect(spark) or client_address(spark) == "127.0.0.1"):
+        return "127.0.0.1"  # every executor runs on this machine
+    if is_connect(spark) and not on_connect_driver():
+        return client_address(spark)
+    conf = session_conf(spark)
+    return conf.get("spark.driver.bindAddress") or socket.gethostbyname(
+        conf.get("spark.driver.host") or socket.gethostname()
+    )
+
+
+# what a pipeline pickled into another process keeps (see StatefulPipeline.__getstate__)
+_DECLARED = (
+    "function_bytes",
+    "combiner",
+    "key_columns",
+    "output_schema",
+    "parallelism",
+    "overrides",
+    "storage_options",
+    "name",
+    "clock",
+    "_wake_ups",
+    "_function_ships",
+)

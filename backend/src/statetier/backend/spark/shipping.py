@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pickle
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
+from statetier.backend.spark.session_kind import is_connect
 
 __all__ = ["FunctionNotShippedError", "check_function_ships"]
 
@@ -34,8 +36,10 @@ def check_function_ships(spark: SparkSession, function_bytes: bytes) -> None:
         else:
             yield None, sys.executable
 
-    (answer,) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
-    missing, python = answer
+    if is_connect(spark):  # no RDDs: one task of a one-row range, answering in Arrow
+        missing, python = _connect_load(spark, load)
+    else:
+        ((missing, python),) = spark.sparkContext.parallelize([0], 1).mapPartitions(load).collect()
     if missing is None:
         return
     if missing.split(".")[0] == "statetier":
@@ -51,6 +55,22 @@ def _not_installed(python: str) -> str:
         "(pip install 'statetier-backend[spark]', or from a checkout "
         "pip install './backend[spark]') or set PYSPARK_PYTHON to a Python that has it"
     )
+
+
+def _connect_load(
+    spark: SparkSession, load: Callable[[Iterable[object]], Iterator[tuple[str | None, str]]]
+) -> tuple[str | None, str]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ((missing, python),) = list(load(batches))
+        row = {"missing": [missing], "python": [python]}
+        yield pa.RecordBatch.from_pydict(row, schema=_MISSING)
+
+    schema = "missing string, python string"
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(run, schema).collect()
+    return (None if row.missing is None else str(row.missing)), str(row.python)
+
+
+_MISSING = pa.schema([("missing", pa.string()), ("python", pa.string())])
 
 
 def _message(module: str) -> str:

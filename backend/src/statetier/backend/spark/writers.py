@@ -8,7 +8,9 @@ second active query on one Spark checkpoint the same way, within the application
 applications the lease still fences at commit.
 
 A pipeline claims its location here just before it first takes the lease, under its streaming
-query's id (a batch run claims nothing). A claim counts while its query is active.
+query's id (a batch run claims nothing). A claim counts while its query is active. On Spark
+Connect the ``foreachBatch`` process sees no query id: nothing is claimed, and the lease alone
+fences a second writer at its commit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from statetier.backend.snapshot import FencedError
+from statetier.backend.spark.session_kind import is_connect
 
 __all__ = ["CheckpointInUseError", "claim_location"]
 
@@ -42,6 +45,8 @@ _LOCK = threading.Lock()
 def claim_location(spark: SparkSession, location: str, pipeline: str) -> None:
     """Record that ``pipeline``'s running query writes ``location``, or raise
     :class:`CheckpointInUseError` if another pipeline's query that is still active does."""
+    if is_connect(spark):
+        return
     query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
     with _LOCK:
         held = _CLAIMS.get(location)

@@ -1,0 +1,275 @@
+"""The Spark pipeline on a Spark Connect session: a real ``SparkConnectServer`` (local[2,4]) on
+127.0.0.1, started once for the module and stopped by it; the test process talks to it over gRPC
+only (its classic session, if another module made one, is not used).
+
+Batch runs keep their coordinator in the client; a streaming query's runs in the Python process
+the Connect server runs ``foreachBatch`` in, so what it did is read from the checkpoint and the
+sink's files, not from the client's pipeline object.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from statetier.backend.snapshot import SnapshotStore
+from statetier.backend.spark import StatefulPipeline
+from statetier.backend.timers import MAX_WATERMARK
+from statetier.backend.ttl import ManualClock
+
+from tests.spark.conftest import spark_env
+from tests.spark.spark_support import (
+    VectorWordCount,
+    committed_counts,
+    expected_counts,
+    host_pids,
+    latest,
+    zipf_words,
+)
+from tests.spark.timer_support import SCHEMA as TIMER_SCHEMA
+from tests.spark.timer_support import ListenerProbe, TimerProbe
+
+pytest.importorskip("grpc")
+from statetier.tools.connect_server import ConnectServer
+
+SCHEMA = "word string, count bigint"
+MARKER = f"CONNECT_TEST_MARKER={uuid.uuid4().hex}"  # in the environment of our hosts only
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """A Connect session to a server of this module's own; the server's state hosts are gone
+    after it stops."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    name, value = MARKER.split("=")
+    conf = {
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "false",
+    }
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    server = ConnectServer.start(log, "local[2,4]", conf, env={**spark_env(), name: value})
+    # pyspark's functions build Connect columns only in Connect mode (for this module only)
+    had_mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        session = ConnectSession.builder.remote(server.url).getOrCreate()
+        yield cast(SparkSession, session)  # the same API, served over gRPC
+        session.stop()
+    finally:
+        if had_mode is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        server.stop()
+    deadline = time.monotonic() + 30
+    while host_pids(MARKER) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not host_pids(MARKER), "a state host outlived the Connect server"
+
+
+@pytest.fixture
+def made() -> Iterator[list[StatefulPipeline]]:
+    """Pipelines a test made in this process; their state hosts are stopped afterwards."""
+    pipelines: list[StatefulPipeline] = []
+    yield pipelines
+    for pipeline in pipelines:
+        pipeline.stop_hosts()
+
+
+def make(
+    made: list[StatefulPipeline], function: Any, uri: str, p: int, **kwargs: Any
+) -> StatefulPipeline:
+    schema = kwargs.pop("schema", SCHEMA)
+    key = kwargs.pop("key", "word")
+    config = {"checkpoint.uri": uri, **kwargs.pop("config", {})}
+    pipeline = StatefulPipeline(
+        function, key=key, output_schema=schema, parallelism=p, config=config, **kwargs
+    )
+    made.append(pipeline)
+    return pipeline
+
+
+def words_df(spark: SparkSession, words: list[str]) -> DataFrame:
+    return spark.createDataFrame([(w,) for w in words], "word string")
+
+
+def collecting(outputs: dict[str, int]) -> Callable[[DataFrame, int], None]:
+    def sink(out: DataFrame, epoch: int) -> None:
+        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
+
+    return sink
+
+
+def test_the_classic_driver_is_not_there(connect: SparkSession) -> None:
+    """What the pipeline must do without: the client has no SparkContext."""
+    with pytest.raises(Exception, match="JVM_ATTRIBUTE_NOT_SUPPORTED"):
+        _ = connect.sparkContext
+
+
+@pytest.mark.parametrize("function", [VectorWordCount])
+def test_batch_runs_are_exact_and_stay_warm(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path, function: Any
+) -> None:
+    pipeline = make(made, function, f"file://{tmp_path}/ckpt", 4)
+    batches = [zipf_words(2000, 300, seed) for seed in range(2)]
+    outputs: dict[str, int] = {}
+    for batch in batches:
+        pipeline.run(words_df(connect, batch), collecting(outputs))
+    assert outputs == expected_counts(batches)
+    assert [r.epoch for r in pipeline.reports] == [1, 2]
+    assert [r.fresh for r in pipeline.reports] == [4, 0]
+    assert pipeline.warm_hit_rate() == 1.0
+    assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
+    if function is VectorWordCount:
+        assert committed_counts(pipeline.store, 2) == expected_counts(batches)
+
+
+def test_an_input_spark_proves_empty_still_runs_every_range(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    pipeline = make(made, VectorWordCount, f"file://{tmp_path}/ckpt", 3)
+    pipeline.run(words_df(connect, ["a", "b"]))
+    report = pipeline.run(words_df(connect, ["a"]).limit(0))
+    assert (report.epoch, report.ranges, report.warm, report.records) == (2, 3, 3, 0)
+    assert committed_counts(pipeline.store, 2) == {"a": 1, "b": 1}
+
+
+def test_timers_and_listeners_in_batch_runs(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    clock = ManualClock(1_000)
+    pipeline = make(
+        made, TimerProbe, f"file://{tmp_path}/ckpt", 2, schema=TIMER_SCHEMA, key="key", clock=clock
+    )
+    out: list[tuple[Any, ...]] = []
+
+    def sink(df: DataFrame, epoch: int) -> None:
+        out.extend(tuple(r) for r in df.collect())
+
+    def ops(rows: list[tuple[str, str, int]]) -> DataFrame:
+        return connect.createDataFrame(rows, "key string, op string, ts bigint").coalesce(1)
+
+    first = [("a", "event", 100), ("a", "event", 200), ("a", "del-event", 200)]
+    first += [("b", "proc", 1_500), ("d", "event", 500)]
+    pipeline.run(ops(first), sink)
+    assert out == []
+    clock.set(2_000)
+    pipeline.run(ops([]), sink, watermark=150)
+    assert out == [("b", "proc", 1_500, 2, 150), ("a", "event", 100, 2, 150)]
+    out.clear()
+    pipeline.run(ops([]), sink, end_of_input=True)
+    assert out == [("d", "event", 500, 3, MAX_WATERMARK)]
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    heard = make(
+        made,
+        functools.partial(ListenerProbe, str(logs)),
+        f"file://{tmp_path}/ckpt-listeners",
+        2,
+        schema=TIMER_SCHEMA,
+        key="key",
+    )
+    rows = ops([(f"k{i}", "event", i) for i in range(20)])
+    heard.run(rows)
+    heard.transform(rows, 2).write.format("noop").mode("overwrite").save()  # never committed
+    heard.run_epoch(rows, 2)
+    heard.run(rows)  # an epoch's completion reaches the function with the next epoch
+    lines = [line.split() for f in sorted(logs.iterdir()) for line in f.read_text().splitlines()]
+    for index in ("0", "1"):
+        assert [(w, int(e)) for w, e, i in lines if i == index] == [
+            ("complete", 1),
+            ("aborted", 2),
+            ("complete", 2),
+        ]
+
+
+def json_sink(directory: Path) -> Callable[[DataFrame, int], None]:
+    """A sink that runs on the Connect server: each epoch's rows to a directory of its own
+    (overwritten by a re-run of the epoch)."""
+    path = str(directory)
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        out.write.mode("overwrite").json(f"{path}/epoch={epoch}")
+
+    return sink
+
+
+def sunk_counts(directory: Path) -> dict[str, int]:
+    outputs: dict[str, int] = {}
+    for part in sorted(directory.glob("epoch=*/*.json")):
+        rows = [json.loads(line) for line in part.read_text().splitlines()]
+        latest(outputs, ((r["word"], r["count"]) for r in rows))
+    return outputs
+
+
+def run_query(writer: Any, checkpoint: Path) -> None:
+    """Run a query over the files there are (availableNow); its failure, if any, told."""
+    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query.awaitTermination(300)
+    query.stop()
+    assert query.exception() is None, query.exception()
+
+
+def words_stream(connect: SparkSession, source: Path) -> DataFrame:
+    return connect.readStream.schema("word string").option("maxFilesPerTrigger", 1).csv(str(source))
+
+
+def add_files(source: Path, batches: list[list[str]], files: range) -> None:
+    source.mkdir(exist_ok=True)
+    for i in files:
+        (source / f"part-{i:03d}.csv").write_text("\n".join(batches[i]) + "\n")
+
+
+def test_a_streaming_query_restarted_from_its_checkpoint_is_exact(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """write_stream: two micro-batches, then a new query object and pipeline over the same
+    checkpoints (a new foreachBatch process, whose hosts restore the ranges) runs one more."""
+    source, uri, out = tmp_path / "in", f"file://{tmp_path}/ckpt", tmp_path / "out"
+    batches = [zipf_words(1500, 300, seed) for seed in range(3)]
+    spark_checkpoint = tmp_path / "spark-ckpt"
+    for files in (range(2), range(2, 3)):
+        add_files(source, batches, files)
+        pipeline = make(made, VectorWordCount, uri, 3)
+        writer = pipeline.write_stream(words_stream(connect, source), json_sink(out))
+        run_query(writer, spark_checkpoint)
+        store = SnapshotStore(uri)
+        assert store.epochs()[-1] == files.stop
+        assert committed_counts(store, files.stop) == expected_counts(batches[: files.stop])
+    assert sunk_counts(out) == expected_counts(batches)
+
+
+def test_foreach_batch_on_the_connect_server_is_exact(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """foreach_batch: the function the client hands to foreachBatch runs on the server."""
+    source, uri, out = tmp_path / "in", f"file://{tmp_path}/ckpt", tmp_path / "out"
+    batches = [zipf_words(1500, 300, seed) for seed in range(2)]
+    add_files(source, batches, range(2))
+    spark_checkpoint = tmp_path / "spark-ckpt"
+    pipeline = make(made, VectorWordCount, uri, 3)
+    function = pipeline.foreach_batch(json_sink(out), checkpoint_location=str(spark_checkpoint))
+    run_query(words_stream(connect, source).writeStream.foreachBatch(function), spark_checkpoint)
+    store = SnapshotStore(uri)
+    assert store.epochs()[-1] == 2
+    assert committed_counts(store, 2) == expected_counts(batches)
+    assert sunk_counts(out) == expected_counts(batches)
+
+
+def test_write_stream_needs_the_query_checkpoint_location(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    pipeline = make(made, VectorWordCount, f"file://{tmp_path}/ckpt", 2)
+    words = connect.readStream.schema("word string").csv(str(tmp_path))
+    with pytest.raises(ValueError, match=r"checkpointLocation"):
+        pipeline.write_stream(words).start()
+    with pytest.raises(ValueError, match=r"checkpoint_location=\.\.\."):
+        pipeline.foreach_batch()

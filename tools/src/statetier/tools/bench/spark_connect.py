@@ -1,0 +1,212 @@
+"""``statetier bench spark-wordcount --connect``: the word count on a Spark Connect session, next
+to the same pipelines on a classic session, in one run.
+
+The same Zipf words as ``spark-wordcount`` (Parquet, one file per micro-batch, ``availableNow``,
+8 partitions) go through statetier's ``write_stream`` and Spark's RocksDB ``groupBy().count()``:
+first on a classic ``SparkSession`` of this process, then, after it stopped, on a local
+``SparkConnectServer`` (statetier.tools.connect_server) running the same master and settings,
+whose client is this process. On Connect statetier's coordinator (registry, commit, upkeep) runs
+in the server's ``foreachBatch`` process, so the counts are checked from the checkpoint.
+
+Reported: records/s of each (median of ``--rounds`` after an untimed warm-up run), statetier /
+RocksDB on Connect (target >= 1.5x) and statetier on Connect / on classic (target >= 0.9, within
+10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from statetier.backend.helptext import plain
+from statetier.tools.bench import print_table
+from statetier.tools.bench.spark_wordcount import (
+    bench_rocksdb,
+    bench_statetier,
+    checkpoint_counts,
+    run_query,
+    spark_session,
+    stream,
+    write_input,
+)
+from statetier.tools.connect_server import ConnectServer
+from statetier.tools.workloads import batches, zipf_words
+
+TARGETS = {"connect_rocksdb": 1.5, "classic_statetier": 0.9}
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+Run = Callable[[Path, Path], tuple[float, bool | None]]  # seconds, counts exact (None: unchecked)
+
+
+def connect_statetier(spark: Any, source: Path, work: Path, partitions: int) -> float:
+    """statetier's ``write_stream`` on the Connect session; the query's wall time."""
+    from statetier.backend.spark import StatefulPipeline
+    from statetier.tools.bench.spark_functions import ArrowWordCount
+
+    pipeline = StatefulPipeline(
+        ArrowWordCount,
+        key="word",
+        output_schema="word string, count bigint",
+        parallelism=partitions,
+        config={"checkpoint.uri": f"file://{work}/ckpt"},
+    )
+    return run_query(pipeline.write_stream(stream(spark, source)), work / "spark-ckpt")
+
+
+def connect_session(server: ConnectServer) -> Any:
+    """A Connect session to ``server`` (pyspark's functions then build Connect columns)."""
+    from pyspark.sql.connect.session import SparkSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    return SparkSession.builder.remote(server.url).getOrCreate()
+
+
+def timed(runs: dict[str, Run], source: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """Each run once untimed (warm-up), then ``rounds`` rotated rounds; median seconds."""
+    for name, run in runs.items():
+        run(source, work / f"warm-{name}")
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
+    exact: dict[str, bool] = {}
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            elapsed, ok = runs[name](source, work / f"r{r}-{name}")
+            seconds[name].append(elapsed)
+            if ok is not None:
+                exact[name] = exact.get(name, True) and ok
+    return {
+        name: {
+            "seconds": statistics.median(times),
+            "rounds_seconds": [round(t, 2) for t in times],
+            "exact": exact.get(name),
+        }
+        for name, times in seconds.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="statetier bench spark-wordcount --connect", description=plain(__doc__)
+    )
+    parser.add_argument("--words", type=int, default=2_000_000)
+    parser.add_argument("--vocabulary", type=int, default=200_000)
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    words = zipf_words(args.words, args.vocabulary)
+    expected = dict(collections.Counter(words))
+    work = Path(tempfile.mkdtemp(prefix="statetier-bench-connect-"))
+    source = work / "in"
+    write_input(None, batches(words, args.batches), source)
+    p = args.partitions
+    results: dict[str, Any] = {}
+    try:
+        results.update(classic_runs(source, work / "classic", p, args, expected))
+        results.update(connect_runs(source, work / "connect", p, args, expected))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for result in results.values():
+        result["records_per_s"] = round(len(words) / result["seconds"], 1)
+    st = results["connect_statetier"]["records_per_s"]
+    ratios = {
+        "connect_rocksdb": st / results["connect_rocksdb"]["records_per_s"],
+        "classic_statetier": st / results["classic_statetier"]["records_per_s"],
+    }
+    exact = all(results[n]["exact"] for n in ("classic_statetier", "connect_statetier"))
+    meets = exact and all(ratios[name] >= target for name, target in TARGETS.items())
+    report = {
+        "benchmark": "spark-wordcount --connect",
+        "words": args.words,
+        "batches": args.batches,
+        "partitions": p,
+        "master": args.master,
+        "pipelines": results,
+        "ratios": {name: round(r, 3) for name, r in ratios.items()},
+        "targets": TARGETS,
+        "meets_target": meets,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        rows = [
+            [name, f"{r['seconds']:.1f}", f"{r['records_per_s']:,.0f}", str(r["exact"])]
+            for name, r in results.items()
+        ]
+        print_table(
+            f"spark-wordcount --connect: {args.words:,} Zipf words, {args.batches} micro-batches, "
+            f"{p} partitions, {args.master}",
+            ["pipeline", "seconds", "records/s", "counts exact"],
+            rows,
+        )
+        print(f"  connect statetier / connect rocksdb: {ratios['connect_rocksdb']:.3f}x (>= 1.5x)")
+        print(f"  connect statetier / classic: {ratios['classic_statetier']:.3f} (>= 0.9)")
+    return 0 if meets else 1
+
+
+def classic_runs(
+    source: Path, work: Path, partitions: int, args: Any, expected: dict[str, int]
+) -> dict[str, Any]:
+    spark = spark_session(partitions, args.master)
+    pipelines: list[Any] = []
+
+    def statetier(src: Path, out: Path) -> tuple[float, bool | None]:
+        elapsed, info = bench_statetier(
+            spark, src, out, f"file://{out}/ckpt", partitions, {}, pipelines
+        )
+        return elapsed, info["counts"] == expected
+
+    try:
+        runs: dict[str, Run] = {
+            "classic_statetier": statetier,
+            "classic_rocksdb": lambda src, out: (bench_rocksdb(spark, src, out), None),
+        }
+        return timed(runs, source, work, args.rounds)
+    finally:
+        for pipeline in pipelines:
+            pipeline.stop_hosts()
+        spark.stop()
+
+
+def connect_runs(
+    source: Path, work: Path, partitions: int, args: Any, expected: dict[str, int]
+) -> dict[str, Any]:
+    from statetier.backend.snapshot import SnapshotStore
+
+    work.mkdir(parents=True)
+    conf = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.default.parallelism": str(partitions),
+        "spark.driver.memory": "2g",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+    }
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with ConnectServer.start(work / "server.log", args.master, conf, env=env) as server:
+        spark = connect_session(server)
+
+        def statetier(src: Path, out: Path) -> tuple[float, bool | None]:
+            elapsed = connect_statetier(spark, src, out, partitions)
+            counts = checkpoint_counts(SnapshotStore(f"file://{out}/ckpt"))
+            return elapsed, counts == expected
+
+        try:
+            runs: dict[str, Run] = {
+                "connect_statetier": statetier,
+                "connect_rocksdb": lambda src, out: (bench_rocksdb(spark, src, out), None),
+            }
+            return timed(runs, source, work, args.rounds)
+        finally:
+            spark.stop()
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
