@@ -28,6 +28,7 @@ from statetier.backend.keyed_backend import EVENT_TIMER_STATE, PROCESSING_TIMER_
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.runtime import FunctionInstance
+from statetier.backend.serializers import DEFAULT_SERIALIZER
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.timers import MIN_WATERMARK
 from statetier.backend.ttl import ManualClock
@@ -211,6 +212,36 @@ def test_timers_moved_and_deleted_on_many_keys_fire_in_order_at_their_last_place
     fired += [(ts, key) for _, ts, key, _ in inst.end_of_input()]
     assert fired == [(ts, key) for ts, _, _, key in expected]
     assert inst.timers.count(EVENT) == 0 and inst.timers.earliest(EVENT) is None
+
+
+def test_timers_at_the_ends_of_the_64_bit_range_fire_in_order() -> None:
+    """The firing order (timestamp, key group, key bytes: the key serializer's) holds for
+    negative timestamps and at both ends of the range, with keys of several key groups and of
+    one key group sharing each timestamp."""
+    inst = instance()
+    stamps = [MIN_WATERMARK, MIN_WATERMARK + 1, -(2**40), -1, 0, 1, 2**40, 2**63 - 1]
+    keys = [f"k{i}" for i in range(12)]
+    run(inst, *[(key, ("event", ts)) for ts in reversed(stamps) for key in keys])
+    fired = [(ts, key) for _, ts, key, _ in inst.end_of_input()]
+    expected = sorted(
+        (ts, assign_to_key_group(key, 16), DEFAULT_SERIALIZER.dumps(key), key)
+        for ts in stamps
+        for key in keys
+    )
+    assert fired == [(ts, key) for ts, _, _, key in expected]
+
+
+def test_a_key_whose_last_timer_was_deleted_shares_no_timers_with_the_next_key() -> None:
+    """The list of timers a key no longer has is reused for the next key that gets one: the two
+    keys' timers stay apart."""
+    inst = instance()
+    run(inst, ("a", ("event", 5)), ("a", ("del-event", 5)), ("b", ("event", 7)))
+    run(inst, ("a", ("event", 9)), ("b", ("event", 8)))
+    inst.keyed.set_current_key("a")
+    assert inst.timers.timers(EVENT) == [9]
+    inst.keyed.set_current_key("b")
+    assert inst.timers.timers(EVENT) == [7, 8]
+    assert [(ts, key) for _, ts, key, _ in inst.end_of_input()] == [(7, "b"), (8, "b"), (9, "a")]
 
 
 def test_a_timer_already_due_fires_at_the_next_advance() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig, warn_if_spill_off
 from statetier.backend.keygroups import (
+    assign_str_to_key_group,
     assign_to_key_group,
     check_key,
     compute_default_max_parallelism,
@@ -176,8 +177,11 @@ class LocalRunner:
             except TypeError:
                 raise unhashable_key_error(key) from None
             if index is None:
-                check_key(key)
-                kg = assign_to_key_group(key, max_p)
+                if type(key) is str:  # most keys: hashed without assign_to_key_group's checks
+                    kg = assign_str_to_key_group(key, max_p)
+                else:
+                    check_key(key)
+                    kg = assign_to_key_group(key, max_p)
                 index = owner[key] = instance_for_key_group(max_p, p, kg)
             parts[index].append(record)
         return parts

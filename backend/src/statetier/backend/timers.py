@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import enum
 import heapq
-import itertools
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
@@ -32,6 +31,7 @@ from statetier.backend.keyed_backend import (
     PROCESSING_TIMER_STATE,
     KeyedStateBackend,
 )
+from statetier.backend.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from statetier.backend.serializers import MsgpackSerializer, Serializer
 
 __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "TimeDomain", "TimerService"]
@@ -39,6 +39,10 @@ __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "TimeDomain", "TimerService"]
 MIN_WATERMARK = -(1 << 63)  # Flink's Long.MIN_VALUE: no event time has passed yet
 MAX_WATERMARK = (1 << 63) - 1  # end of input: every event-time timer is due
 _COMPACT_SLACK = 1024  # stale heap entries tolerated beyond the live timers
+# a heap entry is ``timestamp << _KG_BITS | key group``: every key group below the largest max
+# parallelism fits in the low bits, so the ints order as (timestamp, key group) pairs do
+_KG_BITS = (UPPER_BOUND_MAX_PARALLELISM - 1).bit_length()
+_KG_MASK = (1 << _KG_BITS) - 1
 
 
 class TimeDomain(enum.Enum):
@@ -52,7 +56,6 @@ _STATE_NAMES = {
     TimeDomain.EVENT_TIME: EVENT_TIMER_STATE,
     TimeDomain.PROCESSING_TIME: PROCESSING_TIMER_STATE,
 }
-_HeapEntry = tuple[int, int, bytes, int, Any]  # timestamp, key group, key bytes, seq, key
 
 
 def _check_timestamp(timestamp: object) -> int:
@@ -89,9 +92,14 @@ class _TimerQueue:
     (an earlier timer was registered since) are dropped when they come up, and the heap is
     rebuilt from the state when they outnumber the live timers.
 
-    The heap is ordered by (timestamp, key group, key bytes), and every key's entry is at or
-    before its earliest timer, so a timer fires exactly when it is the smallest of all by that
-    order: the same order as a heap holding every timer.
+    The order is (timestamp, key group, key bytes), and every key's entry is at or before its
+    earliest timer, so a timer fires exactly when it is the smallest of all by that order: the
+    same order as a heap holding every timer. The heap holds ints, ``timestamp << 15 | key
+    group`` (a *when*), each once, and ``_keys[when]`` the key of the entry there, or the list
+    of keys in key-bytes order when several keys of a key group share the timestamp (a key is
+    never a list: lists are not hashable). Ints compare in one step where a tuple of timestamp,
+    key group and key bytes took several, and an entry allocates no container the garbage
+    collector has to follow; key bytes are made only to order keys that share a *when*.
     """
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
@@ -100,10 +108,14 @@ class _TimerQueue:
         self._first = backend.key_groups.start
         self._name = name
         self._maps: list[MutableMapping[Any, Any]] | None = None
-        self._heap: list[_HeapEntry] = []
+        self._heap: list[int] = []
+        self._keys: dict[int, Any] = {}
         self._bound: dict[Any, int] = {}
-        self._seq = itertools.count()
         self._key_bytes = _key_encoder(backend.key_serializer)
+        # The list of the key whose last timer was deleted, kept for the next key that gets
+        # one: a session moves its key's only timer on every record (delete, then register),
+        # and reusing the list spares the garbage collector a new list per record.
+        self._spare: list[int] | None = None
         self.live = 0
         if name in backend.restored or name in backend.tables:
             self._state_maps()  # restored timers: register the state and index them now
@@ -118,20 +130,35 @@ class _TimerQueue:
 
     def _rebuild(self) -> None:
         """The heap from the state: one entry per key with timers, at its earliest (after a
-        restore, or to drop stale entries)."""
+        restore, or to drop stale entries). In place: a ``due`` loop in progress (``on_timer``
+        deleted the timer that made the heap mostly stale) goes on with the new entries."""
         assert self._maps is not None
-        encode, seq = self._key_bytes, self._seq
-        heap: list[_HeapEntry] = []
+        keys: dict[int, Any] = {}
         bound: dict[Any, int] = {}
         live = 0
         for slot in range(len(self._backend.key_groups)):
             key_group = self._first + slot
             for key, stamps in self._maps[slot].items():
-                heap.append((stamps[0], key_group, encode(key), next(seq), key))
+                when = stamps[0] << _KG_BITS | key_group
+                there = keys.get(when)
+                if there is None:
+                    keys[when] = key
+                elif type(there) is list:
+                    there.append(key)
+                else:
+                    keys[when] = [there, key]
                 bound[key] = stamps[0]
                 live += len(stamps)
-        heapq.heapify(heap)
-        self._heap, self._bound, self.live = heap, bound, live
+        for there in keys.values():
+            if type(there) is list:
+                there.sort(key=self._key_bytes)
+        self._heap[:] = keys
+        heapq.heapify(self._heap)
+        self._keys.clear()
+        self._keys.update(keys)
+        self._bound.clear()
+        self._bound.update(bound)
+        self.live = live
 
     def register(self, timestamp: int) -> None:
         if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
@@ -142,7 +169,13 @@ class _TimerQueue:
         kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
         stamps: list[int] | None = kg_map.get(key)
         if stamps is None:
-            kg_map[key] = [timestamp]
+            spare = self._spare
+            if spare is None:
+                kg_map[key] = [timestamp]
+            else:
+                self._spare = None
+                spare.append(timestamp)
+                kg_map[key] = spare
         elif timestamp in stamps:
             return  # one timer per key and timestamp
         else:
@@ -153,12 +186,32 @@ class _TimerQueue:
         if bound is None or timestamp < bound:
             self._push(timestamp, self._first + ctx.index, key)
 
-    def _push(self, timestamp: int, key_group: int, key: Any, key_bytes: bytes = b"") -> None:
+    def _push(self, timestamp: int, key_group: int, key: Any) -> None:
         """Make ``timestamp`` ``key``'s bound: an entry for it in the heap."""
-        if not key_bytes:
-            key_bytes = self._key_bytes(key)
-        heapq.heappush(self._heap, (timestamp, key_group, key_bytes, next(self._seq), key))
+        when = timestamp << _KG_BITS | key_group
+        keys = self._keys
+        there = keys.get(when)
+        if there is None:
+            keys[when] = key
+            heapq.heappush(self._heap, when)
+        elif type(there) is list:
+            bisect.insort(there, key, key=self._key_bytes)
+        else:
+            keys[when] = sorted((there, key), key=self._key_bytes)
         self._bound[key] = timestamp
+
+    def _pop_first(self, when: int) -> Any:
+        """Remove and return the first key of the entry ``when``, the heap's top."""
+        keys = self._keys
+        there = keys[when]
+        if type(there) is not list:
+            del keys[when]
+            heapq.heappop(self._heap)
+            return there
+        key = there.pop(0)
+        if len(there) == 1:
+            keys[when] = there[0]
+        return key
 
     def delete(self, timestamp: int) -> None:
         if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
@@ -178,6 +231,7 @@ class _TimerQueue:
             kg_map[key] = stamps
         else:
             del kg_map[key]
+            self._spare = stamps  # empty, and the state holds it no more
         self.live -= 1
         if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
             self._rebuild()  # mostly stale entries: index the live timers only
@@ -193,10 +247,20 @@ class _TimerQueue:
         if self._maps is None:
             return
         maps, bound, first, backend = self._maps, self._bound, self._first, self._backend
-        while self._heap and self._heap[0][0] <= time:  # on_timer may rebuild the heap
-            timestamp, key_group, key_bytes, _, key = heapq.heappop(self._heap)
+        heap, keys = self._heap, self._keys
+        last = time << _KG_BITS | _KG_MASK  # the last when at or before time
+        while heap and heap[0] <= last:
+            when = heap[0]
+            key = keys[when]
+            if type(key) is list:  # several keys share the entry
+                key = self._pop_first(when)
+            else:  # _pop_first's common case, without a call per entry
+                del keys[when]
+                heapq.heappop(heap)
+            timestamp = when >> _KG_BITS
             if bound.get(key) != timestamp:
                 continue  # an earlier entry of the key is its bound
+            key_group = when & _KG_MASK
             slot = key_group - first
             kg_map = maps[slot]
             stamps = kg_map.get(key)
@@ -204,7 +268,7 @@ class _TimerQueue:
                 del bound[key]
                 continue
             if stamps[0] != timestamp:  # moved later: the entry goes to its earliest timer
-                self._push(stamps[0], key_group, key, key_bytes)
+                self._push(stamps[0], key_group, key)
                 continue
             backend.set_current_key(key)  # the key's state in scope; logs the change
             if maps[slot] is not kg_map:  # making the key current moved its key group
@@ -213,7 +277,7 @@ class _TimerQueue:
             del stamps[0]
             if stamps:
                 kg_map[key] = stamps
-                self._push(stamps[0], key_group, key, key_bytes)
+                self._push(stamps[0], key_group, key)
             else:
                 del kg_map[key]
                 del bound[key]
@@ -225,20 +289,24 @@ class _TimerQueue:
         at their key's earliest timer are moved or dropped on the way."""
         if self._maps is None:
             return None
-        heap, maps, bound, first = self._heap, self._maps, self._bound, self._first
+        heap, keys, maps = self._heap, self._keys, self._maps
+        bound, first = self._bound, self._first
         while heap:
-            timestamp, key_group, key_bytes, _, key = heap[0]
+            when = heap[0]
+            there = keys[when]
+            key = there[0] if type(there) is list else there
+            timestamp, key_group = when >> _KG_BITS, when & _KG_MASK
             if bound.get(key) == timestamp:
                 stamps = maps[key_group - first].get(key)
                 if stamps and stamps[0] == timestamp:
                     return timestamp
-                heapq.heappop(heap)
+                self._pop_first(when)
                 if stamps:
-                    self._push(stamps[0], key_group, key, key_bytes)
+                    self._push(stamps[0], key_group, key)
                 else:
                     del bound[key]
             else:
-                heapq.heappop(heap)
+                self._pop_first(when)
         return None
 
     def timers_of_current_key(self) -> list[int]:
