@@ -154,7 +154,7 @@ def test_a_task_header_that_is_no_object_or_lacks_a_field_says_so() -> None:
         (b"{", "statetier range result r.json: not JSON"),
         (  # read in the class's order: the fields before the state are there
             b'{"index": 0, "parallelism": 2, "epoch": 3, "token": "t", "state": "tepid"}',
-            "field 'state' must be warm, restored or fresh, got 'tepid'",
+            "field 'state' must be warm, restored, handed-off or fresh, got 'tepid'",
         ),
         (b'{"state": "warm"}', "field 'index' is missing"),
     ],
