@@ -559,7 +559,7 @@ class StatefulPipeline:
         of them (one py4j call per epoch; on Connect, which cannot ask the scheduler, what the
         master or conf says, read once)."""
         if self._executors is None or not is_connect(spark):
-            self._executors = executor_count(spark)
+            self._executors = executor_count(spark, self._master)
         self.registry(spark).executors = self._executors
 
     def _take_lease(self, spark: SparkSession, store: SnapshotStore) -> WriterLease:
@@ -645,7 +645,7 @@ class StatefulPipeline:
         if self._registry is None or self._registry.closed:
             self._registry = registry_for(
                 self._hosts_of,
-                _registry_bind(spark),
+                _registry_bind(spark, self._master),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),
             )
@@ -1029,16 +1029,13 @@ def _perf_counter() -> float:
     return time.perf_counter()
 
 
-def _local_master(spark: SparkSession) -> bool:
-    """``local[...]`` and ``local-cluster[...]``: every executor runs on the driver's machine."""
-    return master(spark).startswith("local")
-
-
-def _registry_bind(spark: SparkSession) -> str:
+def _registry_bind(spark: SparkSession, master_url: str) -> str:
     """Where the host registry listens: on the driver's address, in the classic driver and in
     the process a Connect server runs ``foreachBatch`` in; in a Connect client, on its address
-    that routes to the server (a local master's executors reach 127.0.0.1 either way)."""
-    if _local_master(spark) and (not is_connect(spark) or client_address(spark) == "127.0.0.1"):
+    that routes to the server (a local master's executors reach 127.0.0.1 either way:
+    ``local[...]`` and ``local-cluster[...]`` run every executor on the driver's machine)."""
+    local = master_url.startswith("local")
+    if local and (not is_connect(spark) or client_address(spark) == "127.0.0.1"):
         return "127.0.0.1"  # every executor runs on this machine
     if is_connect(spark) and not on_connect_driver():
         return client_address(spark)

@@ -84,12 +84,11 @@ def master(spark: SparkSession) -> str:
     return str(spark.sparkContext.master or "")
 
 
-def executor_count(spark: SparkSession) -> int:
-    """How many executors the application has: the driver's count on a classic session; on
-    Connect, which cannot ask the scheduler, what the master or conf says
+def executor_count(spark: SparkSession, url: str) -> int:
+    """How many executors the application of master ``url`` has: the driver's count on a
+    classic session; on Connect, which cannot ask the scheduler, what the master or conf says
     (``local-cluster[N,...]``, ``spark.executor.instances``; 0: unknown, new ranges then go
     to the hosts that joined)."""
-    url = master(spark)
     if url.startswith("local") and not url.startswith("local-cluster"):
         return 1  # the driver is the executor
     if not is_connect(spark):
