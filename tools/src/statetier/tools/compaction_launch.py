@@ -10,7 +10,6 @@ reach it, since they take object-storage settings from AWS_* variables as in a p
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from statetier.tools import seaweed
-from statetier.tools.lifetime import die_with_parent
+from statetier.tools.lifetime import die_with_parent, stop_process
 
 __all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
 
@@ -31,16 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 class SeaweedFS:
@@ -106,7 +95,7 @@ class Processes:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         for proc in reversed(self.procs):
-            _stop(proc)
+            stop_process(proc, 10)
 
     def _spawn(
         self, args: list[str], name: str, env: dict[str, str] | None
@@ -149,4 +138,4 @@ class Processes:
         return self._spawn(args, f"worker-{len(self.procs)}", env)
 
     def stop(self, proc: subprocess.Popen[Any]) -> None:
-        _stop(proc)
+        stop_process(proc, 10)

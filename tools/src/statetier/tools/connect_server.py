@@ -12,7 +12,6 @@ binds gRPC and the driver to 127.0.0.1 on a free port, runs the given master (``
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from statetier.tools.lifetime import die_with_parent
+from statetier.tools.lifetime import die_with_parent, stop_process
 
 __all__ = ["ConnectServer", "spark_home"]
 
@@ -118,13 +117,7 @@ class ConnectServer:
 
     def stop(self) -> None:
         """Stop the server and everything it started (its process group)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process(self.process, 30, group=True)
         self._log.close()
 
     def __enter__(self) -> ConnectServer:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-__all__ = ["die_with_parent", "terminate_as_interrupt"]
+__all__ = ["die_with_parent", "stop_process", "terminate_as_interrupt"]
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -69,3 +71,24 @@ def terminate_as_interrupt() -> None:
     """From now on SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does, so
     that ``finally`` blocks and context managers stop what the command started."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def stop_process(process: subprocess.Popen[Any], grace: float, *, group: bool = False) -> None:
+    """Stop a server this process started: SIGTERM, ``grace`` seconds to end, then SIGKILL.
+    ``group``: the whole process group it leads (a server started in a session of its own that
+    starts processes of its own, as Spark's executors and Python workers)."""
+    if process.poll() is not None:
+        return
+
+    def send(sig: signal.Signals) -> None:
+        if group:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+
+    send(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        process.wait()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from statetier.tools.lifetime import die_with_parent
+from statetier.tools.lifetime import die_with_parent, stop_process
 
 __all__ = ["SeaweedFS"]
 
@@ -168,13 +167,7 @@ class SeaweedFS:
                 time.sleep(0.3)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 20)
         self._log.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
         for path in self._grpc_sockets:
