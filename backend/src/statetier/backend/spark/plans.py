@@ -67,14 +67,17 @@ def opaque_empty(df: DataFrame, partitions: int) -> DataFrame:
 
 def _connect_runs_no_task(out: DataFrame) -> bool:
     """:func:`runs_no_task` on Spark Connect, which shows plans as text only (one analyze call)."""
-    text = plan_text(out)
-    optimized = text.partition("== Optimized Logical Plan ==")[2].partition("== Physical Plan ==")
-    lines = optimized[0].strip().splitlines()
+    lines = _optimized_plan(plan_text(out)).strip().splitlines()
     return (
         len(lines) == 2
         and lines[0].startswith("MapInArrow")
         and lines[1].lstrip("+- ").startswith("LocalRelation <empty>")
     )
+
+
+def _optimized_plan(text: str) -> str:
+    """The optimized logical plan's part of a plan's text (as ``explain`` prints it)."""
+    return text.partition("== Optimized Logical Plan ==")[2].partition("== Physical Plan ==")[0]
 
 
 def key_grouped(schema: StructType) -> StructType:
@@ -99,8 +102,7 @@ def estimated_bytes(df: DataFrame) -> float | None:
     """The optimizer's estimate of a Connect DataFrame's bytes (its root's ``sizeInBytes``; one
     analyze call), None when the plan has none. A micro-batch a ``foreachBatch`` function gets
     keeps the estimate of the plan it was read by (a file source's: the files' bytes)."""
-    optimized = plan_text(df, "cost").partition("== Optimized Logical Plan ==")[2]
-    found = _SIZE.search(optimized)
+    found = _SIZE.search(_optimized_plan(plan_text(df, "cost")))
     if found is None:
         return None
     return float(found.group(1)) * 1024.0 ** _UNITS[found.group(2)]
