@@ -117,6 +117,34 @@ def test_a_dead_host_loses_its_ranges_at_once(registry: HostRegistry) -> None:
     b.die()
 
 
+def test_a_join_naming_a_registry_that_stopped_keeps_the_live_registration(
+    registry: HostRegistry,
+) -> None:
+    # a task of a stopped query (its driver's registry closed since) still runs and tells the
+    # host to join that registry: the host must stay registered with the live one
+    a = FakeHost(registry, "a")
+    registry.executors = 1
+    assert route(registry, 0, "a") == "a"
+    stopped = HostRegistry(registry.secret, "127.0.0.1")
+    stopped.close()
+    with pytest.raises(OSError):
+        a.link.join(stopped.endpoint)
+    time.sleep(registry.liveness_timeout + 1)  # a dropped link: its heartbeats stop
+    assert registry.owner(("p", 4, 0)) is not None
+    assert registry.moves == 0
+    other = HostRegistry(registry.secret, "127.0.0.1")  # one that answers: the host moves
+    try:
+        a.link.join(other.endpoint)
+        deadline = time.monotonic() + 5
+        while registry.owner(("p", 4, 0)) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert registry.owner(("p", 4, 0)) is None
+        assert [h.host_id for h in other.live_hosts()] == ["a"]
+    finally:
+        a.die()
+        other.close()
+
+
 def test_a_silent_host_is_gone_after_the_liveness_timeout(registry: HostRegistry) -> None:
     silent = HostInfo("silent", 0, "x", "node", [Endpoint("tcp", "127.0.0.1", 9)])
     conn = connect(registry.endpoint, registry.secret)

@@ -62,22 +62,36 @@ class RegistryLink:
         self._receipts: dict[str, threading.Event] = {}  # told URLs awaiting the driver's receipt
 
     def join(self, registry: Endpoint) -> None:
-        """Be registered with ``registry`` (at once, so a route right after finds this host)."""
+        """Be registered with ``registry`` (at once, so a route right after finds this host).
+
+        The new registration is made before the current one is dropped: a task of a stopped
+        query that still runs names the driver's previous registry, which no longer answers,
+        and dropping the live registration first would make the live registry count this host
+        gone (its ranges restored elsewhere, its epoch run again) for nothing."""
         with self._lock:
             if self._conn is not None and not self._conn.closed and self._registry == registry:
                 return
-            if self._conn is not None:
-                with contextlib.suppress(OSError):
-                    self._conn.close()
-            conn = connect(registry, self.secret)
-            conn.send_bytes(json.dumps({"op": "register", "host": self.host.to_json()}).encode())
-            answer = json.loads(conn.recv_bytes())
-            if not answer.get("registered"):
-                conn.close()
-                raise ConnectionError(f"the registry at {registry} refused this host: {answer}")
-            self._conn, self._registry = conn, registry
+            conn = self._register(registry)  # raises: the current registration stays
+            old, self._conn, self._registry = self._conn, conn, registry
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.close()
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
         threading.Thread(target=self._orders, args=(conn,), daemon=True).start()
+
+    def _register(self, registry: Endpoint) -> Connection:
+        """A connection to ``registry`` on which this host is registered."""
+        conn = connect(registry, self.secret)
+        try:
+            conn.send_bytes(json.dumps({"op": "register", "host": self.host.to_json()}).encode())
+            answer = json.loads(conn.recv_bytes())
+        except BaseException:
+            conn.close()
+            raise
+        if not answer.get("registered"):
+            conn.close()
+            raise ConnectionError(f"the registry at {registry} refused this host: {answer}")
+        return conn
 
     def previous_owner(self, key: RangeKey) -> HostInfo | None:
         """The live host that owned ``key`` before rebalancing moved it here (None: none, or
@@ -152,7 +166,7 @@ class RegistryLink:
                 else:
                     self.on_order(order)
         except (EOFError, OSError):
-            if not self._stopped.is_set():
+            if not self._stopped.is_set() and conn is self._conn:  # not one it moved from
                 log.warning("lost the driver's host registry; registering again on next task")
         with contextlib.suppress(OSError):
             conn.close()
