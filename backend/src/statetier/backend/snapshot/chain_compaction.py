@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,9 +51,14 @@ def _warn_exiting_once(left: int, epoch: int) -> None:
 
 
 def _exiting(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is concurrent.futures refusing work at interpreter exit (its wording is
-    the only sign: the flag it checks is private)."""
-    return "after interpreter shutdown" in str(exc)
+    """Whether ``exc`` is concurrent.futures refusing work at interpreter exit. Its wording is
+    one sign (the flag it checks is private), but not the only one: at exit an idle worker
+    thread of a pool marks its pool shut down, so a pool in use (a compaction's parallel reads)
+    then says only "after shutdown". The main thread has ended by then, which is public."""
+    message = str(exc)
+    if "after interpreter shutdown" in message:
+        return True
+    return "cannot schedule new futures" in message and not threading.main_thread().is_alive()
 
 
 @dataclasses.dataclass(frozen=True)
