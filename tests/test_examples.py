@@ -17,6 +17,7 @@ def test_examples_are_found() -> None:
     assert len(EXAMPLES) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.parent.name for p in EXAMPLES])
 def test_example_runs(example: Path) -> None:
     # A hang guard, not a speed check: the Spark examples take about a minute alone and twice

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = [*sorted(REPO.glob("examples/*/example.py")), REPO / "examples/kubernetes/wordcount.py"]
 
@@ -26,6 +28,7 @@ def test_ruff_finds_nothing_and_formats_nothing() -> None:
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict_passes_on_the_packages_and_each_example() -> None:
     # one test, so that no two mypy processes write the cache at once
     tree = run("mypy")

@@ -9,9 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.spark.conftest import REPO, spark_env
 
 
+@pytest.mark.slow
 def test_spark_wordcount_bench_reports_medians_of_rotated_rounds() -> None:
     args = ["--words", "20000", "--vocabulary", "2000", "--batches", "2", "--partitions", "2"]
     args += ["--rounds", "2", "--only", "ceiling,ceiling_keyed", "--s3"]
@@ -74,6 +77,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_compaction_offload_bench_reports_every_mode_side_by_side() -> None:
     done = run_bench("compaction-offload", "--quick", "--json")
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size

@@ -18,7 +18,7 @@ import pytest
 
 from tests.spark.conftest import last_json_line, run_job_module
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PHASES = [
     {"name": "gathered", "files": 3, "batches": 14, "kills": 6},

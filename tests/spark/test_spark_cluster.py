@@ -12,7 +12,7 @@ import pytest
 
 from tests.spark.conftest import last_json_line, run_job_module
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def run_job(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from statetier.kubetest.spark_operator import submit, validate
 from tests.operator.conftest import CRDS, SPARK_CRD
 from tests.spark.conftest import REPO, spark_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 APP = REPO / "examples" / "sparkapplication-wordcount.yaml"
 CHART_VALUES = REPO / "charts" / "statetier" / "values.yaml"

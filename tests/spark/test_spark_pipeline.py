@@ -370,6 +370,7 @@ def test_a_driver_that_lost_the_lease_cannot_commit_its_next_epoch(
     assert store.fs.cat_file(store.full_path(store.manifest_name(3))) == committed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("api", "function", "exchange"),
     [

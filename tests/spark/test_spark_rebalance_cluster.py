@@ -16,7 +16,7 @@ import pytest
 
 from tests.spark.conftest import last_json_line, run_job_module
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PARALLELISM = 6
 

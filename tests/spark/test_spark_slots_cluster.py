@@ -14,7 +14,7 @@ import pytest
 
 from tests.spark.conftest import last_json_line, run_job_module
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MiB = 1 << 20
 BUDGET = 4 * MiB  # the executor's, split across its two hosts

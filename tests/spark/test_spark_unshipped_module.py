@@ -17,7 +17,7 @@ import pytest
 
 from tests.spark.conftest import REPO, spark_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODULE = """
 from statetier.backend import KeyedProcessFunction, ValueStateDescriptor
