@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
 from statetier.backend.timers import MAX_WATERMARK
@@ -27,6 +28,7 @@ from statetier.backend.ttl import ManualClock
 
 from tests.spark.conftest import spark_env
 from tests.spark.spark_support import (
+    HostDiesInSnapshot,
     VectorWordCount,
     committed_counts,
     expected_counts,
@@ -38,6 +40,7 @@ from tests.spark.timer_support import SCHEMA as TIMER_SCHEMA
 from tests.spark.timer_support import ListenerProbe, TimerProbe
 
 pytest.importorskip("grpc")
+from statetier.tools.compaction_launch import Processes
 from statetier.tools.connect_server import ConnectServer
 
 SCHEMA = "word string, count bigint"
@@ -139,6 +142,60 @@ def test_an_input_spark_proves_empty_still_runs_every_range(
     report = pipeline.run(words_df(connect, ["a"]).limit(0))
     assert (report.epoch, report.ranges, report.warm, report.records) == (2, 3, 3, 0)
     assert committed_counts(pipeline.store, 2) == {"a": 1, "b": 1}
+
+
+def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The loss of a state host (an executor's, in effect) on Connect: the client's coordinator
+    notices it and runs the epoch again, restoring the lost range; nothing lost or doubled."""
+    factory = functools.partial(HostDiesInSnapshot, str(tmp_path / "killed-once"))
+    pipeline = make(made, factory, f"file://{tmp_path}/ckpt", 2)
+    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    for epoch, words in enumerate(batches, start=1):
+        assert (
+            pipeline.run_epoch(words_df(connect, words), epoch, collecting(outputs)).epoch == epoch
+        )
+    assert (tmp_path / "killed-once").exists()  # the host did die in epoch 2's snapshot
+    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
+    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
+    assert pipeline.store.epochs() == [1, 2, 3]
+    assert outputs == expected_counts(batches)
+    assert committed_counts(pipeline.store, 3) == expected_counts(batches)
+
+
+def test_the_compaction_service_compacts_what_a_connect_client_commits(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """Remote compaction with the coordinator in the Connect client: the service's worker
+    merges the chains, and the hosts on the server name the compacted bases."""
+    root = tmp_path / "store"
+    root.mkdir()
+    prefix = f"file://{root}"
+    with Processes(tmp_path) as procs:
+        gateway, _ = procs.gateway([prefix], "--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
+        procs.worker(gateway, [prefix])
+        config = {
+            "compaction.endpoints": gateway,
+            "compaction.delta-trigger": 3,
+            "compaction.size-ratio": 100.0,
+            "compaction.poll-interval": "100ms",
+        }
+        pipeline = make(made, VectorWordCount, f"{prefix}/ckpt", 2, config=config)
+        batches = [zipf_words(600, 300, seed) for seed in range(10)]
+        outputs: dict[str, int] = {}
+        for words in batches:
+            pipeline.run(words_df(connect, words), collecting(outputs))
+        pipeline.drain()
+        remote = pipeline.upkeep.compactor
+        assert isinstance(remote, RemoteCompactor), remote
+        assert remote.remote_jobs >= 2 and remote.fallbacks == 0
+    assert outputs == expected_counts(batches)
+    latest_epoch = pipeline.store.epochs()[-1]
+    assert committed_counts(pipeline.store, latest_epoch) == expected_counts(batches)
+    bases = [c.base.path for c in pipeline.store.manifest(latest_epoch).chains()]
+    assert any("/compacted/" in path for path in bases), bases
 
 
 def test_timers_and_listeners_in_batch_runs(
