@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import pytest
 from statetier.backend.spark.channel import (
@@ -22,6 +23,7 @@ from statetier.backend.spark.channel import (
     connect,
     new_secret,
 )
+from statetier.backend.spark.host import StateHost
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.registry import (
     HostInfo,
@@ -31,6 +33,8 @@ from statetier.backend.spark.registry import (
     RouteError,
     ask_route,
 )
+from statetier.backend.spark.task import JoinError
+from statetier.backend.spark.task import _join as join_host
 from statetier.backend.wire import MessageError
 
 
@@ -379,3 +383,26 @@ def test_a_lost_host_is_told_once_when_its_ranges_move(
     assert told.startswith("state host a (executor a) is gone: ")
     assert "its 2 ranges get new owners (range 0 -> state host b)" in told
     b.die()
+
+
+def test_a_host_that_cannot_register_tells_the_task_why(tmp_path: Path) -> None:
+    # on a busy machine a host's registration can fail (a handshake timeout); the task is told
+    # why, where it used to see the connection close (an EOFError naming nothing)
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+    host = StateHost(path, idle_timeout=60, watch_pid=None, secret=secret)
+    serving = threading.Thread(target=host.serve, daemon=True)
+    serving.start()
+    stopped = HostRegistry(secret, "127.0.0.1")
+    stopped.close()
+    live = HostRegistry(secret, "127.0.0.1")
+    try:
+        with pytest.raises(JoinError, match=r"could not register with the driver at 127\.0\.0\.1"):
+            join_host(path, secret, stopped.endpoint)
+        joined = join_host(path, secret, live.endpoint)
+        assert joined is not None and joined.host_id == host.host_id
+        assert [h.host_id for h in live.live_hosts()] == [host.host_id]
+    finally:
+        host.stopping.set()
+        serving.join(10)
+        live.close()

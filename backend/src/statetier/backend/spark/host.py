@@ -278,7 +278,12 @@ class StateHost:
         elif op == "handoff":
             self._hand_over(conn, request)
         elif registry is not None:
-            self.link.join(registry)
+            try:
+                self.link.join(registry)
+            except (OSError, ValueError) as e:  # refused, a handshake timeout, a bad answer
+                why = f"state host {self.host_id} could not register with the driver at {registry}"
+                conn.send_bytes(protocol.ERROR + f"{why}: {e!r}".encode())
+                return
             conn.send_bytes(protocol.RESULT + json.dumps(self.info.to_json()).encode())
         elif op in ("ping", "shutdown"):
             conn.send_bytes(protocol.RESULT + json.dumps({"pid": os.getpid()}).encode())

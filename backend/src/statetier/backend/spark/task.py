@@ -88,8 +88,15 @@ def _executor_pid() -> int:
     return os.getppid()
 
 
+class JoinError(RuntimeError):
+    """A state host answered but could not register with the driver's registry (the reason is
+    in the message): on a busy machine a registration can time out, and a host that has just
+    started is asked again until its start timeout."""
+
+
 def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
-    """The host at ``path``, registered with ``registry``; None when no host listens there."""
+    """The host at ``path``, registered with ``registry``; None when no host listens there;
+    :class:`JoinError` when it could not register."""
     try:
         conn = connect(Endpoint("unix", path), secret)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -98,7 +105,8 @@ def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
         conn.send_bytes(json.dumps({"op": "join", "registry": registry.to_json()}).encode())
         answer = conn.recv_bytes()
     if answer[:1] != RESULT:
-        raise RuntimeError(f"the state host at {path} could not join the driver: {answer[1:]!r}")
+        reason = bytes(answer[1:]).decode(errors="replace")
+        raise JoinError(f"the state host at {path} could not join the driver: {reason}")
     return HostInfo.from_json(json.loads(answer[1:]))
 
 
@@ -147,10 +155,17 @@ def _wait_started(spec: PipelineSpec, slot: int, process: subprocess.Popen[bytes
     """Wait until the host of ``slot`` listens; an error with its log's end if it does not."""
     path = socket_path(spec.app_id, slot=slot)
     deadline = time.monotonic() + START_TIMEOUT_S
+    refused: JoinError | None = None
     while time.monotonic() < deadline and process.poll() is None:
-        if _join(path, spec.secret, spec.registry) is not None:
-            return
+        try:
+            if _join(path, spec.secret, spec.registry) is not None:
+                return
+        except JoinError as e:  # it listens, but its registration failed: once more
+            refused = e
+            time.sleep(0.5)
         time.sleep(0.02)
+    if refused is not None and process.poll() is None:
+        raise refused
     status = process.poll()
     log_path = host_file(spec.app_id, ".log", slot=slot)
     with open(log_path, errors="replace") as f:
