@@ -5,9 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers of `make test` (0: one process): much of the suite waits on Spark, servers
-# and subprocesses rather than computing, so workers overlap those waits. A worker that runs out
-# steals queued tests from the others (worksteal), and the slow tests start first (see
-# tests/conftest.py): with `load`, the last chunk of tests ran on one worker while others idled.
+# and subprocesses rather than computing, so workers overlap those waits
 PYTEST_WORKERS ?= 2
 
 .PHONY: all install test demo lint bench docs clean
@@ -30,7 +28,7 @@ $(STAMP): requirements-dev.txt $(DISTRIBUTIONS:%=%/pyproject.toml)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/statetier demo

@@ -15,7 +15,6 @@ from typing import Any
 
 import fsspec
 import hypothesis.strategies as st
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -510,7 +509,6 @@ class KeyedStateMachine(RuleBasedStateMachine):
 
 TestKeyedStateAgainstModel = KeyedStateMachine.TestCase
 TestKeyedStateAgainstModel.settings = SETTINGS
-TestKeyedStateAgainstModel.pytestmark = [pytest.mark.slow]
 
 
 # --------------------------------------------------------------------------- operator state

@@ -3,11 +3,15 @@ arguments by the Spark Operator's own rules, runs on real Spark with that conf a
 
 For each spill volume kind the docs offer (local-SSD per-executor claim, hostPath, emptyDir):
 the application is applied to the API emulator with the real operator and its webhooks, read
-back as stored, submitted through :mod:`statetier.kubetest.spark_operator` (the Spark Operator
-double, which refuses what the real one refuses), and its ``--conf`` pairs run a word count on
-``local-cluster[2,1,1024]`` (two executor JVMs). The volume's mount path, which on Kubernetes
-is a directory of each executor pod, is mapped into a temporary folder; the master and the
-driver's address are what a local cluster needs instead of a Kubernetes one. With a 4 MiB
+back as stored, and submitted through :mod:`statetier.kubetest.spark_operator` (the Spark
+Operator double, which refuses what the real one refuses); its spill directory must be the
+volume's mount path. The ``--conf`` pairs of the local-SSD claim (the kind the docs recommend)
+then run a word count on ``local-cluster[2,1,1024]`` (two executor JVMs); the other kinds differ
+from it only in the volume, which Spark sees as the same directory, so a run of each (a cluster
+start and a job: two minutes of a CI core each) would test no other code. The volume's mount
+path, which on Kubernetes is a directory of each executor pod, is mapped into a temporary
+folder; the master and the driver's address are what a local cluster needs instead of a
+Kubernetes one. With a 4 MiB
 budget the state hosts spill: the spill files must be under the mount path, the metrics
 endpoint must answer on the port the chart's PodMonitor scrapes, and the counts must be exact.
 """
@@ -111,11 +115,9 @@ def scraped_port() -> int:
     return int(values["executorMetrics"]["podMonitor"]["port"])
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_the_submitted_conf_spills_under_the_mount_and_counts_exactly(
-    kind: str, admitted: dict[str, dict[str, Any]], tmp_path: Path
-) -> None:
-    app = admitted[kind]
+def submitted_conf(app: dict[str, Any]) -> dict[str, str]:
+    """The ``--conf`` pairs the Spark Operator submits ``app`` with, once checked: spilling,
+    under the statetier volume's mount path, with metrics on the port the chart scrapes."""
     validate(app)
     submission = submit(app)  # raises where the Spark Operator refuses the application
     conf = submission.conf
@@ -123,6 +125,21 @@ def test_the_submitted_conf_spills_under_the_mount_and_counts_exactly(
     spill = conf["spark.statetier.spill.dirs"]
     assert f"spark-local-dir-statetier.mount.path={spill}" in " ".join(submission.args)
     assert conf["spark.statetier.metrics.port"] == str(scraped_port())
+    return conf
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_volume_kind_is_submitted_with_the_spill_under_its_mount(
+    kind: str, admitted: dict[str, dict[str, Any]]
+) -> None:
+    submitted_conf(admitted[kind])
+
+
+def test_the_submitted_conf_spills_under_the_mount_and_counts_exactly(
+    admitted: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    conf = submitted_conf(admitted["ephemeral"])
+    spill = conf["spark.statetier.spill.dirs"]
     conf["spark.statetier.checkpoint.uri"] = f"file://{tmp_path}/ckpt"
     conf, mounts = mapped(conf, tmp_path / "pod")
     report = run(tmp_path, conf, mounts[spill], scraped_port())
