@@ -3,11 +3,13 @@ conditions, and the emulator's patch formats."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import json
 from typing import Any
 
+import kopf
 import pytest
 from statetier.backend.config import SETTINGS
 from statetier.kubetest import controllers
@@ -499,3 +501,28 @@ def _mib_of(size: int) -> int:
 def test_a_bad_task_cpus_is_named() -> None:
     with pytest.raises(ValueError, match=r"spark.task.cpus='two' is not a positive whole number"):
         memory.state_hosts({"sparkConf": {"spark.task.cpus": "two"}})
+
+
+class _JobsOf:
+    """The one call ``_require_own_job`` makes: the Job of that name as read now (or None)."""
+
+    def __init__(self, found: dict[str, Any] | None) -> None:
+        self.found = found
+
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.found
+
+
+def test_a_snapshot_job_name_taken_by_an_earlier_snapshot_is_retried_until_it_is_ours() -> None:
+    from statetier.operator import snapshot_handlers
+
+    job = {"metadata": {"namespace": "ns", "name": "s-savepoint"}}
+    ours = {"metadata": {"ownerReferences": [{"uid": "new"}]}}
+    theirs = {"metadata": {"ownerReferences": [{"uid": "old"}]}}
+    asyncio.run(snapshot_handlers._require_own_job(_JobsOf(ours), job, "new"))  # type: ignore[arg-type]
+    with pytest.raises(kopf.TemporaryError, match="belongs to an earlier StateSnapshot"):
+        asyncio.run(snapshot_handlers._require_own_job(_JobsOf(theirs), job, "new"))  # type: ignore[arg-type]
+    # the collector took the earlier Job between the create (409) and this read: the retry
+    # creates ours (a fresh clone's upgrade test waited 90 s on a snapshot with no Job)
+    with pytest.raises(kopf.TemporaryError, match="deleted just now"):
+        asyncio.run(snapshot_handlers._require_own_job(_JobsOf(None), job, "new"))  # type: ignore[arg-type]

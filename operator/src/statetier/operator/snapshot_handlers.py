@@ -137,11 +137,19 @@ async def start(
 async def _require_own_job(api: kube.Kube, job: Obj, uid: str) -> None:
     """A Job of that name owned by an earlier StateSnapshot of the same name (deleted, and
     recreated before the garbage collector took its Job) is not this snapshot's: wait for it to
-    go (kopf retries the handler) instead of reporting its outcome."""
+    go (kopf retries the handler) instead of reporting its outcome. One that is gone when it is
+    read (the collector took it between the create and the read) is created by the retry: a
+    handler that succeeded there left the snapshot Pending with no Job, for good."""
     meta = job["metadata"]
-    found = await api.read_job(meta["namespace"], meta["name"]) or {}
+    found = await api.read_job(meta["namespace"], meta["name"])
+    if not found:
+        raise kopf.TemporaryError(
+            f"Job {meta['name']} of an earlier StateSnapshot of this name was deleted just now: "
+            "creating this snapshot's",
+            delay=0.5,
+        )
     owners = [ref.get("uid") for ref in found.get("metadata", {}).get("ownerReferences") or []]
-    if found and uid not in owners:
+    if uid not in owners:
         raise kopf.TemporaryError(
             f"Job {meta['name']} belongs to an earlier StateSnapshot of this name: waiting for "
             "the garbage collector to delete it",
