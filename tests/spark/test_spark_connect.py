@@ -144,60 +144,6 @@ def test_an_input_spark_proves_empty_still_runs_every_range(
     assert committed_counts(pipeline.store, 2) == {"a": 1, "b": 1}
 
 
-def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
-    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
-) -> None:
-    """The loss of a state host (an executor's, in effect) on Connect: the client's coordinator
-    notices it and runs the epoch again, restoring the lost range; nothing lost or doubled."""
-    factory = functools.partial(HostDiesInSnapshot, str(tmp_path / "killed-once"))
-    pipeline = make(made, factory, f"file://{tmp_path}/ckpt", 2)
-    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
-    outputs: dict[str, int] = {}
-    for epoch, words in enumerate(batches, start=1):
-        assert (
-            pipeline.run_epoch(words_df(connect, words), epoch, collecting(outputs)).epoch == epoch
-        )
-    assert (tmp_path / "killed-once").exists()  # the host did die in epoch 2's snapshot
-    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
-    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
-    assert pipeline.store.epochs() == [1, 2, 3]
-    assert outputs == expected_counts(batches)
-    assert committed_counts(pipeline.store, 3) == expected_counts(batches)
-
-
-def test_the_compaction_service_compacts_what_a_connect_client_commits(
-    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
-) -> None:
-    """Remote compaction with the coordinator in the Connect client: the service's worker
-    merges the chains, and the hosts on the server name the compacted bases."""
-    root = tmp_path / "store"
-    root.mkdir()
-    prefix = f"file://{root}"
-    with Processes(tmp_path) as procs:
-        gateway, _ = procs.gateway([prefix], "--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
-        procs.worker(gateway, [prefix])
-        config = {
-            "compaction.endpoints": gateway,
-            "compaction.delta-trigger": 3,
-            "compaction.size-ratio": 100.0,
-            "compaction.poll-interval": "100ms",
-        }
-        pipeline = make(made, VectorWordCount, f"{prefix}/ckpt", 2, config=config)
-        batches = [zipf_words(600, 300, seed) for seed in range(10)]
-        outputs: dict[str, int] = {}
-        for words in batches:
-            pipeline.run(words_df(connect, words), collecting(outputs))
-        pipeline.drain()
-        remote = pipeline.upkeep.compactor
-        assert isinstance(remote, RemoteCompactor), remote
-        assert remote.remote_jobs >= 2 and remote.fallbacks == 0
-    assert outputs == expected_counts(batches)
-    latest_epoch = pipeline.store.epochs()[-1]
-    assert committed_counts(pipeline.store, latest_epoch) == expected_counts(batches)
-    bases = [c.base.path for c in pipeline.store.manifest(latest_epoch).chains()]
-    assert any("/compacted/" in path for path in bases), bases
-
-
 def test_timers_and_listeners_in_batch_runs(
     connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
 ) -> None:
@@ -330,3 +276,59 @@ def test_write_stream_needs_the_query_checkpoint_location(
         pipeline.write_stream(words).start()
     with pytest.raises(ValueError, match=r"checkpoint_location=\.\.\."):
         pipeline.foreach_batch()
+
+
+# the tests below kill a host or start a compaction service: last, so that nothing they leave
+# behind in the module's Connect server can reach the tests above
+def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The loss of a state host (an executor's, in effect) on Connect: the client's coordinator
+    notices it and runs the epoch again, restoring the lost range; nothing lost or doubled."""
+    factory = functools.partial(HostDiesInSnapshot, str(tmp_path / "killed-once"))
+    pipeline = make(made, factory, f"file://{tmp_path}/ckpt", 2)
+    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    for epoch, words in enumerate(batches, start=1):
+        assert (
+            pipeline.run_epoch(words_df(connect, words), epoch, collecting(outputs)).epoch == epoch
+        )
+    assert (tmp_path / "killed-once").exists()  # the host did die in epoch 2's snapshot
+    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
+    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
+    assert pipeline.store.epochs() == [1, 2, 3]
+    assert outputs == expected_counts(batches)
+    assert committed_counts(pipeline.store, 3) == expected_counts(batches)
+
+
+def test_the_compaction_service_compacts_what_a_connect_client_commits(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """Remote compaction with the coordinator in the Connect client: the service's worker
+    merges the chains, and the hosts on the server name the compacted bases."""
+    root = tmp_path / "store"
+    root.mkdir()
+    prefix = f"file://{root}"
+    with Processes(tmp_path) as procs:
+        gateway, _ = procs.gateway([prefix], "--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
+        procs.worker(gateway, [prefix])
+        config = {
+            "compaction.endpoints": gateway,
+            "compaction.delta-trigger": 3,
+            "compaction.size-ratio": 100.0,
+            "compaction.poll-interval": "100ms",
+        }
+        pipeline = make(made, VectorWordCount, f"{prefix}/ckpt", 2, config=config)
+        batches = [zipf_words(600, 300, seed) for seed in range(10)]
+        outputs: dict[str, int] = {}
+        for words in batches:
+            pipeline.run(words_df(connect, words), collecting(outputs))
+        pipeline.drain()
+        remote = pipeline.upkeep.compactor
+        assert isinstance(remote, RemoteCompactor), remote
+        assert remote.remote_jobs >= 2 and remote.fallbacks == 0
+    assert outputs == expected_counts(batches)
+    latest_epoch = pipeline.store.epochs()[-1]
+    assert committed_counts(pipeline.store, latest_epoch) == expected_counts(batches)
+    bases = [c.base.path for c in pipeline.store.manifest(latest_epoch).chains()]
+    assert any("/compacted/" in path for path in bases), bases
