@@ -36,6 +36,8 @@ from tests.spark.spark_support import (
     latest,
     zipf_words,
 )
+from tests.spark.test_spark_host_faults import run_with_a_host_killed
+from tests.spark.test_spark_remote_compaction import FAST
 from tests.spark.timer_support import SCHEMA as TIMER_SCHEMA
 from tests.spark.timer_support import ListenerProbe, TimerProbe
 
@@ -285,19 +287,10 @@ def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
 ) -> None:
     """The loss of a state host (an executor's, in effect) on Connect: the client's coordinator
     notices it and runs the epoch again, restoring the lost range; nothing lost or doubled."""
-    factory = functools.partial(HostDiesInSnapshot, str(tmp_path / "killed-once"))
+    marker = tmp_path / "killed-once"
+    factory = functools.partial(HostDiesInSnapshot, str(marker))
     pipeline = make(made, factory, f"file://{tmp_path}/ckpt", 2)
-    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
-    outputs: dict[str, int] = {}
-    for epoch, words in enumerate(batches, start=1):
-        assert (
-            pipeline.run_epoch(words_df(connect, words), epoch, collecting(outputs)).epoch == epoch
-        )
-    assert (tmp_path / "killed-once").exists()  # the host did die in epoch 2's snapshot
-    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
-    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
-    assert pipeline.store.epochs() == [1, 2, 3]
-    assert outputs == expected_counts(batches)
+    batches, _ = run_with_a_host_killed(connect, pipeline, marker)
     assert committed_counts(pipeline.store, 3) == expected_counts(batches)
 
 
@@ -310,7 +303,7 @@ def test_the_compaction_service_compacts_what_a_connect_client_commits(
     root.mkdir()
     prefix = f"file://{root}"
     with Processes(tmp_path) as procs:
-        gateway, _ = procs.gateway([prefix], "--lease-ttl", "1.5", "--heartbeat-interval", "0.3")
+        gateway, _ = procs.gateway([prefix], *FAST)
         procs.worker(gateway, [prefix])
         config = {
             "compaction.endpoints": gateway,

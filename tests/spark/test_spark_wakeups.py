@@ -27,7 +27,7 @@ from statetier.backend.spark import StatefulPipeline
 from tests.spark.spark_support import run_available_now
 from tests.spark.timer_support import SCHEMA, DelayedTimer, EventTimer
 
-pytestmark = pytest.mark.slow  # several timed streaming runs: started first (see tests/conftest.py)
+pytestmark = pytest.mark.slow  # several timed streaming runs
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "06-spark-sessions" / "example.py"
 LATE_BOUND_S = 15.0  # a timer's micro-batch, on two cores shared with other Spark tests
