@@ -5,12 +5,13 @@ from __future__ import annotations
 import collections
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark import Combiner, KeyGroupFunction, current_task
@@ -170,6 +171,19 @@ def latest(outputs: dict[str, int], rows: Iterable[Any]) -> None:
     for word, count in rows:
         if count > outputs.get(word, 0):
             outputs[word] = count
+
+
+def words_df(spark: SparkSession, words: list[str]) -> DataFrame:
+    return spark.createDataFrame([(w,) for w in words], "word string")
+
+
+def collecting(outputs: dict[str, int]) -> Callable[[DataFrame, int], None]:
+    """A sink that keeps each word's latest count in ``outputs``."""
+
+    def sink(out: DataFrame, epoch: int) -> None:
+        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
+
+    return sink
 
 
 def host_pids(environ: str | None = None) -> set[int]:

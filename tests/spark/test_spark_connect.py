@@ -30,10 +30,12 @@ from tests.spark.conftest import spark_env
 from tests.spark.spark_support import (
     HostDiesInSnapshot,
     VectorWordCount,
+    collecting,
     committed_counts,
     expected_counts,
     host_pids,
     latest,
+    words_df,
     zipf_words,
 )
 from tests.spark.test_spark_host_faults import run_with_a_host_killed
@@ -99,17 +101,6 @@ def make(
     )
     made.append(pipeline)
     return pipeline
-
-
-def words_df(spark: SparkSession, words: list[str]) -> DataFrame:
-    return spark.createDataFrame([(w,) for w in words], "word string")
-
-
-def collecting(outputs: dict[str, int]) -> Callable[[DataFrame, int], None]:
-    def sink(out: DataFrame, epoch: int) -> None:
-        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
-
-    return sink
 
 
 def test_the_classic_driver_is_not_there(connect: SparkSession) -> None:

@@ -16,10 +16,11 @@ from statetier.backend.spark import StatefulPipeline
 from tests.spark.spark_support import (
     HostDiesInSnapshot,
     VectorWordCount,
+    collecting,
     expected_counts,
     zipf_words,
 )
-from tests.spark.test_spark_pipeline import collecting, make
+from tests.spark.test_spark_pipeline import make
 
 
 def test_a_host_that_cannot_start_names_the_cause(

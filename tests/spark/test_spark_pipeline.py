@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,17 @@ from tests.spark.spark_support import (
     SnapshotFailsOnce,
     VectorWordCount,
     WordCount,
+    collecting,
     expected_counts,
     fail_once_per_marker,
     host_pids,
     latest,
     run_available_now,
+    words_df,
     zipf_words,
 )
 
 SCHEMA = "word string, count bigint"
-
-
-def words_df(spark: SparkSession, words: list[str]) -> DataFrame:
-    return spark.createDataFrame([(w,) for w in words], "word string")
 
 
 def make(
@@ -60,13 +57,6 @@ def make(
     )
     pipelines.append(pipeline)
     return pipeline
-
-
-def collecting(outputs: dict[str, int]) -> Callable[[DataFrame, int], None]:
-    def sink(out: DataFrame, epoch: int) -> None:
-        latest(outputs, ((r.word, r["count"]) for r in out.collect()))
-
-    return sink
 
 
 def test_spark_sql_key_group_equals_python(spark: SparkSession) -> None:
