@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from statetier.backend import cli
 from statetier.tools import commands
+from statetier.tools.ports import free_port
 
 from tests.uninstalled import run_without
 
@@ -204,12 +204,6 @@ def test_gc_on_a_mistyped_uri_fails_and_deletes_nothing(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "epoch-0000000001").exists()
     unknown = run_cli("checkpoint", "gc", "s4://bucket/prefix")
     assert_short_failure(unknown, "Protocol not known: s4")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_refused_endpoint_fails_in_seconds_with_the_defaults() -> None:

@@ -10,7 +10,6 @@ reach it, since they take object-storage settings from AWS_* variables as in a p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,17 +18,11 @@ from typing import Any, Self
 
 from statetier.tools import seaweed
 from statetier.tools.lifetime import die_with_parent, stop_process
+from statetier.tools.ports import free_port
 
 __all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
 
 BUCKET, KEY, SECRET = seaweed.BUCKET, seaweed.KEY, seaweed.SECRET
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 a moment ago (for a gateway, or an address nobody serves)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SeaweedFS:

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import IO
 
 from statetier.tools.lifetime import die_with_parent, stop_process
+from statetier.tools.ports import free_port
 
 __all__ = ["ConnectServer", "spark_home"]
 
@@ -33,12 +34,6 @@ def spark_home() -> str:
     import pyspark
 
     return str(Path(pyspark.__file__).parent)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ConnectServer:
@@ -61,7 +56,7 @@ class ConnectServer:
     ) -> ConnectServer:
         """Start a server running ``master`` with ``conf``; its Python workers run this
         interpreter with ``env`` added (PYTHONPATH for the code they must import)."""
-        port = _free_port()
+        port = free_port()
         settings = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(port),
