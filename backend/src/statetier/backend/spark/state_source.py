@@ -71,11 +71,12 @@ __all__ = [
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 BATCH_ROWS = 65536
-# A task costs about a second of fixed work on a busy executor (a Python worker, the manifest,
-# its files downloaded and checked, its batches handed to the JVM) and decodes about 4 MiB of
-# stored state a second: a million small entries (4 MiB) read as fast in one task as in two,
-# and faster than in 4 or 8 (docs/benchmarks.md), so a task takes 8 MiB before another pays.
-BYTES_PER_TASK = 8 << 20
+# A task has a fixed cost (a Python worker, the manifest, its files downloaded and checked, its
+# batches handed to the JVM) of the order of what handing Spark 2 MiB of decoded state costs, so a
+# task takes 2 MiB before another pays: a million small entries (3.7 MiB) read on a 2-core machine
+# at load 6-7 (docs/benchmarks.md) in 2 tasks at 1.34x Spark's statestore, in 4 at 1.10x and in
+# 1 at 0.81x (a single task leaves the other core idle).
+BYTES_PER_TASK = 2 << 20
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
