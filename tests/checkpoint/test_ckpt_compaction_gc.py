@@ -30,7 +30,7 @@ from statetier.backend.snapshot.layout import epoch_of
 from statetier.backend.snapshot.process_compactor import MERGE_NICENESS, ProcessCompactor
 from statetier.backend.snapshot.upkeep import WHOLE_LISTING_EVERY
 from statetier.backend.snapshot.verify import verify_store
-from statetier.tools.compaction_launch import free_port
+from statetier.tools.ports import free_port
 
 from tests.checkpoint.ckpt_support import MAX_P, Accumulate, Location, dump_keyed, records
 

@@ -166,7 +166,7 @@ def test_workers_follow_the_gateway_queue(
 
 
 def test_an_unreachable_gateway_changes_nothing(operator: Sandbox, procs: Processes) -> None:
-    from statetier.tools.compaction_launch import free_port
+    from statetier.tools.ports import free_port
 
     box = operator
     manifest = compaction_service_manifest(

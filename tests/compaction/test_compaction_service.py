@@ -23,7 +23,8 @@ from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.http_json import call_json
 from statetier.backend.local_runner import LocalRunner
 from statetier.backend.snapshot.compaction import CompactionError, LocalCompactor
-from statetier.tools.compaction_launch import Processes, SeaweedFS, free_port
+from statetier.tools.compaction_launch import Processes, SeaweedFS
+from statetier.tools.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository: tests.compaction.*
 

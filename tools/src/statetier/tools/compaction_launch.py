@@ -18,9 +18,8 @@ from typing import Any, Self
 
 from statetier.tools import seaweed
 from statetier.tools.lifetime import die_with_parent, stop_process
-from statetier.tools.ports import free_port
 
-__all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS", "free_port"]
+__all__ = ["BUCKET", "KEY", "SECRET", "Processes", "SeaweedFS"]
 
 BUCKET, KEY, SECRET = seaweed.BUCKET, seaweed.KEY, seaweed.SECRET
 

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from statetier.tools.lifetime import die_with_parent, stop_process
+from statetier.tools.ports import free_port
 
 __all__ = ["SeaweedFS"]
 
@@ -31,12 +32,10 @@ PORTS = ("master", "volume", "filer", "s3", "admin")
 GRPC_PORT_OFFSET = 10000  # weed's gRPC port of each component: its HTTP port + 10000
 
 
-def _free_port(taken: set[int]) -> int:
+def _port_with_free_grpc(taken: set[int]) -> int:
     """A free port whose gRPC port (+ GRPC_PORT_OFFSET) is free too."""
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         grpc = port + GRPC_PORT_OFFSET
         if grpc > 65535 or port in taken or grpc in taken:
             continue
@@ -95,7 +94,7 @@ class SeaweedFS:
     def start(cls, data: Path, timeout: float = 60.0) -> SeaweedFS:
         data.mkdir(parents=True, exist_ok=True)
         taken: set[int] = set()
-        ports = {name: _free_port(taken) for name in PORTS}
+        ports = {name: _port_with_free_grpc(taken) for name in PORTS}
         binary = weed_binary()
         sockets = Path(tempfile.mkdtemp(prefix="statetier-weed-"))
         cmd = [
