@@ -20,6 +20,8 @@ REPO = Path(__file__).parents[2]
 sys.path.insert(0, str(REPO))
 
 pyspark = pytest.importorskip("pyspark")
+# its checks (run_with_a_host_killed, ...) fail with the values compared, as a test's do
+pytest.register_assert_rewrite("tests.spark.spark_support")
 
 from pyspark.sql import SparkSession  # noqa: E402
 from statetier.backend.spark import StatefulPipeline  # noqa: E402

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -14,7 +15,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
-from statetier.backend.spark import Combiner, KeyGroupFunction, current_task
+from statetier.backend.spark import Combiner, KeyGroupFunction, StatefulPipeline, current_task
 
 COUNT = ValueStateDescriptor[int]("count")
 
@@ -174,6 +175,7 @@ def latest(outputs: dict[str, int], rows: Iterable[Any]) -> None:
 
 
 def words_df(spark: SparkSession, words: list[str]) -> DataFrame:
+    """``words`` as the one-column DataFrame (``word string``) the word counts read."""
     return spark.createDataFrame([(w,) for w in words], "word string")
 
 
@@ -184,6 +186,29 @@ def collecting(outputs: dict[str, int]) -> Callable[[DataFrame, int], None]:
         latest(outputs, ((r.word, r["count"]) for r in out.collect()))
 
     return sink
+
+
+def run_with_a_host_killed(
+    spark: SparkSession, pipeline: StatefulPipeline, marker: Path
+) -> tuple[list[list[str]], list[float]]:
+    """Three epochs of a :class:`HostDiesInSnapshot` pipeline (its host dies in epoch 2's
+    snapshot, ``marker`` says so), checked as on any session: one re-run of epoch 2 that
+    restores the lost range, exact outputs. The batches and each epoch's seconds."""
+    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
+    outputs: dict[str, int] = {}
+    sink = collecting(outputs)
+    seconds = []
+    for epoch, words in enumerate(batches, start=1):
+        started = time.monotonic()
+        report = pipeline.run_epoch(words_df(spark, words), epoch, sink)
+        seconds.append(time.monotonic() - started)
+        assert report.epoch == epoch
+    assert marker.exists()  # the host did die in epoch 2's snapshot
+    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
+    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
+    assert pipeline.store.epochs() == [1, 2, 3]
+    assert outputs == expected_counts(batches)
+    return batches, seconds
 
 
 def host_pids(environ: str | None = None) -> set[int]:

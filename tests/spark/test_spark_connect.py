@@ -35,10 +35,10 @@ from tests.spark.spark_support import (
     expected_counts,
     host_pids,
     latest,
+    run_with_a_host_killed,
     words_df,
     zipf_words,
 )
-from tests.spark.test_spark_host_faults import run_with_a_host_killed
 from tests.spark.test_spark_remote_compaction import FAST
 from tests.spark.timer_support import SCHEMA as TIMER_SCHEMA
 from tests.spark.timer_support import ListenerProbe, TimerProbe

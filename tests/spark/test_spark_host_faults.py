@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from statetier.backend.spark import StatefulPipeline
 from tests.spark.spark_support import (
     HostDiesInSnapshot,
     VectorWordCount,
-    collecting,
-    expected_counts,
+    run_with_a_host_killed,
+    words_df,
     zipf_words,
 )
 from tests.spark.test_spark_pipeline import make
@@ -34,7 +33,7 @@ def test_a_host_that_cannot_start_names_the_cause(
         2,
         **{"host.bind-address": "192.0.2.1"},
     )
-    df = spark.createDataFrame([(w,) for w in zipf_words(200, 50, 1)], "word string")
+    df = words_df(spark, zipf_words(200, 50, 1))
     with pytest.raises(Exception) as info:
         pipeline.run(df)
     message = str(info.value)
@@ -55,27 +54,3 @@ def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(
     pipeline = make(pipelines, factory, f"file://{tmp_path}/ckpt", 2)
     _, seconds = run_with_a_host_killed(spark, pipeline, marker)
     assert seconds[1] < 30  # noticed at once (its registry connection closed), no timeout
-
-
-def run_with_a_host_killed(
-    spark: SparkSession, pipeline: StatefulPipeline, marker: Path
-) -> tuple[list[list[str]], list[float]]:
-    """Three epochs of a :class:`HostDiesInSnapshot` pipeline (its host dies in epoch 2's
-    snapshot, ``marker`` says so), checked as on any session: one re-run of epoch 2 that
-    restores the lost range, exact outputs. The batches and each epoch's seconds."""
-    batches = [zipf_words(1000, 200, seed) for seed in range(3)]
-    outputs: dict[str, int] = {}
-    sink = collecting(outputs)
-    seconds = []
-    for epoch, words in enumerate(batches, start=1):
-        started = time.monotonic()
-        df = spark.createDataFrame([(w,) for w in words], "word string")
-        report = pipeline.run_epoch(df, epoch, sink)
-        seconds.append(time.monotonic() - started)
-        assert report.epoch == epoch
-    assert marker.exists()  # the host did die in epoch 2's snapshot
-    assert [r.reruns for r in pipeline.reports] == [0, 1, 0]
-    assert pipeline.reports[1].restored >= 1  # the re-run restored the lost range
-    assert pipeline.store.epochs() == [1, 2, 3]
-    assert outputs == expected_counts(batches)
-    return batches, seconds
