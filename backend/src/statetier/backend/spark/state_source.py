@@ -73,9 +73,9 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 BATCH_ROWS = 65536
 # A task has a fixed cost (a Python worker, the manifest, its files downloaded and checked, its
 # batches handed to the JVM) of the order of what handing Spark 2 MiB of decoded state costs, so a
-# task takes 2 MiB before another pays: a million small entries (3.7 MiB) read on a 2-core machine
-# at load 6-7 (docs/benchmarks.md) in 2 tasks at 1.34x Spark's statestore, in 4 at 1.10x and in
-# 1 at 0.81x (a single task leaves the other core idle).
+# task takes 2 MiB before another pays: a million small entries (3.7 MB) read on a 2-core machine
+# at load 6-8 (docs/benchmarks.md) in 2 tasks at 1.34x and 1.71x Spark's statestore, in 4 at
+# 1.10x and in 1 at 0.81x (a single task leaves the other core idle).
 BYTES_PER_TASK = 2 << 20
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
