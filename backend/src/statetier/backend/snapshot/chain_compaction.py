@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -51,14 +50,16 @@ def _warn_exiting_once(left: int, epoch: int) -> None:
 
 
 def _exiting(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is concurrent.futures refusing work at interpreter exit. Its wording is
-    one sign (the flag it checks is private), but not the only one: at exit an idle worker
-    thread of a pool marks its pool shut down, so a pool in use (a compaction's parallel reads)
-    then says only "after shutdown". The main thread has ended by then, which is public."""
-    message = str(exc)
-    if "after interpreter shutdown" in message:
-        return True
-    return "cannot schedule new futures" in message and not threading.main_thread().is_alive()
+    """Whether ``exc`` is concurrent.futures refusing work at interpreter exit.
+
+    Any refusal inside a compaction is: its pools are local to the call (a compaction's
+    parallel reads) or the runner's own, which ``close`` shuts down only after waiting for the
+    compaction. The wording alone decides, since at exit it varies: a pool created after the
+    exit hook ran says "after interpreter shutdown", a pool already in use says only "after
+    shutdown" (the hook wakes its idle workers, which mark it shut down). Nor is the main
+    thread a sign: the hook runs, and joins the upkeep thread, before the main thread is
+    marked stopped (a CI run printed a failed compaction that way)."""
+    return "cannot schedule new futures" in str(exc)
 
 
 @dataclasses.dataclass(frozen=True)
