@@ -381,6 +381,40 @@ def test_timers_restore_at_another_parallelism_and_fire_once(tmp_path: Path) -> 
         restored.close()
 
 
+def test_a_keys_timers_are_checkpointed_as_the_sorted_list_they_always_were(tmp_path: Path) -> None:
+    """On the heap a key's one timer is a bare int (timers._Stamps); the checkpoint still holds
+    the sorted list of its timestamps, one timer too, as older checkpoints and every reader of
+    them (the state source, compaction, older versions) expect."""
+    from statetier.backend.keygroups import KeyGroupRange
+    from statetier.backend.snapshot.reading import read_stored, read_timers
+
+    uri = f"file://{tmp_path}"
+    runner = _timer_runner(uri, 2, ManualClock(0))
+    runner.run_epoch([("one", ("event", 10)), *[("three", ("event", t)) for t in (30, 10, 20)]])
+    runner.run_epoch([("moved", ("event", 50)), ("moved", ("del-event", 50))])
+    runner.run_epoch([("moved", ("event", 70)), ("three", ("del-event", 20))])
+    runner.close()
+    store = SnapshotStore(uri)
+    manifest = store.manifest()
+    stored = {
+        DEFAULT_SERIALIZER.loads(key): DEFAULT_SERIALIZER.loads(value)
+        for _, key, value in read_stored(store, manifest, EVENT_TIMER_STATE, KeyGroupRange(0, 15))
+    }
+    assert stored == {"one": [10], "three": [10, 30], "moved": [70]}
+    timers = sorted(
+        (t.key, t.timestamp) for t in read_timers(store, manifest, KeyGroupRange(0, 15))
+    )
+    assert timers == [("moved", 70), ("one", 10), ("three", 10), ("three", 30)]
+    restored = _timer_runner(uri, 1, ManualClock(0))
+    (inst,) = restored.instances
+    for key, stamps in stored.items():
+        inst.keyed.set_current_key(key)
+        assert inst.timers.timers(EVENT) == stamps
+    fired = [(ts, key) for _, ts, key, _ in restored.advance_time(watermark=100)]
+    assert fired == [(10, "one"), (10, "three"), (30, "three"), (70, "moved")]
+    restored.close()
+
+
 def test_run_epoch_fires_the_watermarks_timers_before_its_records_and_late_ones_after(
     tmp_path: Path,
 ) -> None:

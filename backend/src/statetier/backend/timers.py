@@ -6,7 +6,8 @@ fires, the runtime makes the timer's key current and calls ``on_timer(timestamp,
 so the key's state is in scope and the function may emit output and register more timers.
 
 As in Flink, timers are state: each domain is one keyed state (``EVENT_TIMER_STATE``,
-``PROCESSING_TIMER_STATE``) holding, per key, the sorted list of its timestamps. They therefore
+``PROCESSING_TIMER_STATE``) holding, per key, its timestamps (checkpointed as a sorted list;
+on the heap one timestamp is a bare int, see :class:`_Stamps`). They therefore
 spill, checkpoint (incrementally: registering a timer touches its key), restore and rescale with
 their key groups, and a timer registered twice for one key and timestamp is one timer. The
 firing order (timestamp, key group, key bytes: deterministic at any parallelism) comes from a
@@ -78,10 +79,38 @@ def _key_encoder(serializer: Serializer) -> Callable[[Any], bytes]:
     return serializer.dumps
 
 
+class _Stamps:
+    """The serializer of the timer states: a key's timestamps, written as the sorted list of
+    them that checkpoints have always held (id ``msgpack``: readers, compaction and older
+    checkpoints see no change), kept on the heap as a bare int when there is one.
+
+    Most keys with timers have one (a session's, a dedup's expiry), and a function that moves
+    it on every record then writes an int to the key's dict entry: no list to allocate, fill
+    and follow through two pointers to the timestamp, per register, delete and firing."""
+
+    id = MsgpackSerializer.id
+
+    def __init__(self) -> None:
+        self._msgpack = MsgpackSerializer()
+
+    def dumps(self, stamps: int | list[int]) -> bytes:
+        return self._msgpack.dumps([stamps] if type(stamps) is int else stamps)
+
+    def loads(self, data: bytes) -> int | list[int]:
+        stamps: list[int] = self._msgpack.loads(data)
+        return stamps[0] if len(stamps) == 1 else stamps
+
+    def bulk_dumps(self) -> Callable[[Any], bytes]:
+        """The default serializer's bulk ``dumps`` of the stored lists (see serializers)."""
+        pack = self._msgpack.bulk_dumps()
+        return lambda stamps: pack([stamps] if type(stamps) is int else stamps)
+
+
 class _TimerQueue:
     """The timers of one domain: their keyed state (created on first use) and a heap over keys.
 
-    The state is the truth: per key, the sorted list of its timestamps. The heap orders the
+    The state is the truth: per key, its timestamp, or the sorted list of its timestamps when
+    it has several (:class:`_Stamps`). The heap orders the
     keys, not the timers: it holds, for every key with timers, an entry at or before the key's
     earliest timer, its *bound* (``_bound[key]``, the timestamp of that entry). A timer at or
     after the bound is only written to the state; a function that moves its key's timer later
@@ -112,17 +141,13 @@ class _TimerQueue:
         self._keys: dict[int, Any] = {}
         self._bound: dict[Any, int] = {}
         self._key_bytes = _key_encoder(backend.key_serializer)
-        # The list of the key whose last timer was deleted, kept for the next key that gets
-        # one: a session moves its key's only timer on every record (delete, then register),
-        # and reusing the list spares the garbage collector a new list per record.
-        self._spare: list[int] | None = None
         self.live = 0
         if name in backend.restored or name in backend.tables:
             self._state_maps()  # restored timers: register the state and index them now
 
     def _state_maps(self) -> list[MutableMapping[Any, Any]]:
         if self._maps is None:
-            descriptor = ValueStateDescriptor[list[int]](self._name, serializer=MsgpackSerializer())
+            descriptor = ValueStateDescriptor[Any](self._name, serializer=_Stamps())
             self._backend.register_internal_state(descriptor)
             self._maps = self._backend.tables[self._name].maps
             self._rebuild()
@@ -139,7 +164,11 @@ class _TimerQueue:
         for slot in range(len(self._backend.key_groups)):
             key_group = self._first + slot
             for key, stamps in self._maps[slot].items():
-                when = stamps[0] << _KG_BITS | key_group
+                if type(stamps) is int:
+                    earliest, count = stamps, 1
+                else:
+                    earliest, count = stamps[0], len(stamps)
+                when = earliest << _KG_BITS | key_group
                 there = keys.get(when)
                 if there is None:
                     keys[when] = key
@@ -147,8 +176,8 @@ class _TimerQueue:
                     there.append(key)
                 else:
                     keys[when] = [there, key]
-                bound[key] = stamps[0]
-                live += len(stamps)
+                bound[key] = earliest
+                live += count
         for there in keys.values():
             if type(there) is list:
                 there.sort(key=self._key_bytes)
@@ -167,17 +196,15 @@ class _TimerQueue:
         ctx = self._ctx
         key = ctx.key
         kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
-        stamps: list[int] | None = kg_map.get(key)
+        stamps = kg_map.get(key)
         if stamps is None:
-            spare = self._spare
-            if spare is None:
-                kg_map[key] = [timestamp]
-            else:
-                self._spare = None
-                spare.append(timestamp)
-                kg_map[key] = spare
+            kg_map[key] = timestamp
+        elif type(stamps) is int:
+            if stamps == timestamp:
+                return  # one timer per key and timestamp
+            kg_map[key] = [stamps, timestamp] if stamps < timestamp else [timestamp, stamps]
         elif timestamp in stamps:
-            return  # one timer per key and timestamp
+            return
         else:
             bisect.insort(stamps, timestamp)
             kg_map[key] = stamps  # a spilled map must see the write
@@ -223,15 +250,18 @@ class _TimerQueue:
             return
         kg_map = self._maps[ctx.index]
         key = ctx.key
-        stamps: list[int] | None = kg_map.get(key)
-        if not stamps or timestamp not in stamps:
+        stamps = kg_map.get(key)
+        if stamps is None:
             return
-        stamps.remove(timestamp)
-        if stamps:
-            kg_map[key] = stamps
-        else:
+        if type(stamps) is int:
+            if stamps != timestamp:
+                return
             del kg_map[key]
-            self._spare = stamps  # empty, and the state holds it no more
+        elif timestamp not in stamps:
+            return
+        else:
+            stamps.remove(timestamp)
+            kg_map[key] = stamps[0] if len(stamps) == 1 else stamps
         self.live -= 1
         if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
             self._rebuild()  # mostly stale entries: index the live timers only
@@ -264,23 +294,24 @@ class _TimerQueue:
             slot = key_group - first
             kg_map = maps[slot]
             stamps = kg_map.get(key)
-            if not stamps:
+            if stamps is None:
                 del bound[key]
                 continue
-            if stamps[0] != timestamp:  # moved later: the entry goes to its earliest timer
-                self._push(stamps[0], key_group, key)
+            earliest = stamps if type(stamps) is int else stamps[0]
+            if earliest != timestamp:  # moved later: the entry goes to its earliest timer
+                self._push(earliest, key_group, key)
                 continue
             backend.set_current_key(key)  # the key's state in scope; logs the change
             if maps[slot] is not kg_map:  # making the key current moved its key group
                 kg_map = maps[slot]
                 stamps = kg_map[key]
-            del stamps[0]
-            if stamps:
-                kg_map[key] = stamps
-                self._push(stamps[0], key_group, key)
-            else:
+            if type(stamps) is int:
                 del kg_map[key]
                 del bound[key]
+            else:
+                del stamps[0]
+                kg_map[key] = stamps[0] if len(stamps) == 1 else stamps
+                self._push(stamps[0], key_group, key)
             self.live -= 1
             yield timestamp, key
 
@@ -298,11 +329,12 @@ class _TimerQueue:
             timestamp, key_group = when >> _KG_BITS, when & _KG_MASK
             if bound.get(key) == timestamp:
                 stamps = maps[key_group - first].get(key)
-                if stamps and stamps[0] == timestamp:
+                earliest = stamps if stamps is None or type(stamps) is int else stamps[0]
+                if earliest == timestamp:
                     return timestamp
                 self._pop_first(when)
-                if stamps:
-                    self._push(stamps[0], key_group, key)
+                if earliest is not None:
+                    self._push(earliest, key_group, key)
                 else:
                     del bound[key]
             else:
@@ -314,7 +346,10 @@ class _TimerQueue:
         ctx.require_key()
         if self._maps is None:
             return []
-        return list(self._maps[ctx.index].get(ctx.key) or ())
+        stamps = self._maps[ctx.index].get(ctx.key)
+        if stamps is None:
+            return []
+        return [stamps] if type(stamps) is int else list(stamps)
 
 
 class TimerService:
