@@ -79,6 +79,16 @@ def _key_encoder(serializer: Serializer) -> Callable[[Any], bytes]:
     return serializer.dumps
 
 
+def _listed(stamps: int | list[int]) -> list[int]:
+    """A key's stored timestamps (:class:`_Stamps`) as their sorted list (not a copy)."""
+    return [stamps] if isinstance(stamps, int) else stamps
+
+
+def _stored(stamps: list[int]) -> int | list[int]:
+    """The stored form of a key's sorted, non-empty timestamps: one is a bare int."""
+    return stamps[0] if len(stamps) == 1 else stamps
+
+
 class _Stamps:
     """The serializer of the timer states: a key's timestamps, written as the sorted list of
     them that checkpoints have always held (id ``msgpack``: readers, compaction and older
@@ -94,16 +104,15 @@ class _Stamps:
         self._msgpack = MsgpackSerializer()
 
     def dumps(self, stamps: int | list[int]) -> bytes:
-        return self._msgpack.dumps([stamps] if type(stamps) is int else stamps)
+        return self._msgpack.dumps(_listed(stamps))
 
     def loads(self, data: bytes) -> int | list[int]:
-        stamps: list[int] = self._msgpack.loads(data)
-        return stamps[0] if len(stamps) == 1 else stamps
+        return _stored(self._msgpack.loads(data))
 
     def bulk_dumps(self) -> Callable[[Any], bytes]:
         """The default serializer's bulk ``dumps`` of the stored lists (see serializers)."""
         pack = self._msgpack.bulk_dumps()
-        return lambda stamps: pack([stamps] if type(stamps) is int else stamps)
+        return lambda stamps: pack(_listed(stamps))
 
 
 class _TimerQueue:
@@ -164,10 +173,8 @@ class _TimerQueue:
         for slot in range(len(self._backend.key_groups)):
             key_group = self._first + slot
             for key, stamps in self._maps[slot].items():
-                if type(stamps) is int:
-                    earliest, count = stamps, 1
-                else:
-                    earliest, count = stamps[0], len(stamps)
+                listed = _listed(stamps)
+                earliest = listed[0]
                 when = earliest << _KG_BITS | key_group
                 there = keys.get(when)
                 if there is None:
@@ -177,7 +184,7 @@ class _TimerQueue:
                 else:
                     keys[when] = [there, key]
                 bound[key] = earliest
-                live += count
+                live += len(listed)
         for there in keys.values():
             if type(there) is list:
                 there.sort(key=self._key_bytes)
@@ -261,7 +268,7 @@ class _TimerQueue:
             return
         else:
             stamps.remove(timestamp)
-            kg_map[key] = stamps[0] if len(stamps) == 1 else stamps
+            kg_map[key] = _stored(stamps)
         self.live -= 1
         if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
             self._rebuild()  # mostly stale entries: index the live timers only
@@ -310,7 +317,7 @@ class _TimerQueue:
                 del bound[key]
             else:
                 del stamps[0]
-                kg_map[key] = stamps[0] if len(stamps) == 1 else stamps
+                kg_map[key] = _stored(stamps)
                 self._push(stamps[0], key_group, key)
             self.live -= 1
             yield timestamp, key
@@ -347,9 +354,7 @@ class _TimerQueue:
         if self._maps is None:
             return []
         stamps = self._maps[ctx.index].get(ctx.key)
-        if stamps is None:
-            return []
-        return [stamps] if type(stamps) is int else list(stamps)
+        return [] if stamps is None else list(_listed(stamps))
 
 
 class TimerService:
