@@ -223,15 +223,27 @@ def test_listeners_hear_committed_and_aborted_epochs(
     pipeline.run_epoch(rows, 4)
     pipeline.run(rows)
     lines = [line.split() for f in sorted(logs.iterdir()) for line in f.read_text().splitlines()]
-    for index in ("0", "1"):
-        heard = [(what, int(epoch)) for what, epoch, i in lines if i == index]
-        assert heard == [
-            ("complete", 1),
-            ("complete", 2),
-            ("complete", 3),
-            ("aborted", 4),
-            ("complete", 4),
-        ]
+    heard = {i: [(what, int(epoch)) for what, epoch, index in lines if index == i] for i in "01"}
+    everything = [("complete", 1), ("complete", 2), ("complete", 3), ("aborted", 4)]
+    everything.append(("complete", 4))
+    runs = {r.epoch: r for r in pipeline.reports}  # the committed runs
+    shown = [(r.epoch, r.warm, r.restored, r.fresh) for r in pipeline.reports]
+    assert sorted(runs) == [1, 2, 3, 4, 5], shown
+    for index, of_range in heard.items():
+        rest = iter(everything)
+        assert all(item in rest for item in of_range), (index, of_range, shown)  # in order, once
+    # a range warm at epoch E + 1 is told that E is committed before its records; one that a
+    # busy machine moved (a host that missed its heartbeats, say) is restored and told
+    # nothing, as in Flink
+    for epoch in (1, 2, 4):
+        told = sum(("complete", epoch) in h for h in heard.values())
+        assert told == runs[epoch + 1].warm, (epoch, heard, shown)
+    # epoch 4's first run is not committed (no report): each range's instance that ran it is
+    # told it is aborted when the run again restores the range on the same host (a range moved
+    # meanwhile is restored elsewhere, and its old instance dropped untold)
+    aborted = sum(("aborted", 4) in h for h in heard.values())
+    stayed = all(runs[epoch].warm == 2 for epoch in (2, 3, 5))  # no range moved
+    assert aborted == 2 if stayed else aborted <= 2, (heard, shown)
 
 
 @pytest.mark.parametrize(
