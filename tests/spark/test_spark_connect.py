@@ -271,6 +271,41 @@ def test_write_stream_needs_the_query_checkpoint_location(
         pipeline.foreach_batch()
 
 
+def test_the_queries_of_a_connect_server_share_its_state_hosts(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """Each query's foreachBatch process coordinates its own pipeline with a registry of its
+    own, and all of them use the application's state hosts: a second query, then two at once,
+    start no host, and each is exact (a range's result goes to the registry that routed its
+    task)."""
+    batches = [zipf_words(1500, 300, seed) for seed in range(2)]
+
+    def start(name: str) -> tuple[Any, str, Path]:
+        root = tmp_path / name
+        root.mkdir()
+        add_files(root / "in", batches, range(2))
+        uri = f"file://{root}/ckpt"
+        writer = make(made, VectorWordCount, uri, 3).write_stream(
+            words_stream(connect, root / "in"), json_sink(root / "out")
+        )
+        query = writer.option("checkpointLocation", str(root / "spark-ckpt"))
+        return query.trigger(availableNow=True).start(), uri, root / "out"
+
+    def finish(query: Any, uri: str, out: Path) -> None:
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        assert SnapshotStore(uri).epochs()[-1] == 2
+        assert committed_counts(SnapshotStore(uri), 2) == expected_counts(batches)
+        assert sunk_counts(out) == expected_counts(batches)
+
+    finish(*start("first"))
+    hosts = host_pids(MARKER)
+    together = [start("second"), start("third")]
+    for started in together:
+        finish(*started)
+    assert host_pids(MARKER) - hosts == set(), "a query started state hosts of its own"
+
+
 # the tests below kill a host or start a compaction service: last, so that nothing they leave
 # behind in the module's Connect server can reach the tests above
 def test_a_host_killed_after_its_task_costs_a_rerun_not_the_epoch(

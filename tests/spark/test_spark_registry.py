@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from statetier.backend.spark.channel import (
@@ -23,7 +24,7 @@ from statetier.backend.spark.channel import (
     connect,
     new_secret,
 )
-from statetier.backend.spark.host import StateHost
+from statetier.backend.spark.host import HostedRange, StateHost
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.registry import (
     HostInfo,
@@ -54,7 +55,14 @@ class FakeHost:
         self.info = HostInfo(name, 0, name, "node", list(self.server.endpoints))
         self.orders: list[HostOrder] = []
         self.answer = b"R{}"
-        self.link = RegistryLink(self.info, registry.secret, self.orders.append)
+        self.registry = registry.endpoint
+        self.lost: list[Endpoint] = []
+        self.link = RegistryLink(
+            self.info,
+            registry.secret,
+            lambda order, _: self.orders.append(order),
+            on_lost=self.lost.append,
+        )
         self.link.join(registry.endpoint)
 
     def _serve(self, conn: Connection) -> None:
@@ -136,14 +144,28 @@ def test_a_join_naming_a_registry_that_stopped_keeps_the_live_registration(
     time.sleep(registry.liveness_timeout + 1)  # a dropped link: its heartbeats stop
     assert registry.owner(("p", 4, 0)) is not None
     assert registry.moves == 0
-    other = HostRegistry(registry.secret, "127.0.0.1")  # one that answers: the host moves
+    # one that answers (another coordinator of the application, as each query's on a Connect
+    # server): the host serves both, each hears its heartbeat, and a result goes to the one
+    # that routed its task
+    other = HostRegistry(registry.secret, "127.0.0.1")
     try:
         a.link.join(other.endpoint)
-        deadline = time.monotonic() + 5
-        while registry.owner(("p", 4, 0)) is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert registry.owner(("p", 4, 0)) is None
+        assert a.link.registries() == [registry.endpoint, other.endpoint]
+        time.sleep(registry.liveness_timeout + 1)
+        assert registry.owner(("p", 4, 0)) is not None
         assert [h.host_id for h in other.live_hosts()] == ["a"]
+        assert [h.host_id for h in registry.live_hosts()] == ["a"]
+        assert a.link.deliver(other.endpoint, "s3://b/other.json", b"o", timeout=10)
+        assert other.take_written(("s3://b/other.json",), 0.05) == ("s3://b/other.json", b"o")
+        assert registry.take_written(("s3://b/other.json",), 0.05) is None
+        # that coordinator ends: the host hears it lost, and stays with the live one
+        other.close()
+        deadline = time.monotonic() + 5
+        while not a.lost and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.link.registries() == [registry.endpoint]
+        assert a.lost == [other.endpoint]
+        assert registry.owner(("p", 4, 0)) is not None
     finally:
         a.die()
         other.close()
@@ -262,12 +284,12 @@ def test_a_host_tells_the_registry_the_files_it_wrote(registry: HostRegistry) ->
         registry.take_written, ("s3://b/r/3.error.txt", "s3://b/r/3.json"), 10.0
     )
     time.sleep(0.1)
-    host.link.tell_written("s3://b/r/3.json", result)
+    host.link.tell_written(host.registry, "s3://b/r/3.json", result)
     assert waiting.result(timeout=10) == ("s3://b/r/3.json", result)  # woke when told
     assert registry.take_written(("s3://b/r/3.json",), 0.05) is None  # taken once
     # the files of attempts no one waited for are forgotten after the commit
-    host.link.tell_written("s3://b/e2/r/1.json", b"{}")
-    host.link.tell_written("s3://b/e3/r/1.json", b"{}")
+    host.link.tell_written(host.registry, "s3://b/e2/r/1.json", b"{}")
+    host.link.tell_written(host.registry, "s3://b/e3/r/1.json", b"{}")
     deadline = time.monotonic() + 5
     while len(registry.written) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -278,12 +300,12 @@ def test_a_host_tells_the_registry_the_files_it_wrote(registry: HostRegistry) ->
 
 def test_a_result_the_registry_acknowledged_needs_no_file(registry: HostRegistry) -> None:
     host = FakeHost(registry, "a")
-    assert host.link.deliver("s3://b/r/1.json", b'{"range": 1}', timeout=10)
+    assert host.link.deliver(host.registry, "s3://b/r/1.json", b'{"range": 1}', timeout=10)
     assert registry.take_written(("s3://b/r/1.json",), 0.05) == ("s3://b/r/1.json", b'{"range": 1}')
     assert host.orders == []  # the receipt is the link's own, not an order for the host
     host.die()
     # a link that is down: the host must write the file (the driver reads it from the store)
-    assert not host.link.deliver("s3://b/r/2.json", b"{}", timeout=10)
+    assert not host.link.deliver(host.registry, "s3://b/r/2.json", b"{}", timeout=10)
 
 
 def test_at_its_bound_the_registry_drops_only_what_a_file_also_holds(
@@ -291,15 +313,15 @@ def test_at_its_bound_the_registry_drops_only_what_a_file_also_holds(
 ) -> None:
     monkeypatch.setattr("statetier.backend.spark.registry.MAX_WRITTEN", 2)
     host = FakeHost(registry, "a")
-    host.link.tell_written("s3://b/f1.json", b"file")  # written as a file too
-    assert host.link.deliver("s3://b/r1.json", b"1", timeout=10)
-    assert host.link.deliver("s3://b/r2.json", b"2", timeout=10)  # f1 made room
+    host.link.tell_written(host.registry, "s3://b/f1.json", b"file")  # written as a file too
+    assert host.link.deliver(host.registry, "s3://b/r1.json", b"1", timeout=10)
+    assert host.link.deliver(host.registry, "s3://b/r2.json", b"2", timeout=10)  # f1 made room
     assert set(registry.written) == {"s3://b/r1.json", "s3://b/r2.json"}
     # full of results only the registry holds: no receipt, so the host writes the file
-    assert not host.link.deliver("s3://b/r3.json", b"3", timeout=0.5)
+    assert not host.link.deliver(host.registry, "s3://b/r3.json", b"3", timeout=0.5)
     assert set(registry.written) == {"s3://b/r1.json", "s3://b/r2.json"}
     assert registry.take_written(("s3://b/r1.json",), 1) == ("s3://b/r1.json", b"1")
-    assert host.link.deliver("s3://b/r3.json", b"3", timeout=10)  # room again
+    assert host.link.deliver(host.registry, "s3://b/r3.json", b"3", timeout=10)  # room again
     host.die()
 
 
@@ -317,11 +339,12 @@ def test_a_result_a_registry_does_not_acknowledge_is_written_after_the_wait() ->
                 heard.append(conn.recv_bytes())
 
     server = Server(secret, older_registry, "older")
-    link = RegistryLink(HostInfo("a", 0, "a", "node", []), secret, lambda order: None)
+    link = RegistryLink(HostInfo("a", 0, "a", "node", []), secret, lambda order, _: None)
     try:
-        link.join(server.bind_tcp("127.0.0.1"))
+        endpoint = server.bind_tcp("127.0.0.1")
+        link.join(endpoint)
         started = time.monotonic()
-        assert not link.deliver("s3://b/r/1.json", b"{}", timeout=0.3)
+        assert not link.deliver(endpoint, "s3://b/r/1.json", b"{}", timeout=0.3)
         assert time.monotonic() - started >= 0.3
         assert any(json.loads(m).get("written") == "s3://b/r/1.json" for m in heard)
     finally:
@@ -406,3 +429,50 @@ def test_a_host_that_cannot_register_tells_the_task_why(tmp_path: Path) -> None:
         host.stopping.set()
         serving.join(10)
         live.close()
+
+
+class _Instance:
+    """What a hosted range needs of its function instance to be dropped: its lock, ``close``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path: Path) -> None:
+    """On a Connect server each query's coordinator has a registry of its own, and all of them
+    share the executors' hosts: one coordinator's shutdown ends that coordinator's use of the
+    host (its registration, its ranges), not the host; the last one's stops it."""
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+    host = StateHost(path, idle_timeout=60, watch_pid=None, secret=secret)
+    serving = threading.Thread(target=host.serve, daemon=True)
+    serving.start()
+    first, second = HostRegistry(secret, "127.0.0.1"), HostRegistry(secret, "127.0.0.1")
+    try:
+        for registry in (first, second):
+            joined = join_host(path, secret, registry.endpoint)
+            assert joined is not None and joined.host_id == host.host_id
+        assert host.link.registries() == [first.endpoint, second.endpoint]
+        ranges = {("p", 2, 0): first.endpoint, ("p", 2, 1): first.endpoint}
+        ranges[("q", 2, 0)] = second.endpoint
+        instances = {key: _Instance() for key in ranges}
+        for key, endpoint in ranges.items():
+            host.ranges[key] = HostedRange(cast(Any, instances[key]), registry=endpoint)
+        assert [h.host_id for h in first.shutdown_hosts(10)] == [host.host_id]
+        assert not host.stopping.is_set()
+        assert host.link.registries() == [second.endpoint]
+        assert list(host.ranges) == [("q", 2, 0)]
+        assert [k for k, i in instances.items() if i.closed] == [("p", 2, 0), ("p", 2, 1)]
+        assert [h.host_id for h in second.live_hosts()] == [host.host_id]
+        second.shutdown_hosts(10)
+        serving.join(10)
+        assert host.stopping.is_set() and not serving.is_alive()
+    finally:
+        host.stopping.set()
+        serving.join(10)
+        first.close()
+        second.close()

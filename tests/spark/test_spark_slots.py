@@ -113,7 +113,7 @@ class SlotHost:
         self.server = Server(registry.secret, self._serve, host_id)
         self.server.bind_tcp("127.0.0.1")
         self.info = HostInfo(host_id, 0, executor, "node", list(self.server.endpoints))
-        self.link = RegistryLink(self.info, registry.secret, lambda order: None)
+        self.link = RegistryLink(self.info, registry.secret, lambda order, registry: None)
         self.link.join(registry.endpoint)
 
     def _serve(self, conn: Connection) -> None:

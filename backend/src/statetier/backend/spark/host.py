@@ -131,6 +131,7 @@ class HostedRange:
     notified: int = 0  # the latest epoch the function was told is committed
     # (heap, spilled) bytes of its keyed state after its latest snapshot (the heartbeat's)
     state_bytes: tuple[int, int] = (0, 0)
+    registry: Endpoint | None = None  # the registry that routed its latest task here
 
     @property
     def lock(self) -> threading.RLock:
@@ -189,7 +190,7 @@ class StateHost:
             node=socket.gethostname(),
             endpoints=list(self.server.endpoints),
         )
-        self.link = RegistryLink(self.info, secret, self._order, self.state_bytes)
+        self.link = RegistryLink(self.info, secret, self._order, self.state_bytes, self._lost)
 
     def state_bytes(self) -> tuple[int, int]:
         """(heap, spilled) bytes of the keyed state of every range here, as of their latest
@@ -233,13 +234,28 @@ class StateHost:
             self.stopping.set()
         return self.stopping.is_set()
 
-    def _order(self, order: HostOrder) -> None:
-        """An order from the driver's registry."""
+    def _order(self, order: HostOrder, registry: Endpoint) -> None:
+        """An order from a coordinator's registry. A shutdown stops the host when that
+        registry is its only one; else it ends that coordinator's use of it (its registration
+        and its ranges) and the host serves the others on."""
         if order.kind is OrderKind.SHUTDOWN:
-            self.stopping.set()
+            others = [r for r in self.link.registries() if r != registry]
+            if not others:
+                self.stopping.set()
+                return
+            self.link.leave(registry)
+            self._lost(registry)
         elif order.kind is OrderKind.RELEASE:
             for key in order.ranges:
                 self._release(key)
+
+    def _lost(self, registry: Endpoint) -> None:
+        """Drop the ranges ``registry`` routed here: its coordinator ended or counts this host
+        gone, so their next tasks (if any) are routed afresh and restore them."""
+        with self.lock:
+            keys = [k for k, hosted in self.ranges.items() if hosted.registry == registry]
+        for key in keys:
+            self._release(key)
 
     def _release(self, key: tuple[str, int, int]) -> None:
         with self.lock:
@@ -432,6 +448,7 @@ class StateHost:
         store = self._store(header.state.checkpoint_uri, header.state.storage_options)
         config = self._config(header)
         hosted, state, restore_s = self._acquire(header, factory, store, config)
+        hosted.registry = self._registry_of(header)
         try:
             hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
             set_current_task(
@@ -468,6 +485,14 @@ class StateHost:
                 hosted.lock.release()
 
         return outputs, finish
+
+    def _registry_of(self, header: TaskHeader) -> Endpoint | None:
+        """The registry that routed ``header``'s task (a header that names none: the one this
+        host joined last)."""
+        if header.registry is not None:
+            return header.registry
+        joined = self.link.registries()
+        return joined[-1] if joined else None
 
     def _check_owner(self, header: TaskHeader) -> None:
         """Refuse a task (or a piece of one) the driver routed to another host."""
@@ -553,8 +578,11 @@ class StateHost:
         if header.base_token is None:
             return None
         key = (header.state.pipeline, header.state.parallelism, header.index)
+        registry = self._registry_of(header)
+        if registry is None:
+            return None
         try:
-            previous = self.link.previous_owner(key)
+            previous = self.link.previous_owner(registry, key)
         except (OSError, EOFError, MessageError) as e:
             log.warning("range %s: the driver did not name its old host (%s)", header.index, e)
             return None
@@ -606,7 +634,7 @@ class StateHost:
         epoch, index, token = header.epoch, header.index, header.token
         parallelism = header.state.parallelism
         name = result_name(epoch, header.owner, index, parallelism)
-        instance = hosted.instance
+        instance, registry = hosted.instance, hosted.registry
         try:
             t1, cpu1 = time.perf_counter(), time.thread_time()
             done = self._snapshot(instance, store, epoch, token, config, header.chain_updates)
@@ -646,15 +674,15 @@ class StateHost:
                 next_processing_timer=instance.timers.earliest(TimeDomain.PROCESSING_TIME),
             )
             body = result.encode()
-            if not self.link.deliver(store.url(name), body):  # the driver lacks it: the file
+            if not self.link.deliver(registry, store.url(name), body):  # the driver lacks it
                 store.put(name, body)
-                self.link.tell_written(store.url(name), body)
+                self.link.tell_written(registry, store.url(name), body)
         except Exception:
             log.exception("the snapshot of range %s of epoch %s failed", index, epoch)
             error = traceback.format_exc().encode()
             with contextlib.suppress(Exception):
                 store.put(error_name(name), error)
-            self.link.tell_written(store.url(error_name(name)), error)
+            self.link.tell_written(registry, store.url(error_name(name)), error)
             return
         hosted.epoch, hosted.token = epoch, token
         with self.lock:

@@ -1,15 +1,20 @@
-"""A state host's membership in its application: registered with the driver, heartbeat, orders.
+"""A state host's membership in its application: registered with the drivers' registries,
+heartbeat, orders.
 
-The host keeps one authenticated connection to the driver's registry: it registers (its id,
-endpoints, pid, executor), then sends a heartbeat every second, and takes orders on the same
-connection (``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
+The host keeps one authenticated connection to each coordinator's registry that sent it a task:
+on a classic driver there is one (the application's); on a Spark Connect server, each streaming
+query's ``foreachBatch`` process coordinates its own pipeline with a registry of its own, and all
+of them share the executors' hosts (see session_kind). On each connection the host registers
+(its id, endpoints, pid, executor), then sends a heartbeat every second, and takes orders
+(``shutdown``; ``release`` of ranges that moved away). The heartbeat carries the host's
 anonymous RSS and its keyed state's bytes by tier (heap, spilled), which the driver reports. A
-range's result goes to the driver on the same connection (:meth:`RegistryLink.deliver`); only when
-the driver does not acknowledge it in time does the host write it as a file the driver reads from
-the checkpoint store (an error file is always written, then told). If the link breaks (a driver
-registry restarted), the host registers again when a task next tells it where the registry is
-(:meth:`RegistryLink.join`); until then it serves nothing new: tasks reach it only through routes
-the registry gave.
+range's result goes to the registry that routed its task, on the same connection
+(:meth:`RegistryLink.deliver`); only when that registry does not acknowledge it in time does the
+host write it as a file the driver reads from the checkpoint store (an error file is always
+written, then told). When a connection breaks (its coordinator ended, or a driver registry
+restarted), ``on_lost`` hears of it; the host registers again when a task next tells it where a
+registry is (:meth:`RegistryLink.join`); until then it serves that registry nothing new: tasks
+reach it only through routes a registry gave.
 """
 
 from __future__ import annotations
@@ -41,43 +46,53 @@ RECEIPT_S = 5.0  # how long a host waits for the driver's receipt of a result be
 
 
 class RegistryLink:
-    """The host's side of its registration; ``on_order`` gets each order the driver sends."""
+    """The host's side of its registrations; ``on_order`` gets each order a registry sends (with
+    the registry), ``on_lost`` each registry whose connection broke."""
 
     def __init__(
         self,
         host: HostInfo,
         secret: bytes,
-        on_order: Callable[[HostOrder], None],
+        on_order: Callable[[HostOrder, Endpoint], None],
         state_bytes: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        on_lost: Callable[[Endpoint], None] = lambda registry: None,
     ) -> None:
         self.host = host
         self.secret = secret
         self.on_order = on_order
+        self.on_lost = on_lost
         self.state_bytes = state_bytes  # (heap, spilled) bytes of the host's keyed state
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()  # the heartbeat's thread and the snapshots' send
-        self._conn: Connection | None = None
-        self._registry: Endpoint | None = None
+        self._send_lock = threading.Lock()  # the heartbeats' threads and the snapshots' sends
+        self._conns: dict[Endpoint, Connection] = {}  # by registry, in the order joined
         self._stopped = threading.Event()
         self._receipts: dict[str, threading.Event] = {}  # told URLs awaiting the driver's receipt
 
     def join(self, registry: Endpoint) -> None:
-        """Be registered with ``registry`` (at once, so a route right after finds this host).
-
-        The new registration is made before the current one is dropped: a task of a stopped
-        query that still runs names the driver's previous registry, which no longer answers,
-        and dropping the live registration first would make the live registry count this host
-        gone (its ranges restored elsewhere, its epoch run again) for nothing."""
+        """Be registered with ``registry`` (at once, so a route right after finds this host),
+        keeping every other registration: a task that names a registry which no longer answers
+        (of a stopped query) raises here and changes nothing, and the host's other
+        coordinators go on counting it alive."""
         with self._lock:
-            if self._conn is not None and not self._conn.closed and self._registry == registry:
+            conn = self._conns.get(registry)
+            if conn is not None and not conn.closed:
                 return
-            conn = self._register(registry)  # raises: the current registration stays
-            old, self._conn, self._registry = self._conn, conn, registry
-        if old is not None:
-            with contextlib.suppress(OSError):
-                old.close()
+            conn = self._conns[registry] = self._register(registry)
         threading.Thread(target=self._heartbeat, args=(conn,), daemon=True).start()
-        threading.Thread(target=self._orders, args=(conn,), daemon=True).start()
+        threading.Thread(target=self._orders, args=(registry, conn), daemon=True).start()
+
+    def registries(self) -> list[Endpoint]:
+        """The registries this host is registered with, in the order it joined them."""
+        with self._lock:
+            return [r for r, conn in self._conns.items() if not conn.closed]
+
+    def leave(self, registry: Endpoint) -> None:
+        """End the registration with ``registry`` (that registry then counts the host gone)."""
+        with self._lock:
+            conn = self._conns.pop(registry, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
 
     def _register(self, registry: Endpoint) -> Connection:
         """A connection to ``registry`` on which this host is registered."""
@@ -93,16 +108,15 @@ class RegistryLink:
             raise ConnectionError(f"the registry at {registry} refused this host: {answer}")
         return conn
 
-    def previous_owner(self, key: RangeKey) -> HostInfo | None:
-        """The live host that owned ``key`` before rebalancing moved it here (None: none, or
-        not registered: restore the range from tier 2)."""
-        registry = self._registry
-        if registry is None:
+    def previous_owner(self, registry: Endpoint, key: RangeKey) -> HostInfo | None:
+        """The live host that owned ``key`` before ``registry`` moved it here by rebalancing
+        (None: none, or not registered there: restore the range from tier 2)."""
+        if registry not in self.registries():
             return None
         return ask_previous_owner(registry, self.secret, key, self.host.host_id)
 
     def _heartbeat(self, conn: Connection) -> None:
-        while not self._stopped.wait(HEARTBEAT_S):
+        while not self._stopped.wait(HEARTBEAT_S) and not conn.closed:
             heap, spilled = self._state()
             try:
                 self._send(conn, {"rss": read_rss(), "state_heap": heap, "state_spilled": spilled})
@@ -118,23 +132,32 @@ class RegistryLink:
             log.exception("the state's size could not be read for the heartbeat")
             return 0, 0
 
-    def tell_written(self, url: str, body: bytes) -> None:
-        """Tell the driver that the file at ``url`` is written, with its bytes (a range's
+    def _conn(self, registry: Endpoint | None) -> Connection | None:
+        if registry is None:
+            return None
+        with self._lock:
+            conn = self._conns.get(registry)
+        return conn if conn is not None and not conn.closed else None
+
+    def tell_written(self, registry: Endpoint | None, url: str, body: bytes) -> None:
+        """Tell ``registry`` that the file at ``url`` is written, with its bytes (a range's
         result or error file: a few kB). Best effort: a driver that does not hear it reads the
         file from the store."""
-        conn = self._conn
-        if conn is None or conn.closed:
+        conn = self._conn(registry)
+        if conn is None:
             return
         with contextlib.suppress(OSError, UnicodeDecodeError):
             self._send(conn, {"written": url, "body": body.decode()})
 
-    def deliver(self, url: str, body: bytes, timeout: float = RECEIPT_S) -> bool:
-        """Tell the driver the result that would be written at ``url``, and wait up to
+    def deliver(
+        self, registry: Endpoint | None, url: str, body: bytes, timeout: float = RECEIPT_S
+    ) -> bool:
+        """Tell ``registry`` the result that would be written at ``url``, and wait up to
         ``timeout`` for its receipt: True when the driver holds it (no file is needed), False
         when the link is down or the receipt did not come (the caller writes the file, which
         the driver reads from the store)."""
-        conn = self._conn
-        if conn is None or conn.closed:
+        conn = self._conn(registry)
+        if conn is None:
             return False
         received = threading.Event()
         with self._lock:
@@ -152,7 +175,7 @@ class RegistryLink:
         with self._send_lock:
             conn.send_bytes(json.dumps(message).encode())
 
-    def _orders(self, conn: Connection) -> None:
+    def _orders(self, registry: Endpoint, conn: Connection) -> None:
         try:
             while True:
                 raw = conn.recv_bytes(1 << 20)
@@ -164,12 +187,20 @@ class RegistryLink:
                 if order.kind is OrderKind.RECEIVED:
                     self._received(order.file)
                 else:
-                    self.on_order(order)
+                    self.on_order(order, registry)
         except (EOFError, OSError):
-            if not self._stopped.is_set() and conn is self._conn:  # not one it moved from
-                log.warning("lost the driver's host registry; registering again on next task")
+            pass
         with contextlib.suppress(OSError):
             conn.close()
+        with self._lock:
+            current = self._conns.get(registry) is conn
+            if current:
+                del self._conns[registry]
+        if current and not self._stopped.is_set():  # not one it left
+            log.warning(
+                "lost the host registry at %s; registering again on its next task", registry
+            )
+            self.on_lost(registry)
 
     def _received(self, url: str) -> None:
         with self._lock:
@@ -180,6 +211,7 @@ class RegistryLink:
     def close(self) -> None:
         self._stopped.set()
         with self._lock:
-            if self._conn is not None:
-                with contextlib.suppress(OSError):
-                    self._conn.close()
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.close()

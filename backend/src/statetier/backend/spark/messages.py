@@ -109,6 +109,9 @@ class TaskHeader:
     piece: int = 0
     pieces: int = 1
     gather_attempt: str = ""
+    # the registry of the coordinator that routed the task, which hears the range's result (a
+    # host can serve several: on a Connect server each query's coordinator has its own)
+    registry: Endpoint | None = None
 
     @classmethod
     def for_task(
@@ -144,16 +147,34 @@ class TaskHeader:
             piece=piece,
             pieces=pieces,
             gather_attempt=gather_attempt,
+            registry=pipeline.registry,
         )
 
     def encode(self) -> dict[str, Any]:
         """The header's JSON object, with the request's ``op``."""
-        return {"op": "task", **encode_fields(self, chain_updates=encode_updates)}
+        fields = encode_fields(self, chain_updates=encode_updates, registry=_endpoint_json)
+        return {"op": "task", **fields}
 
     @classmethod
     def decode(cls, data: Any) -> TaskHeader:
         fields = Fields("statetier task header", data)
-        return decode_fields(cls, fields, chain_updates=decode_updates)
+        return decode_fields(cls, fields, chain_updates=decode_updates, registry=_read_registry)
+
+
+def _endpoint_json(endpoint: Endpoint | None) -> list[Any] | None:
+    return endpoint.to_json() if endpoint is not None else None
+
+
+def _read_registry(fields: Fields) -> Endpoint | None:
+    """The header's ``registry`` (absent or null: none named)."""
+    if fields.data.get("registry") is None:
+        return None
+    try:
+        return Endpoint.from_json(fields.items("registry"))
+    except (TypeError, ValueError) as e:
+        raise MessageError(
+            f"{fields.message}: field 'registry' is not an endpoint: {e!r}"
+        ) from None
 
 
 def encode_updates(updates: tuple[ChainUpdate, ...]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ the micro-batch id + 1. Each epoch:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import socket
@@ -62,6 +63,7 @@ from statetier.backend.snapshot.process_compactor import stop_merge_process
 from statetier.backend.snapshot.restore_from import seed_from_savepoint
 from statetier.backend.snapshot.writer import epoch_clock
 from statetier.backend.spark.arrow_batches import capped_by_rows_only
+from statetier.backend.spark.channel import new_secret
 from statetier.backend.spark.checks import check_key_columns
 from statetier.backend.spark.combining import (
     aggregate_ranges,
@@ -70,6 +72,7 @@ from statetier.backend.spark.combining import (
     combining,
 )
 from statetier.backend.spark.connect_writer import connect_stream_writer
+from statetier.backend.spark.driver_secret import shared_secret
 from statetier.backend.spark.epoch_time import has_watermark, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
@@ -648,6 +651,7 @@ class StatefulPipeline:
                 _registry_bind(spark, self._master),
                 self.config.host_registry_port,
                 float(self.config.host_liveness_timeout),
+                _secret_maker(self._hosts_of),
             )
         return self._registry
 
@@ -1043,6 +1047,15 @@ def _registry_bind(spark: SparkSession, master_url: str) -> str:
     return conf.get("spark.driver.bindAddress") or socket.gethostbyname(
         conf.get("spark.driver.host") or socket.gethostname()
     )
+
+
+def _secret_maker(hosts_of: str) -> Callable[[], bytes]:
+    """How this process's coordinator gets the secret of hosts ``hosts_of``: on a Connect
+    server's ``foreachBatch`` process, the one every such process of the application shares
+    (so that its queries share the executors' hosts, see driver_secret); else a new one."""
+    if on_connect_driver():
+        return functools.partial(shared_secret, hosts_of)
+    return new_secret
 
 
 # what a pipeline pickled into another process keeps (see StatefulPipeline.__getstate__)

@@ -38,6 +38,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -579,16 +580,26 @@ _REGISTRIES: dict[str, HostRegistry] = {}
 _GUARD = threading.Lock()
 
 
-def registry_for(app_id: str, bind: str, port: int, liveness_timeout: float) -> HostRegistry:
+def registry_for(
+    app_id: str,
+    bind: str,
+    port: int,
+    liveness_timeout: float,
+    make_secret: Callable[[], bytes] = new_secret,
+) -> HostRegistry:
     """The application's registry in this driver, started on first use.
 
-    Its secret is made once per application and kept for the driver's life: the application's
-    hosts hold it, so a registry started again (after :meth:`HostRegistry.close`) must use it too.
+    Its secret is made once per application (by ``make_secret``: a new one, or the one this
+    process shares with others, see driver_secret) and kept for the driver's life: the
+    application's hosts hold it, so a registry started again (after
+    :meth:`HostRegistry.close`) must use it too.
     """
     with _GUARD:
         registry = _REGISTRIES.get(app_id)
         if registry is None or registry.closed:
-            secret = _SECRETS.setdefault(app_id, new_secret())
+            if app_id not in _SECRETS:
+                _SECRETS[app_id] = make_secret()
+            secret = _SECRETS[app_id]
             registry = _REGISTRIES[app_id] = HostRegistry(secret, bind, port, liveness_timeout)
         return registry
 

@@ -68,11 +68,12 @@ def app_id(spark: SparkSession) -> str:
 
 def hosts_of(spark: SparkSession) -> str:
     """Whose state hosts this process's coordinator uses: the application's (one registry per
-    classic driver); on Connect, this process's within the application. Each process that
-    coordinates on Connect (a client running batches, each query's ``foreachBatch`` process)
-    has a registry of its own whose secret the hosts of another cannot know, so each gets its
-    own hosts; those of a coordinator that ended leave after ``host.idle-timeout``."""
-    if is_connect(spark):
+    classic driver, and on a Connect server every query's ``foreachBatch`` process, which
+    share the application's secret: see driver_secret); a Connect client's own within the
+    application (it runs on another machine, so its registry's secret is its own and the
+    application's hosts cannot know it; its hosts leave after ``host.idle-timeout`` once it
+    ended)."""
+    if is_connect(spark) and not on_connect_driver():
         return f"{app_id(spark)}-{_COORDINATOR}"
     return app_id(spark)
 

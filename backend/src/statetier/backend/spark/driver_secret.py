@@ -1,0 +1,79 @@
+"""The secret that the coordinators on one Spark Connect driver share, so that they share hosts.
+
+A Connect server runs each streaming query's ``foreachBatch`` function in a Python process of its
+own, on the driver's machine, and each such process coordinates its query's pipeline with a host
+registry of its own. Hosts authenticate every peer with the application's secret, and a secret
+made per process would give every query its own state hosts on every executor: a host process per
+task slot per running query (each of which takes a whole budget's share of the executor's
+memory), and a new query waiting for its hosts to start (about 2.6 s of a 10-micro-batch query
+on a local server, docs/spark.md). So the coordinators of one application on one driver
+machine share one secret, kept in a file only this user can read: the first coordinator makes
+it, the others read it, and all of them then use the application's hosts (see membership).
+
+The file lives in the driver's temp dir (the pod's own on Kubernetes) and holds nothing but the
+secret, which the tasks carry to the executors anyway. A file that another user owns, or that
+others may read, is refused with an error that names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+
+from statetier.backend.spark.channel import new_secret
+
+__all__ = ["SecretFileError", "shared_secret", "shared_secret_path"]
+
+_HEX_LENGTH = 64  # 32 bytes
+
+
+class SecretFileError(RuntimeError):
+    """The shared secret's file is not one this user made for this application."""
+
+
+def shared_secret_path(app_id: str, directory: str | None = None) -> str:
+    """Where the secret of application ``app_id`` lives on this machine."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
+    return os.path.join(directory or tempfile.gettempdir(), f"statetier-{safe}.secret")
+
+
+def shared_secret(app_id: str, directory: str | None = None) -> bytes:
+    """The secret of application ``app_id`` on this machine: made by the first caller (atomically:
+    written aside, then linked into place), read by every other."""
+    path = shared_secret_path(app_id, directory)
+    with contextlib.suppress(FileNotFoundError):
+        return _read(path)
+    secret = new_secret()
+    fd, aside = tempfile.mkstemp(prefix=".statetier-", dir=os.path.dirname(path))  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.hex())
+        try:
+            os.link(aside, path)
+        except FileExistsError:  # another coordinator made it first: theirs is the secret
+            return _read(path)
+    finally:
+        os.unlink(aside)
+    return secret
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as f:
+        info = os.fstat(f.fileno())
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise SecretFileError(
+                f"statetier's shared secret {path} is not this user's alone (owner uid "
+                f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it and run again"
+            )
+        text = f.read().strip()
+    try:
+        if len(text) != _HEX_LENGTH:
+            raise ValueError(f"{len(text)} characters")
+        return bytes.fromhex(text)
+    except ValueError as e:
+        raise SecretFileError(
+            f"statetier's shared secret {path} is not a secret ({e}): remove it and run again"
+        ) from None
