@@ -54,6 +54,22 @@ def run_job_module(
     )
 
 
+def job_error(stderr: str, limit: int = 3000) -> str:
+    """What a failed job said: its last Python traceback (to its end, at most ``limit``
+    characters), else the end of its standard error. Spark's JVM logs its shutdown after the
+    traceback, which would push it out of a plain tail."""
+    start = stderr.rfind("Traceback (most recent call last)")
+    if start < 0:
+        return stderr[-limit:]
+    lines = stderr[start:].splitlines()
+    kept = [lines[0]]
+    for line in lines[1:]:
+        kept.append(line)
+        if line and not line[0].isspace():  # the exception's own line ends the traceback
+            break
+    return "\n".join(kept)[-limit:]
+
+
 def last_json_line(stdout: str) -> dict[str, Any]:
     """A job's report: the last line it printed, as JSON."""
     report: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.spark.conftest import last_json_line, run_job_module
+from tests.spark.conftest import job_error, last_json_line, run_job_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,7 +39,7 @@ def run_chaos(tmp_path: Path, seed: int) -> dict[str, Any]:
     }
     done = run_job_module("tests.spark.chaos_job", config, tmp_path / "chaos.json")
     (tmp_path / "chaos.log").write_text(done.stderr)
-    assert done.returncode == 0, f"seed {seed}: {done.stderr[-3000:]}"
+    assert done.returncode == 0, f"seed {seed}: {job_error(done.stderr)}"
     report = last_json_line(done.stdout)
     (tmp_path / "report.json").write_text(json.dumps(report, indent=1))
     return report

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.spark.conftest import last_json_line, run_job_module
+from tests.spark.conftest import job_error, last_json_line, run_job_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -28,7 +28,7 @@ def run_job(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         **overrides,
     }
     done = run_job_module("tests.spark.cluster_job", config, tmp_path / "job.json")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, job_error(done.stderr)
     report = last_json_line(done.stdout)
     assert report["error"] is None, report["error"]
     return report

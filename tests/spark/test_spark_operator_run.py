@@ -36,7 +36,7 @@ from statetier.kubetest.processes import Sandbox
 from statetier.kubetest.spark_operator import submit, validate
 
 from tests.operator.conftest import CRDS, SPARK_CRD
-from tests.spark.conftest import REPO, spark_env
+from tests.spark.conftest import REPO, job_error, spark_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -176,6 +176,6 @@ def run(tmp_path: Path, conf: dict[str, str], spill: Path, port: int) -> dict[st
             [sys.executable, "-m", "tests.spark.submitted_job", str(tmp_path / "job.json")],
             check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, job_error(done.stderr)
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return report

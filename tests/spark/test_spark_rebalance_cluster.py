@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import last_json_line, run_job_module
+from tests.spark.conftest import job_error, last_json_line, run_job_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -25,7 +25,7 @@ def test_ranges_move_to_an_executor_that_joins_and_are_handed_over_warm(tmp_path
     config = {"uri": f"file://{tmp_path}/ckpt", "batches": 5, "words": 2000, "vocabulary": 300}
     config["parallelism"] = PARALLELISM
     done = run_job_module("tests.spark.rebalance_job", config, tmp_path / "job.json")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, job_error(done.stderr)
     report = last_json_line(done.stdout)
     shown = json.dumps(report)
     joined = report["joined_at"] - 1  # position of the first epoch with the third executor

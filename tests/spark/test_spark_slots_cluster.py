@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import last_json_line, run_job_module
+from tests.spark.conftest import job_error, last_json_line, run_job_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,7 +32,7 @@ def test_an_executor_of_two_cores_runs_a_host_per_slot(tmp_path: Path) -> None:
         "dir": str(tmp_path),
     }
     done = run_job_module("tests.spark.slots_job", config, tmp_path / "job.json")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, job_error(done.stderr)
     report = last_json_line(done.stdout)
     shown = json.dumps(report)
     slots, one = report["slots"], report["one"]

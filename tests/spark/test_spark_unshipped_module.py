@@ -15,7 +15,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.spark.conftest import REPO, spark_env
+from tests.spark.conftest import REPO, job_error, spark_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,7 +43,7 @@ def test_a_module_only_the_driver_has_is_named_with_how_to_ship_it(tmp_path: Pat
         [sys.executable, "-m", "tests.spark.unshipped_job", str(folder), f"file://{tmp_path}/c"],
         check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, job_error(done.stderr)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     error = report["error"]
     assert len(error.splitlines()) == 1, error
