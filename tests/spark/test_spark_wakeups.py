@@ -9,8 +9,10 @@ against ``transformWithStateInPandas`` on the same files.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import pickle
 import sys
 import threading
 import time
@@ -22,10 +24,12 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from statetier.backend.spark import StatefulPipeline
+from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
+from statetier.backend.spark import KeyGroupFunction, StatefulPipeline
+from statetier.backend.spark.wakeups import emits_from_timers
 
 from tests.spark.spark_support import run_available_now
-from tests.spark.timer_support import SCHEMA, DelayedTimer, EventTimer
+from tests.spark.timer_support import SCHEMA, DelayedTimer, EventTimer, SilentTimer
 
 pytestmark = pytest.mark.slow  # several timed streaming runs
 
@@ -330,3 +334,42 @@ def test_the_session_count_equals_transform_with_state_in_pandas(
     assert len(ours) > 250
     # the last micro-batch, without input, closed sessions in both (its watermark's timers)
     assert [r.records for r in pipeline.reports][-1] == 0
+
+
+class _Factory(KeyedProcessFunction[str, Any, Any]):
+    def __init__(self, delay: int) -> None:
+        self.delay = delay
+
+    def process(self, key: str, value: Any, context: RuntimeContext) -> list[Any]:
+        return []
+
+
+class _VectorTimers(KeyGroupFunction):
+    def on_timer(self, timestamp: int, key: Any, context: RuntimeContext) -> list[Any]:
+        return [(key, timestamp)]
+
+
+def test_only_a_function_that_can_emit_from_its_timers_gets_the_wake_up_source(
+    spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
+) -> None:
+    """The source costs a query Python processes on the driver; without ``on_timer`` nothing
+    a wake-up fires could reach the sink."""
+    assert emits_from_timers(EventTimer) and emits_from_timers(_VectorTimers)
+    assert emits_from_timers(functools.partial(EventTimer))
+
+    def factory() -> Any:
+        return SilentTimer()
+
+    assert emits_from_timers(factory)  # a factory that is not a class: it may
+    assert not emits_from_timers(SilentTimer) and not emits_from_timers(KeyGroupFunction)
+    assert not emits_from_timers(functools.partial(_Factory, 10))
+    source = tmp_path / "in"
+    write_file(source, 0, ["k1,1", "k2,2"])
+    events = spark.readStream.schema("key string, ts bigint").csv(str(source))
+    for function, sourced in ((SilentTimer, False), (EventTimer, True)):
+        pipeline = make(pipelines, function, tmp_path / function.__name__)
+        assert pipeline.emits_from_timers is sourced
+        assert pickle.loads(pickle.dumps(pipeline)).emits_from_timers is sourced  # (Connect)
+        run_available_now(pipeline.write_stream(events), tmp_path / function.__name__ / "q")
+        assert (pipeline._wake_ups is not None) is sourced
+        assert [r.epoch for r in pipeline.reports] == [1]  # (no watermark: no wake-up is due)

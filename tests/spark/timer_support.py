@@ -124,3 +124,11 @@ class DelayedTimer(KeyedProcessFunction[str, tuple[str, int], tuple[Any, ...]]):
 
     def on_timer(self, timestamp: int, key: str, context: RuntimeContext) -> list[Any]:
         return [_fired(key, timestamp, context)]
+
+
+class SilentTimer(KeyedProcessFunction[str, tuple[str, int], tuple[Any, ...]]):
+    """Registers a timer per record and has no ``on_timer``: it cannot emit from its timers."""
+
+    def process(self, key: str, value: tuple[str, int], context: RuntimeContext) -> list[Any]:
+        context.timer_service.register_event_time_timer(1)
+        return []

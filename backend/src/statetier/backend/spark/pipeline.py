@@ -109,7 +109,7 @@ from statetier.backend.spark.task import (
     partition_function,
 )
 from statetier.backend.spark.upkeep import EpochUpkeep
-from statetier.backend.spark.wakeups import WakeUps, wake_at, with_wake_ups
+from statetier.backend.spark.wakeups import WakeUps, emits_from_timers, wake_at, with_wake_ups
 from statetier.backend.spark.writers import claim_location
 from statetier.backend.ttl import Clock, SystemClock
 
@@ -209,6 +209,7 @@ class StatefulPipeline:
         self.function_bytes = bytes(cloudpickle.dumps(function))  # type: ignore[no-untyped-call]
         combiner = getattr(function, "combiner", None)
         self.combiner: Combiner | None = combiner if isinstance(combiner, Combiner) else None
+        self.emits_from_timers = emits_from_timers(function)  # (its queries need wake-ups)
         self.key_columns = [key] if isinstance(key, str) else list(key)
         self.output_schema = output_schema
         self.parallelism = parallelism
@@ -417,7 +418,7 @@ class StatefulPipeline:
             return cast(DataStreamWriter, self._connect_write_stream(df, sink))
         static = self._static_spec(df.sparkSession)
         watermarked = has_watermark(df)
-        keyed = self._keyed(with_wake_ups(df, self._wake_ups_of_new_query()), static)
+        keyed = self._keyed(self._with_wake_ups(df), static)
         # A combiner's Spark SQL aggregation is planned per micro-batch too: in the streaming
         # plan itself it would be a streaming aggregation, which append mode refuses.
         per_batch = self._plans_per_batch() or self.combiner is not None
@@ -464,7 +465,7 @@ class StatefulPipeline:
         self._location(store, None)
         watermarked = has_watermark(df)
         self._watermarked_query = watermarked
-        stream = with_wake_ups(df, self._wake_ups_of_new_query())
+        stream = self._with_wake_ups(df)
         return connect_stream_writer(
             stream, lambda location: self._batch_function(sink, location, watermarked)
         )
@@ -474,6 +475,13 @@ class StatefulPipeline:
         if self._watermarked_query is None:
             self._watermarked_query = has_watermark(batch)
         return self._watermarked_query
+
+    def _with_wake_ups(self, df: DataFrame) -> DataFrame:
+        """``df`` with the wake-up source of a new query, when the function can emit from its
+        timers (see wakeups); else ``df``."""
+        if not self.emits_from_timers:
+            return df
+        return with_wake_ups(df, self._wake_ups_of_new_query())
 
     def _wake_ups_of_new_query(self) -> WakeUps:
         """The wake-up request of a query about to start (see wakeups): a micro-batch at once
@@ -487,8 +495,10 @@ class StatefulPipeline:
         return self._wake_ups
 
     def _ask_wake_up(self, report: EpochReport, watermarked: bool) -> None:
-        """After a micro-batch's commit: ask for the next one when its timers will be due."""
-        assert self._wake_ups is not None
+        """After a micro-batch's commit: ask for the next one when its timers will be due
+        (a query without the wake-up source asks nothing)."""
+        if self._wake_ups is None:
+            return
         wake = wake_at(
             records=report.records,
             has_watermark=watermarked,
@@ -1062,6 +1072,7 @@ def _secret_maker(hosts_of: str) -> Callable[[], bytes]:
 _DECLARED = (
     "function_bytes",
     "combiner",
+    "emits_from_timers",
     "key_columns",
     "output_schema",
     "parallelism",

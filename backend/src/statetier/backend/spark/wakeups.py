@@ -7,7 +7,12 @@ watermark moved (event time) and always in processing time. A ``foreachBatch`` q
 such operator, so without this module a statetier pipeline's timers wait for the next input.
 
 ``StatefulPipeline.write_stream`` therefore unions into its input a source of its own that
-reads no rows: :class:`WakeUpSource`. Its offset is a wall-clock time in ms, the last wake-up
+reads no rows: :class:`WakeUpSource`, when the function can emit from its timers
+(:func:`emits_from_timers`: its class overrides ``on_timer``). A function that cannot gets its
+due timers fired with the next input, as before, and its query pays none of the source's
+Python processes on the driver (Spark starts one to find the source, one to create it, one to
+plan its reads and one to run its reader, each importing pyspark and statetier; see
+docs/spark.md, "Spark Connect", for what that cost the word count's benchmark). Its offset is a wall-clock time in ms, the last wake-up
 the driver asked for; it offers that offset once it is due and newer than the query's. Spark
 then sees new data and runs an ordinary micro-batch: it writes the batch's offsets, watermark
 and timestamp to its offset log first, the batch is epoch ``batch id + 1`` like any other, its
@@ -36,6 +41,7 @@ the request is a small JSON file the driver replaces atomically (:class:`WakeUps
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -48,13 +54,21 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructField, StructType
+from statetier.backend.functions import KeyedProcessFunction
 
 try:  # pyspark 4.2+: availableNow queries ask the source itself
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 except ImportError:  # pragma: no cover (4.1: Spark fixes the offset at the query's start)
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
-__all__ = ["SOURCE_NAME", "WakeUpSource", "WakeUps", "wake_at", "with_wake_ups"]
+__all__ = [
+    "SOURCE_NAME",
+    "WakeUpSource",
+    "WakeUps",
+    "emits_from_timers",
+    "wake_at",
+    "with_wake_ups",
+]
 
 SOURCE_NAME = "statetier-wakeups"
 REQUEST_FILE = "wake-up.json"
@@ -162,6 +176,18 @@ class WakeUps:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             shutil.rmtree(self.directory)
+
+
+def emits_from_timers(factory: Any) -> bool:
+    """Whether the functions ``factory`` makes can emit from their timers: their class (the
+    factory itself, or the class a ``functools.partial`` makes) has an ``on_timer`` other
+    than :class:`~statetier.backend.functions.KeyedProcessFunction`'s, which emits nothing. A
+    factory that is not a class (a function, a lambda) is taken to."""
+    made = factory.func if isinstance(factory, functools.partial) else factory
+    if not isinstance(made, type):
+        return True
+    on_timer = getattr(made, "on_timer", None)
+    return on_timer is not None and on_timer is not KeyedProcessFunction.on_timer
 
 
 def with_wake_ups(df: DataFrame, wake_ups: WakeUps) -> DataFrame:
