@@ -12,12 +12,14 @@ reads no rows: :class:`WakeUpSource`, when the function can emit from its timers
 due timers fired with the next input, as before, and its query pays none of the source's
 Python processes on the driver (Spark starts one to find the source, one to create it, one to
 plan its reads and one to run its reader, each importing pyspark and statetier; see
-docs/spark.md, "Spark Connect", for what that cost the word count's benchmark). Its offset is a wall-clock time in ms, the last wake-up
-the driver asked for; it offers that offset once it is due and newer than the query's. Spark
-then sees new data and runs an ordinary micro-batch: it writes the batch's offsets, watermark
-and timestamp to its offset log first, the batch is epoch ``batch id + 1`` like any other, its
-ranges fire what is due and commit, and a restarted query runs it again with the same offsets
-and time (the same timers fire; the sink sees the same batch id). Exactly-once is Spark's own.
+docs/spark.md, "Spark Connect", for what that cost the word count's benchmark).
+
+The source's offset is a wall-clock time in ms, the last wake-up the driver asked for; it
+offers that offset once it is due and newer than the query's. Spark then sees new data and runs
+an ordinary micro-batch: it writes the batch's offsets, watermark and timestamp to its offset
+log first, the batch is epoch ``batch id + 1`` like any other, its ranges fire what is due and
+commit, and a restarted query runs it again with the same offsets and time (the same timers
+fire; the sink sees the same batch id). Exactly-once is Spark's own.
 
 The driver asks (:func:`wake_at`, after each committed epoch):
 
