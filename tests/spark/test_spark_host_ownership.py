@@ -108,6 +108,7 @@ def run_task(
         piece=piece,
         pieces=pieces,
         gather_attempt=f"{epoch}.1" if pieces > 1 else "",
+        registry=registry.endpoint,
     )
     tcp = next(e for e in host.endpoints if e.kind == "tcp")
     function = bytes(cloudpickle.dumps(VectorWordCount))  # type: ignore[no-untyped-call]

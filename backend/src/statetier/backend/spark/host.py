@@ -448,7 +448,7 @@ class StateHost:
         store = self._store(header.state.checkpoint_uri, header.state.storage_options)
         config = self._config(header)
         hosted, state, restore_s = self._acquire(header, factory, store, config)
-        hosted.registry = self._registry_of(header)
+        hosted.registry = header.registry
         try:
             hosted.epoch = hosted.token = None  # dirty until this attempt succeeds
             set_current_task(
@@ -485,14 +485,6 @@ class StateHost:
                 hosted.lock.release()
 
         return outputs, finish
-
-    def _registry_of(self, header: TaskHeader) -> Endpoint | None:
-        """The registry that routed ``header``'s task (a header that names none: the one this
-        host joined last)."""
-        if header.registry is not None:
-            return header.registry
-        joined = self.link.registries()
-        return joined[-1] if joined else None
 
     def _check_owner(self, header: TaskHeader) -> None:
         """Refuse a task (or a piece of one) the driver routed to another host."""
@@ -578,11 +570,10 @@ class StateHost:
         if header.base_token is None:
             return None
         key = (header.state.pipeline, header.state.parallelism, header.index)
-        registry = self._registry_of(header)
-        if registry is None:
+        if header.registry is None:
             return None
         try:
-            previous = self.link.previous_owner(registry, key)
+            previous = self.link.previous_owner(header.registry, key)
         except (OSError, EOFError, MessageError) as e:
             log.warning("range %s: the driver did not name its old host (%s)", header.index, e)
             return None
@@ -634,7 +625,7 @@ class StateHost:
         epoch, index, token = header.epoch, header.index, header.token
         parallelism = header.state.parallelism
         name = result_name(epoch, header.owner, index, parallelism)
-        instance, registry = hosted.instance, hosted.registry
+        instance, registry = hosted.instance, header.registry
         try:
             t1, cpu1 = time.perf_counter(), time.thread_time()
             done = self._snapshot(instance, store, epoch, token, config, header.chain_updates)

@@ -110,7 +110,8 @@ class TaskHeader:
     pieces: int = 1
     gather_attempt: str = ""
     # the registry of the coordinator that routed the task, which hears the range's result (a
-    # host can serve several: on a Connect server each query's coordinator has its own)
+    # host can serve several: on a Connect server each query's coordinator has its own; None,
+    # a header made by hand: no registry hears it, the host writes the result file)
     registry: Endpoint | None = None
 
     @classmethod
