@@ -168,33 +168,33 @@ def test_a_bulk_write_names_the_key_of_the_value_it_cannot_write() -> None:
     state.update_all(batch, [1, (2, "x"), None])  # plain, nested plain and a clear pass
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        None,
-        True,
-        0,
-        -(2**63),
-        2**64 - 1,
-        2**64,
-        -(2**63) - 1,
-        1.5,
-        "s",
-        b"b",
-        bytearray(b"x"),
-        [1, "a"],
-        (1, (2, [3])),
-        {1: {"a": (2**65,)}},
-        {frozenset({1}): 2},
-        {1, 2},
-        datetime.date(2024, 1, 1),
-        [datetime.time()],
-        {"k": object()},
-        decimal.Decimal(1),
-        Level.LOW,
-        np.int64(3),
-    ],
-)
+CHECKED_VALUES = [
+    None,
+    True,
+    0,
+    -(2**63),
+    2**64 - 1,
+    2**64,
+    -(2**63) - 1,
+    1.5,
+    "s",
+    b"b",
+    bytearray(b"x"),
+    [1, "a"],
+    (1, (2, [3])),
+    {1: {"a": (2**65,)}},
+    {frozenset({1}): 2},
+    {1, 2},
+    datetime.date(2024, 1, 1),
+    [datetime.time()],
+    {"k": object()},
+    decimal.Decimal(1),
+    Level.LOW,
+    np.int64(3),
+]
+
+
+@pytest.mark.parametrize("value", CHECKED_VALUES)
 def test_the_write_check_agrees_with_the_serializer(value: Any) -> None:
     """first_unwritable says WRITABLE exactly when the default serializer writes the value."""
     try:
@@ -203,6 +203,30 @@ def test_the_write_check_agrees_with_the_serializer(value: Any) -> None:
     except SerializationError:
         writes = False
     assert (first_unwritable(value) is WRITABLE) == writes
+
+
+@pytest.mark.parametrize("value", CHECKED_VALUES)
+@pytest.mark.parametrize("record", [list, tuple])
+def test_a_stored_record_is_refused_exactly_when_the_serializer_cannot_write_it(
+    value: Any, record: type
+) -> None:
+    """A list or tuple written to a state (a session's [start, end, clicks]) goes through the
+    handle's own check of its scalars before first_unwritable: the two must agree."""
+    backend = KeyedStateBackend(KeyGroupRange.of(8), 8)
+    state = backend.get_state(ValueStateDescriptor[Any]("last"))
+    backend.set_current_key("k")
+    stored = record([1, "a", value, 2.5])
+    try:
+        DEFAULT_SERIALIZER.dumps(stored)
+        writes = True
+    except SerializationError:
+        writes = False
+    if writes:
+        state.update(stored)
+        assert state.value() == stored
+    else:
+        with pytest.raises(UnwritableValueError, match=r"^state 'last', key 'k': "):
+            state.update(stored)
 
 
 @pytest.mark.parametrize(

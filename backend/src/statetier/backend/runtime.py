@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 FunctionFactory = Callable[[], KeyedProcessFunction[Any, Any, Any]]
 
 
+def _ignore_timer(timestamp: int, key: Any, context: Any) -> None:
+    """The ``on_timer`` of a function without one: its due timers are removed, nothing runs."""
+
+
 class FunctionInstance:
     """Instance ``index`` of ``parallelism`` of a keyed function."""
 
@@ -161,20 +165,13 @@ class FunctionInstance:
         """
         self.set_time(watermark, processing_time)
         out: list[Any] = []
-        on_timer = getattr(self.function, "on_timer", None)
+        on_timer = getattr(self.function, "on_timer", None) or _ignore_timer
         context = self.context
         for domain in (TimeDomain.PROCESSING_TIME, TimeDomain.EVENT_TIME):
-            if on_timer is None:
-                for _ in self.timers.due(domain):
-                    pass
-                continue
             # set once per domain: between two calls only the timer service runs
             context.time_domain = domain
             try:
-                for timestamp, key in self.timers.due(domain):
-                    result = on_timer(timestamp, key, context)
-                    if result:  # None or empty: nothing; a generator (true) runs only now
-                        out.extend(result)
+                out += self.timers.fire(domain, on_timer, context)
             finally:
                 context.time_domain = None
         return out
