@@ -117,3 +117,36 @@ def test_compaction_offload_bench_names_an_unknown_mode() -> None:
     done = run_bench("compaction-offload", "--only", "local,elsewhere")
     assert done.returncode == 2
     assert "unknown modes elsewhere" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases() -> None:
+    """``spark-wordcount --connect`` at a small size: the four pipelines, statetier exact on both
+    sessions, and each query's wall time split into its start, first micro-batch and the others
+    (Spark's own times), which add up to it."""
+    args = ["--words", "20000", "--vocabulary", "2000", "--batches", "3", "--partitions", "2"]
+    done = run_bench("spark-wordcount", "--connect", *args, "--rounds", "1", "--json")
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size
+    report = json.loads(done.stdout)
+    pipelines = report["pipelines"]
+    assert set(pipelines) == {
+        "classic_statetier",
+        "classic_rocksdb",
+        "connect_statetier",
+        "connect_rocksdb",
+    }
+    assert pipelines["classic_statetier"]["exact"] is pipelines["connect_statetier"]["exact"]
+    assert pipelines["connect_statetier"]["exact"] is True
+    for name, result in pipelines.items():
+        phases = result["phases_seconds"]
+        assert result["batches"] == 3, name
+        assert phases["first_batch"] > 0 and phases["later_batches"] > 0, (name, phases)
+        # one round: its phases are its own, and add up to its wall time (rounded to 0.01 s)
+        assert sum(phases.values()) == pytest.approx(result["seconds"], abs=0.03), (name, phases)
+        assert result["later_batches_records_per_s"] == pytest.approx(
+            20000 * 2 / 3 / phases["later_batches"], rel=0.02
+        ), name
+    st = pipelines["connect_statetier"]["records_per_s"]
+    assert report["ratios"]["connect_rocksdb"] == round(
+        st / pipelines["connect_rocksdb"]["records_per_s"], 3
+    )

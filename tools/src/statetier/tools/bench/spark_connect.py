@@ -10,13 +10,17 @@ in the server's ``foreachBatch`` process, so the counts are checked from the che
 
 Reported: records/s of each (median of ``--rounds`` after an untimed warm-up run), statetier /
 RocksDB on Connect (target >= 1.5x) and statetier on Connect / on classic (target >= 0.9, within
-10%).
+10%). Beside them, where each query's wall time went (medians), from the micro-batches' times
+as Spark measures them (``triggerExecution``): its start (before its first micro-batch; on Connect
+Spark starts the ``foreachBatch`` process then), its first micro-batch, and the others, with the
+records/s of the others alone (the rate of a query that runs on, which the targets do not judge).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -24,16 +28,16 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from statetier.backend.helptext import plain
 from statetier.tools.bench import print_table
 from statetier.tools.bench.spark_wordcount import (
-    bench_rocksdb,
     bench_statetier,
     checkpoint_counts,
-    run_query,
+    run_streaming,
     spark_session,
     stream,
     write_input,
@@ -43,11 +47,47 @@ from statetier.tools.workloads import batches, zipf_words
 
 TARGETS = {"connect_rocksdb": 1.5, "classic_statetier": 0.9}
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-Run = Callable[[Path, Path], tuple[float, bool | None]]  # seconds, counts exact (None: unchecked)
+PHASES = ("start", "first_batch", "later_batches")
 
 
-def connect_statetier(spark: Any, source: Path, work: Path, partitions: int) -> float:
-    """statetier's ``write_stream`` on the Connect session; the query's wall time."""
+@dataclass(frozen=True)
+class Timing:
+    """One query's run: its wall seconds, whether its counts were exact (None: unchecked), and
+    the seconds of each micro-batch as Spark measured it."""
+
+    seconds: float
+    exact: bool | None
+    batch_seconds: list[float]
+
+    def phases(self) -> dict[str, float]:
+        """Where the wall time went: before the first micro-batch, the first, the others."""
+        batches = self.batch_seconds
+        return {
+            "start": self.seconds - sum(batches),
+            "first_batch": batches[0] if batches else 0.0,
+            "later_batches": sum(batches[1:]),
+        }
+
+
+Run = Callable[[Path, Path], Timing]
+
+
+def spark_batch_seconds(query: Any) -> list[float]:
+    """The seconds of each micro-batch of ``query``, in order (``durationMs.triggerExecution``)."""
+    progress = sorted(query.recentProgress, key=lambda p: p["batchId"])
+    return [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+
+
+def rocksdb(spark: Any, source: Path, work: Path) -> Timing:
+    """Spark's ``groupBy().count()`` on the RocksDB state store (the session's provider)."""
+    counts = stream(spark, source).groupBy("word").count()
+    writer = counts.writeStream.outputMode("update").format("noop")
+    elapsed, query = run_streaming(writer, work / "rocksdb-ckpt")
+    return Timing(elapsed, None, spark_batch_seconds(query))
+
+
+def connect_statetier(spark: Any, source: Path, work: Path, partitions: int) -> Timing:
+    """statetier's ``write_stream`` on the Connect session, unchecked (see connect_runs)."""
     from statetier.backend.spark import StatefulPipeline
     from statetier.tools.bench.spark_functions import ArrowWordCount
 
@@ -58,7 +98,10 @@ def connect_statetier(spark: Any, source: Path, work: Path, partitions: int) -> 
         parallelism=partitions,
         config={"checkpoint.uri": f"file://{work}/ckpt"},
     )
-    return run_query(pipeline.write_stream(stream(spark, source)), work / "spark-ckpt")
+    elapsed, query = run_streaming(
+        pipeline.write_stream(stream(spark, source)), work / "spark-ckpt"
+    )
+    return Timing(elapsed, None, spark_batch_seconds(query))
 
 
 def connect_session(server: ConnectServer) -> Any:
@@ -70,26 +113,38 @@ def connect_session(server: ConnectServer) -> Any:
 
 
 def timed(runs: dict[str, Run], source: Path, work: Path, rounds: int) -> dict[str, Any]:
-    """Each run once untimed (warm-up), then ``rounds`` rotated rounds; median seconds."""
+    """Each run once untimed (warm-up), then ``rounds`` rotated rounds; median seconds, and the
+    median of each phase of the queries' wall time (Timing.phases)."""
     for name, run in runs.items():
         run(source, work / f"warm-{name}")
-    seconds: dict[str, list[float]] = collections.defaultdict(list)
-    exact: dict[str, bool] = {}
+    timings: dict[str, list[Timing]] = collections.defaultdict(list)
     names = list(runs)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            elapsed, ok = runs[name](source, work / f"r{r}-{name}")
-            seconds[name].append(elapsed)
-            if ok is not None:
-                exact[name] = exact.get(name, True) and ok
+            timings[name].append(runs[name](source, work / f"r{r}-{name}"))
+    return {name: summary(times) for name, times in timings.items()}
+
+
+def summary(times: list[Timing]) -> dict[str, Any]:
+    """The rounds of one pipeline: median seconds and phases, each round's seconds, and whether
+    every checked round counted exactly (None: none was checked)."""
+    checked = [t.exact for t in times if t.exact is not None]
+    phases = [t.phases() for t in times]
     return {
-        name: {
-            "seconds": statistics.median(times),
-            "rounds_seconds": [round(t, 2) for t in times],
-            "exact": exact.get(name),
-        }
-        for name, times in seconds.items()
+        "seconds": statistics.median(t.seconds for t in times),
+        "rounds_seconds": [round(t.seconds, 2) for t in times],
+        "exact": all(checked) if checked else None,
+        "phases_seconds": {
+            phase: round(statistics.median(p[phase] for p in phases), 2) for phase in PHASES
+        },
+        "batches": len(times[0].batch_seconds),
     }
+
+
+def later_rate(result: dict[str, Any], words: int) -> float:
+    """Records/s of the micro-batches after the first (they are of equal size)."""
+    batches, later = result["batches"], result["phases_seconds"]["later_batches"]
+    return words * (batches - 1) / batches / later if batches > 1 and later > 0 else 0.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     for result in results.values():
         result["records_per_s"] = round(len(words) / result["seconds"], 1)
+        result["later_batches_records_per_s"] = round(later_rate(result, len(words)), 1)
     st = results["connect_statetier"]["records_per_s"]
     ratios = {
         "connect_rocksdb": st / results["connect_rocksdb"]["records_per_s"],
@@ -141,13 +197,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         rows = [
-            [name, f"{r['seconds']:.1f}", f"{r['records_per_s']:,.0f}", str(r["exact"])]
+            [
+                name,
+                f"{r['seconds']:.1f}",
+                f"{r['records_per_s']:,.0f}",
+                *(f"{r['phases_seconds'][phase]:.2f}" for phase in PHASES),
+                f"{r['later_batches_records_per_s']:,.0f}",
+                str(r["exact"]),
+            ]
             for name, r in results.items()
         ]
         print_table(
             f"spark-wordcount --connect: {args.words:,} Zipf words, {args.batches} micro-batches, "
             f"{p} partitions, {args.master}",
-            ["pipeline", "seconds", "records/s", "counts exact"],
+            [
+                "pipeline",
+                "seconds",
+                "records/s",
+                "start s",
+                "1st batch s",
+                "later batches s",
+                "later records/s",
+                "counts exact",
+            ],
             rows,
         )
         print(f"  connect statetier / connect rocksdb: {ratios['connect_rocksdb']:.3f}x (>= 1.5x)")
@@ -161,16 +233,17 @@ def classic_runs(
     spark = spark_session(partitions, args.master)
     pipelines: list[Any] = []
 
-    def statetier(src: Path, out: Path) -> tuple[float, bool | None]:
+    def statetier(src: Path, out: Path) -> Timing:
         elapsed, info = bench_statetier(
             spark, src, out, f"file://{out}/ckpt", partitions, {}, pipelines
         )
-        return elapsed, info["counts"] == expected
+        batches = [s or 0.0 for s in info["spark_batch_seconds"]]  # None: not in the progress
+        return Timing(elapsed, info["counts"] == expected, batches)
 
     try:
         runs: dict[str, Run] = {
             "classic_statetier": statetier,
-            "classic_rocksdb": lambda src, out: (bench_rocksdb(spark, src, out), None),
+            "classic_rocksdb": lambda src, out: rocksdb(spark, src, out),
         }
         return timed(runs, source, work, args.rounds)
     finally:
@@ -196,15 +269,15 @@ def connect_runs(
     with ConnectServer.start(work / "server.log", args.master, conf, env=env) as server:
         spark = connect_session(server)
 
-        def statetier(src: Path, out: Path) -> tuple[float, bool | None]:
-            elapsed = connect_statetier(spark, src, out, partitions)
+        def statetier(src: Path, out: Path) -> Timing:
+            timing = connect_statetier(spark, src, out, partitions)
             counts = checkpoint_counts(SnapshotStore(f"file://{out}/ckpt"))
-            return elapsed, counts == expected
+            return dataclasses.replace(timing, exact=counts == expected)
 
         try:
             runs: dict[str, Run] = {
                 "connect_statetier": statetier,
-                "connect_rocksdb": lambda src, out: (bench_rocksdb(spark, src, out), None),
+                "connect_rocksdb": lambda src, out: rocksdb(spark, src, out),
             }
             return timed(runs, source, work, args.rounds)
         finally:
