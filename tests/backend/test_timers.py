@@ -214,6 +214,24 @@ def test_timers_moved_and_deleted_on_many_keys_fire_in_order_at_their_last_place
     assert inst.timers.count(EVENT) == 0 and inst.timers.earliest(EVENT) is None
 
 
+def test_the_firing_index_stays_bounded_when_a_timer_keeps_moving_earlier() -> None:
+    """A timer moved earlier leaves its old heap entry behind (the index is lazy); a key that
+    moves its one timer earlier 5,000 times must not leave 5,000 entries: the index is rebuilt
+    from the state once stale entries outnumber the live timers, and the timer fires once."""
+    inst = instance()
+    run(inst, ("other", ("event", 50_000)))
+    ts = 20_000
+    run(inst, ("k", ("event", ts)))
+    for _ in range(5_000):
+        run(inst, ("k", ("del-event", ts)), ("k", ("event", ts - 1)))
+        ts -= 1
+    queue = inst.timers._event
+    assert inst.timers.count(EVENT) == 2
+    assert len(queue._heap) <= 2 * 2 + 1024 + 1, len(queue._heap)
+    assert inst.advance_time(watermark=ts) == [("event-time", ts, "k", None)]
+    assert inst.end_of_input() == [("event-time", 50_000, "other", None)]
+
+
 def test_timers_at_the_ends_of_the_64_bit_range_fire_in_order() -> None:
     """The firing order (timestamp, key group, key bytes: the key serializer's) holds for
     negative timestamps and at both ends of the range, with keys of several key groups and of
