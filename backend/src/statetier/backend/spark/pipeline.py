@@ -76,6 +76,7 @@ from statetier.backend.spark.driver_secret import shared_secret
 from statetier.backend.spark.epoch_time import has_watermark, micro_batch_time
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN as KG_COLUMN
 from statetier.backend.spark.functions import Combiner
+from statetier.backend.spark.host_roster import share_hosts
 from statetier.backend.spark.messages import EpochSpec, EpochTime, PipelineSpec, StateSpec
 from statetier.backend.spark.offset_log import offset_log_time
 from statetier.backend.spark.plans import (
@@ -663,6 +664,8 @@ class StatefulPipeline:
                 float(self.config.host_liveness_timeout),
                 _secret_maker(self._hosts_of),
             )
+            if on_connect_driver():  # the queries of this driver share hosts: invite them
+                share_hosts(self._registry, self._hosts_of)
         return self._registry
 
     def _host_bind(self, spark: SparkSession) -> str:

@@ -220,6 +220,9 @@ class HostRegistry:
         self._losses: dict[RangeKey, _Loss] = {}  # released ranges not routed again yet
         self.rebalanced = 0  # ranges moved to spread the ranges over hosts that joined
         self.previous: dict[RangeKey, str] = {}  # moved by rebalancing: range -> old owner
+        # told the live hosts whenever one registers or is lost while the registry runs (a
+        # Connect driver's coordinators keep them in their roster, see host_roster)
+        self.on_hosts: Callable[[list[HostInfo]], None] | None = None
 
     # ------------------------------------------------------------------ connections
 
@@ -270,6 +273,7 @@ class HostRegistry:
             "state host %s registered (executor %s, pid %s)", host.host_id, host.executor, host.pid
         )
         conn.send_bytes(b'{"registered": true}')
+        self._hosts_changed()
         why = "its connection closed"
         try:
             while True:
@@ -351,6 +355,16 @@ class HostRegistry:
         if host.link is not None:
             with contextlib.suppress(OSError):
                 host.link.close()
+        if not self.stopping and not self.closed:  # hosts that leave with it stay on a roster
+            self._hosts_changed()
+
+    def _hosts_changed(self) -> None:
+        """Tell :attr:`on_hosts` the live hosts; its failure is logged, never the host's."""
+        if self.on_hosts is not None:
+            try:
+                self.on_hosts(self.live_hosts())
+            except Exception:
+                log.exception("the registry's hosts could not be told")
 
     def _report_loss(self, key: RangeKey, new_owner: HostInfo) -> None:
         """Warn once per lost host, when the first of its ranges gets a new owner."""
