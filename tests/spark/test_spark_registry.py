@@ -25,7 +25,7 @@ from statetier.backend.spark.channel import (
     new_secret,
 )
 from statetier.backend.spark.host import HostedRange, StateHost
-from statetier.backend.spark.membership import RegistryLink
+from statetier.backend.spark.membership import JoinError, RegistryLink
 from statetier.backend.spark.registry import (
     HostInfo,
     HostOrder,
@@ -34,7 +34,6 @@ from statetier.backend.spark.registry import (
     RouteError,
     ask_route,
 )
-from statetier.backend.spark.task import JoinError
 from statetier.backend.spark.task import _join as join_host
 from statetier.backend.wire import MessageError
 

@@ -12,7 +12,9 @@ it, the others read it, and all of them then use the application's hosts (see me
 
 The file lives in the driver's temp dir (the pod's own on Kubernetes) and holds nothing but the
 secret, which the tasks carry to the executors anyway. A file that another user owns, or that
-others may read, is refused with an error that names it.
+others may read, is refused with an error that names it. The coordinators' other shared file,
+their host roster (host_roster), lives beside it under the same rules (:func:`driver_file_path`,
+:func:`read_private`).
 """
 
 from __future__ import annotations
@@ -24,19 +26,31 @@ import tempfile
 
 from statetier.backend.spark.channel import new_secret
 
-__all__ = ["SecretFileError", "shared_secret", "shared_secret_path"]
+__all__ = [
+    "SecretFileError",
+    "driver_file_path",
+    "read_private",
+    "shared_secret",
+    "shared_secret_path",
+]
 
 _HEX_LENGTH = 64  # 32 bytes
 
 
 class SecretFileError(RuntimeError):
-    """The shared secret's file is not one this user made for this application."""
+    """A file the coordinators share is not one this user made for this application."""
+
+
+def driver_file_path(app_id: str, suffix: str, directory: str | None = None) -> str:
+    """Where the coordinators' file ``suffix`` (``.secret``, ``.hosts``) of application
+    ``app_id`` lives on this machine."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
+    return os.path.join(directory or tempfile.gettempdir(), f"statetier-{safe}{suffix}")
 
 
 def shared_secret_path(app_id: str, directory: str | None = None) -> str:
     """Where the secret of application ``app_id`` lives on this machine."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(directory or tempfile.gettempdir(), f"statetier-{safe}.secret")
+    return driver_file_path(app_id, ".secret", directory)
 
 
 def shared_secret(app_id: str, directory: str | None = None) -> bytes:
@@ -59,16 +73,22 @@ def shared_secret(app_id: str, directory: str | None = None) -> bytes:
     return secret
 
 
-def _read(path: str) -> bytes:
+def read_private(path: str, what: str) -> str:
+    """The text of the file at ``path`` (FileNotFoundError when there is none), refused with
+    :class:`SecretFileError` naming ``what`` and the file when it is not this user's alone."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd) as f:
         info = os.fstat(f.fileno())
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise SecretFileError(
-                f"statetier's shared secret {path} is not this user's alone (owner uid "
+                f"statetier's {what} {path} is not this user's alone (owner uid "
                 f"{info.st_uid}, mode {stat.filemode(info.st_mode)}): remove it and run again"
             )
-        text = f.read().strip()
+        return f.read()
+
+
+def _read(path: str) -> bytes:
+    text = read_private(path, "shared secret").strip()
     try:
         if len(text) != _HEX_LENGTH:
             raise ValueError(f"{len(text)} characters")

@@ -24,13 +24,13 @@ import functools
 import json
 import logging
 import os
-import stat
 import tempfile
 import threading
 from collections.abc import Iterable
 
-from statetier.backend.spark.channel import Endpoint, connect
-from statetier.backend.spark.protocol import RESULT
+from statetier.backend.spark.channel import Endpoint
+from statetier.backend.spark.driver_secret import SecretFileError, driver_file_path, read_private
+from statetier.backend.spark.membership import JoinError, ask_to_join
 from statetier.backend.spark.registry import HostInfo, HostRegistry
 
 __all__ = [
@@ -49,8 +49,7 @@ INVITE_TIMEOUT_S = 2.0  # how long a new coordinator waits for the roster's host
 
 def roster_path(app_id: str, directory: str | None = None) -> str:
     """Where the host roster of application ``app_id`` lives on this machine."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(directory or tempfile.gettempdir(), f"statetier-{safe}.hosts")
+    return driver_file_path(app_id, ".hosts", directory)
 
 
 def write_roster(path: str, hosts: Iterable[HostInfo]) -> None:
@@ -76,21 +75,12 @@ def read_roster(path: str) -> list[HostInfo]:
     """The hosts the roster at ``path`` names; none when there is no roster, or when it is not
     this user's alone or not a roster (both logged)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        text = read_private(path, "host roster")
+    except SecretFileError as e:
+        log.warning("%s (not used)", e)
+        return []
     except OSError:
         return []
-    with os.fdopen(fd) as f:
-        info = os.fstat(f.fileno())
-        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning(
-                "statetier's host roster %s is not this user's alone (owner uid %s, mode %s): "
-                "not used",
-                path,
-                info.st_uid,
-                stat.filemode(info.st_mode),
-            )
-            return []
-        text = f.read()
     try:
         return [HostInfo.from_json(item) for item in json.loads(text)]
     except (ValueError, TypeError) as e:
@@ -124,21 +114,16 @@ def _invite_one(
     host: HostInfo, registry: Endpoint, secret: bytes, timeout: float, joined: list[str]
 ) -> None:
     """Ask ``host`` to join ``registry`` at its first endpoint that answers."""
-    request = json.dumps({"op": "join", "registry": registry.to_json()}).encode()
     for endpoint in host.endpoints:
         try:
-            with contextlib.closing(connect(endpoint, secret, timeout)) as conn:
-                conn.send_bytes(request)
-                if not conn.poll(timeout):
-                    continue
-                answer = conn.recv_bytes()
+            ask_to_join(endpoint, secret, registry, timeout, answer_timeout=timeout)
+        except JoinError as e:
+            log.debug("state host %s did not join: %s", host.host_id, e)
+            return
         except (OSError, EOFError) as e:  # gone, another machine's socket path, refused
             log.debug("state host %s not invited at %s: %s", host.host_id, endpoint, e)
             continue
-        if answer[:1] == RESULT:
-            joined.append(host.host_id)
-            return
-        log.debug("state host %s did not join: %s", host.host_id, bytes(answer[1:])[:200])
+        joined.append(host.host_id)
         return
 
 

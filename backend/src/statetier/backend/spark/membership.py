@@ -26,7 +26,8 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from statetier.backend.spark.channel import Endpoint, connect
+from statetier.backend.spark.channel import HANDSHAKE_TIMEOUT_S, Endpoint, connect
+from statetier.backend.spark.protocol import RESULT
 from statetier.backend.spark.registry import (
     HostInfo,
     HostOrder,
@@ -37,12 +38,40 @@ from statetier.backend.spark.registry import (
 from statetier.backend.spill.monitor import read_rss
 from statetier.backend.wire import MessageError
 
-__all__ = ["HEARTBEAT_S", "RECEIPT_S", "RegistryLink"]
+__all__ = ["HEARTBEAT_S", "RECEIPT_S", "JoinError", "RegistryLink", "ask_to_join"]
 
 log = logging.getLogger("statetier.spark.host")
 
 HEARTBEAT_S = 1.0
 RECEIPT_S = 5.0  # how long a host waits for the driver's receipt of a result before writing it
+
+
+class JoinError(RuntimeError):
+    """A state host answered but could not register with the driver's registry (the reason is
+    in the message): on a busy machine a registration can time out, and a host that has just
+    started is asked again until its start timeout."""
+
+
+def ask_to_join(
+    host: Endpoint,
+    secret: bytes,
+    registry: Endpoint,
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+    answer_timeout: float | None = None,
+) -> HostInfo:
+    """Ask the host at ``host`` to register with ``registry`` (the ``join`` request a task
+    sends, and a new coordinator on a Connect driver, see host_roster); the host, once
+    registered there. :class:`JoinError` when it answered that it could not; OSError when it
+    cannot be reached in ``timeout`` or does not answer in ``answer_timeout`` (None: waits)."""
+    with contextlib.closing(connect(host, secret, timeout)) as conn:
+        conn.send_bytes(json.dumps({"op": "join", "registry": registry.to_json()}).encode())
+        if answer_timeout is not None and not conn.poll(answer_timeout):
+            raise TimeoutError(f"the state host at {host} did not answer in {answer_timeout}s")
+        answer = conn.recv_bytes()
+    if answer[:1] != RESULT:
+        reason = bytes(answer[1:]).decode(errors="replace")
+        raise JoinError(f"the state host at {host.address} could not join the driver: {reason}")
+    return HostInfo.from_json(json.loads(answer[1:]))
 
 
 class RegistryLink:

@@ -38,6 +38,7 @@ import pyarrow as pa
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.deliveries import DeliveryReport, report_delivered
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+from statetier.backend.spark.membership import JoinError, ask_to_join
 from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -88,26 +89,13 @@ def _executor_pid() -> int:
     return os.getppid()
 
 
-class JoinError(RuntimeError):
-    """A state host answered but could not register with the driver's registry (the reason is
-    in the message): on a busy machine a registration can time out, and a host that has just
-    started is asked again until its start timeout."""
-
-
 def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
     """The host at ``path``, registered with ``registry``; None when no host listens there;
     :class:`JoinError` when it could not register."""
     try:
-        conn = connect(Endpoint("unix", path), secret)
+        return ask_to_join(Endpoint("unix", path), secret, registry)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
-    with contextlib.closing(conn):
-        conn.send_bytes(json.dumps({"op": "join", "registry": registry.to_json()}).encode())
-        answer = conn.recv_bytes()
-    if answer[:1] != RESULT:
-        reason = bytes(answer[1:]).decode(errors="replace")
-        raise JoinError(f"the state host at {path} could not join the driver: {reason}")
-    return HostInfo.from_json(json.loads(answer[1:]))
 
 
 def bind_address(configured: str, registry: Endpoint) -> str:
