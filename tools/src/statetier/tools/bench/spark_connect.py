@@ -37,6 +37,8 @@ from statetier.tools.bench import print_table
 from statetier.tools.bench.spark_wordcount import (
     bench_statetier,
     checkpoint_counts,
+    progress_seconds,
+    run_rocksdb,
     run_streaming,
     spark_session,
     stream,
@@ -73,16 +75,13 @@ Run = Callable[[Path, Path], Timing]
 
 
 def spark_batch_seconds(query: Any) -> list[float]:
-    """The seconds of each micro-batch of ``query``, in order (``durationMs.triggerExecution``)."""
-    progress = sorted(query.recentProgress, key=lambda p: p["batchId"])
-    return [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+    """The seconds of each micro-batch of ``query``, in batch order (see progress_seconds)."""
+    return [seconds for _, seconds in sorted(progress_seconds(query).items())]
 
 
 def rocksdb(spark: Any, source: Path, work: Path) -> Timing:
     """Spark's ``groupBy().count()`` on the RocksDB state store (the session's provider)."""
-    counts = stream(spark, source).groupBy("word").count()
-    writer = counts.writeStream.outputMode("update").format("noop")
-    elapsed, query = run_streaming(writer, work / "rocksdb-ckpt")
+    elapsed, query = run_rocksdb(spark, source, work)
     return Timing(elapsed, None, spark_batch_seconds(query))
 
 

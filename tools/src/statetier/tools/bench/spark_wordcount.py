@@ -252,9 +252,15 @@ def batch_seconds(query: Any, epochs: list[int]) -> list[float | None]:
     1; ``durationMs.triggerExecution`` of the query's progress), None where the progress no
     longer holds it (Spark keeps the last ``numRecentProgressUpdates``): in step with
     ``epoch_seconds`` either way."""
-    progress = {p["batchId"]: p["durationMs"]["triggerExecution"] for p in query.recentProgress}
-    ms = [progress.get(epoch - 1) for epoch in epochs]
-    return [None if m is None else round(m / 1000, 2) for m in ms]
+    progress = progress_seconds(query)
+    seconds = [progress.get(epoch - 1) for epoch in epochs]
+    return [None if s is None else round(s, 2) for s in seconds]
+
+
+def progress_seconds(query: Any) -> dict[int, float]:
+    """The seconds of each micro-batch the query's progress still holds, by batch id
+    (``durationMs.triggerExecution``)."""
+    return {p["batchId"]: p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress}
 
 
 def hosts_heard_since(pipeline: Any, since: float, timeout: float = 5.0) -> list[Any]:
@@ -313,9 +319,15 @@ def _untracked(peer: Callable[[Path, Path], float]) -> Run:
 
 
 def bench_rocksdb(spark: Any, source: Path, work: Path) -> float:
+    return run_rocksdb(spark, source, work)[0]
+
+
+def run_rocksdb(spark: Any, source: Path, work: Path) -> tuple[float, Any]:
+    """Spark's ``groupBy().count()`` on the session's state store provider (RocksDB in these
+    benchmarks); its wall time and the query."""
     counts = stream(spark, source).groupBy("word").count()
     writer = counts.writeStream.outputMode("update").format("noop")
-    return run_query(writer, work / "rocksdb-ckpt")
+    return run_streaming(writer, work / "rocksdb-ckpt")
 
 
 def bench_apply_in_pandas(spark: Any, source: Path, work: Path) -> float:
