@@ -11,7 +11,8 @@ import json
 import subprocess
 import sys
 
-from statetier.tools.bench.local_timers import epochs_of, run_sessions
+import pytest
+from statetier.tools.bench.local_timers import epochs_of, floor_sessions, run_sessions
 from statetier.tools.bench.spark_timers import clicks, closed_sessions
 
 ARGS = ["--clicks", "4000", "--users", "300", "--epochs", "7", "--local-rounds", "2", "--json"]
@@ -27,9 +28,12 @@ def test_the_local_run_emits_the_oracles_sessions_and_a_cpu_figure() -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["sessions_exact"] is True
+    assert report["sessions_exact"] is True and report["floor_exact"] is True
     assert (report["records"], report["epochs"], report["rounds"]) == (4000, 7, 2)
     assert report["cpu_us_per_record"] > 0 and len(report["cpu_us_per_record_rounds"]) == 2
+    floor = report["floor_cpu_us_per_record"]
+    ratio = report["cpu_us_per_record"] / floor  # of the rounded figures: close, not equal
+    assert report["ratio_to_floor"] == pytest.approx(ratio, rel=0.01)
 
 
 def test_sessions_cross_epochs_and_close_at_the_last_watermark() -> None:
@@ -42,3 +46,13 @@ def test_sessions_cross_epochs_and_close_at_the_last_watermark() -> None:
     # the run both leave it out, so the check sees the last watermark
     assert len(expected) < len(closed_sessions(parts, data[-1][1] + 10**9))
     assert run.records == len(data) and run.cpu_seconds > 0
+
+
+def test_the_floor_emits_the_same_sessions_with_no_timer_left_behind() -> None:
+    """The floor is a peer only if it does the same work: every session the oracle closes, each
+    once (a stale timer of a moved session must not close it early or twice)."""
+    data = clicks(3000, 200, seed=5)
+    parts = epochs_of(data, 9)
+    floor = floor_sessions(parts)
+    assert sorted(floor.sessions) == closed_sessions(parts, data[-1][1])
+    assert len(floor.sessions) == len(set(floor.sessions))
