@@ -150,3 +150,8 @@ def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases(
     assert report["ratios"]["connect_rocksdb"] == round(
         st / pipelines["connect_rocksdb"]["records_per_s"], 3
     )
+    later = pipelines["connect_statetier"]["later_batches_records_per_s"]
+    classic_later = pipelines["classic_statetier"]["later_batches_records_per_s"]
+    assert report["later_batches_ratios"]["classic_statetier"] == pytest.approx(
+        later / classic_later, rel=0.01
+    )
