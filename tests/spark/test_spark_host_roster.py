@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -140,3 +141,31 @@ def test_a_roster_others_may_read_or_that_is_no_roster_is_not_used(
     with caplog.at_level(logging.WARNING, logger="statetier.spark.roster"):
         assert read_roster(path) == []
     assert "is not a roster" in caplog.text
+
+
+def test_hosts_that_never_answer_cost_one_timeout_in_all() -> None:
+    """A roster's host may accept a connection and never answer (a hung process, a port reused
+    by something else): the new coordinator still waits at most the invitation's timeout in
+    all, however many such hosts and endpoints the roster names."""
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+    try:
+        hosts = [
+            HostInfo(
+                host_id=f"silent-{i}",
+                pid=1,
+                executor=str(i),
+                node="localhost",
+                endpoints=[Endpoint("tcp", "127.0.0.1", s.getsockname()[1])] * 2,
+            )
+            for i, s in enumerate(silent)
+        ]
+        registry = HostRegistry(SECRET, "127.0.0.1")
+        try:
+            started = time.monotonic()
+            assert invite(hosts, registry.endpoint, SECRET, timeout=1.0) == []
+            assert time.monotonic() - started < 1.5
+        finally:
+            registry.close()
+    finally:
+        for s in silent:
+            s.close()

@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 
 from statetier.backend.spark.channel import Endpoint
@@ -92,12 +93,14 @@ def invite(
     hosts: list[HostInfo], registry: Endpoint, secret: bytes, timeout: float = INVITE_TIMEOUT_S
 ) -> list[str]:
     """Ask each of ``hosts`` to join ``registry``, all at once; the ids of those that joined
-    within ``timeout`` (a host answers once it is registered there)."""
+    within ``timeout`` (a host answers once it is registered there). ``timeout`` bounds the
+    whole invitation, however many hosts and endpoints do not answer."""
+    deadline = time.monotonic() + timeout
     joined: list[str] = []
     threads = [
         threading.Thread(
             target=_invite_one,
-            args=(host, registry, secret, timeout, joined),
+            args=(host, registry, secret, deadline, joined),
             name="statetier-invite",
             daemon=True,
         )
@@ -106,17 +109,21 @@ def invite(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout)
+        thread.join(max(0.0, deadline - time.monotonic()))
     return list(joined)
 
 
 def _invite_one(
-    host: HostInfo, registry: Endpoint, secret: bytes, timeout: float, joined: list[str]
+    host: HostInfo, registry: Endpoint, secret: bytes, deadline: float, joined: list[str]
 ) -> None:
-    """Ask ``host`` to join ``registry`` at its first endpoint that answers."""
+    """Ask ``host`` to join ``registry`` at its first endpoint that answers before ``deadline``
+    (``time.monotonic``)."""
     for endpoint in host.endpoints:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
         try:
-            ask_to_join(endpoint, secret, registry, timeout, answer_timeout=timeout)
+            ask_to_join(endpoint, secret, registry, left, answer_timeout=left)
         except JoinError as e:
             log.debug("state host %s did not join: %s", host.host_id, e)
             return
