@@ -78,13 +78,15 @@ def _dump(archive: Path, options: list[str], spark_home: Path) -> bool:
                 [sys.executable, "-c", DUMP_JOB, work],
                 capture_output=True, text=True, timeout=DUMP_TIMEOUT_S, env=env, check=False,
             )  # fmt: skip
+            failed = "" if done.returncode == 0 and partial.is_file() else done.stderr[-300:]
         except subprocess.TimeoutExpired:
+            failed = f"the job took over {DUMP_TIMEOUT_S} s"
+        if failed:
+            print(f"tests: no JVM class archive ({failed!r})", file=sys.stderr)
             return False
-        if done.returncode != 0 or not partial.is_file():
-            print(f"tests: no JVM class archive ({done.stderr[-300:]!r})", file=sys.stderr)
-            return False
-        shutil.move(partial, archive.with_suffix(".tmp"))
-        os.replace(archive.with_suffix(".tmp"), archive)  # whole or absent, never half
+        aside = archive.with_name(f".{archive.name}.{os.getpid()}")  # one per maker
+        shutil.move(partial, aside)
+        os.replace(aside, archive)  # whole or absent, never half
     return True
 
 
