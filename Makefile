@@ -23,6 +23,7 @@ $(STAMP): requirements-dev.txt $(DISTRIBUTIONS:%=%/pyproject.toml)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt \
 		-e 'backend[spark]' -e compaction -e operator -e 'tools[spark,compaction,rocksdb]' \
 		-e kubetest
+	$(BIN)/statetier pyspark-bytecode
 	@touch $@
 
 install: $(STAMP)

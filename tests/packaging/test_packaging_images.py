@@ -71,6 +71,10 @@ def test_dockerfile_structure(name: str) -> None:
     assert "./backend" in installs, f"{path.name} does not install the backend"
     if name != "spark":
         assert f"./{name}" in installs
+    else:  # pyspark.zip gets bytecode from the backend's command, once it is installed
+        run = next((rest for word, rest in steps if "pyspark-bytecode" in rest), "")
+        assert 0 <= run.find("pip install") < run.find("statetier pyspark-bytecode"), run
+        assert "statetier" in _scripts()
     entry = [rest for word, rest in steps if word == "ENTRYPOINT"]
     if entrypoint is not None:
         assert entry == [f'["{entrypoint}"]']

@@ -24,7 +24,7 @@ TOOL_COMMANDS = {
     "bench": "run a benchmark (statetier bench --help)",
 }
 # Commands whose own parser reads the rest of the command line.
-DELEGATED = (*TOOL_COMMANDS, "checkpoint")
+DELEGATED = (*TOOL_COMMANDS, "checkpoint", "pyspark-bytecode")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -47,6 +47,11 @@ def parser() -> argparse.ArgumentParser:
         sub.add_parser(name, add_help=False, help=text)
     sub.add_parser(
         "checkpoint", add_help=False, help="list, inspect, verify or garbage-collect checkpoints"
+    )
+    sub.add_parser(
+        "pyspark-bytecode",
+        add_help=False,
+        help="add bytecode to Spark's pyspark.zip: Spark's Python processes start faster",
     )
     cfg = sub.add_parser("config", help="the configuration settings")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -76,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Errors whose message already says what is wrong: shown without their class name.
 PLAIN_ERRORS = {
+    "BytecodeError",
     "CheckpointLocationError",
     "ConfigError",
     "DemoDirError",
@@ -116,6 +122,10 @@ def _dispatch(argv: list[str], command: str | None) -> int:
         from statetier.backend.snapshot import admin
 
         return admin.main(rest)
+    if command == "pyspark-bytecode":
+        from statetier.backend import pyspark_bytecode
+
+        return pyspark_bytecode.main(rest)
     return run_tool(command, rest, tool_commands())
 
 

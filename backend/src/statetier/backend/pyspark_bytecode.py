@@ -1,0 +1,163 @@
+"""``statetier pyspark-bytecode``: bytecode in Spark's ``pyspark.zip``, so that the Python processes
+Spark starts import pyspark without compiling it.
+
+Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the path of every Python process it
+starts: each executor's worker daemon, and on a Spark Connect server each streaming query's
+``foreachBatch`` process. That zip holds sources only, and Python's zip importer writes no cache,
+so every such process compiles the hundreds of pyspark modules it imports, every time. On Connect
+this is paid per streaming query: each query runs on a session of its own, whose Python workers
+are a new daemon on every executor, beside the query's new ``foreachBatch`` process.
+
+This adds, beside each module's source in the zip, its bytecode for the Python that runs the
+command (the image's: run it with the Python the workers use). The bytecode is *checked*: the
+importer hashes the source beside it and compiles the source as before when they differ, and a
+Python of another version ignores it, so the zip imports as it did in every case, only faster.
+The zip's own entries are copied unchanged; the new zip replaces the old in one rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import marshal
+import os
+import sys
+import tempfile
+import time
+import warnings
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ZIP_IN_SPARK_HOME = Path("python", "lib", "pyspark.zip")
+# a pyc's flags: hash-based (0b01) and checked against its source when imported (0b10)
+CHECKED_HASH_PYC = 0b11
+
+
+class BytecodeError(Exception):
+    """A pyspark.zip that cannot be found or read; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What one run did: the zip, its modules, how many now have current bytecode, the time."""
+
+    path: Path
+    modules: int
+    compiled: int
+    seconds: float
+
+
+def find_zip(spark_home: str | None) -> Path:
+    """``pyspark.zip`` of ``spark_home``, else of ``$SPARK_HOME``, else of the pyspark package this
+    Python imports (a pip-installed pyspark is its own Spark home)."""
+    home = spark_home or os.environ.get("SPARK_HOME")
+    if home is None:
+        spec = importlib.util.find_spec("pyspark")
+        if spec is None or spec.origin is None:
+            raise BytecodeError(
+                "no Spark found: pass --spark-home, set SPARK_HOME, or install pyspark"
+            )
+        home = str(Path(spec.origin).parent)
+    path = Path(home) / ZIP_IN_SPARK_HOME
+    if not path.is_file():
+        raise BytecodeError(f"{path}: no such file (is {home} a Spark home?)")
+    return path
+
+
+def pyc(source: bytes, filename: str) -> bytes:
+    """The checked hash-based pyc of ``source``, compiled as the zip importer would compile it."""
+    normalized = source.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    with warnings.catch_warnings():  # what a module's source warns of, its import says
+        warnings.simplefilter("ignore")
+        code = compile(normalized, filename, "exec", dont_inherit=True)
+    return (
+        importlib.util.MAGIC_NUMBER
+        + CHECKED_HASH_PYC.to_bytes(4, "little")
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )
+
+
+def add_bytecode(path: Path) -> Compiled:
+    """Rewrite the zip at ``path`` with a current pyc beside every module's source (one made by
+    an earlier run is made again); its other entries are copied as they are."""
+    started = time.perf_counter()
+    try:
+        with zipfile.ZipFile(path) as old:
+            entries = [e for e in old.infolist() if not e.filename.endswith(".pyc")]
+            sources = {e.filename for e in entries if e.filename.endswith(".py")}
+            with tempfile.NamedTemporaryFile(
+                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+            ) as handle:
+                temporary = Path(handle.name)
+            try:
+                with zipfile.ZipFile(temporary, "w") as new:
+                    for entry in entries:
+                        data = old.read(entry)
+                        new.writestr(entry, data)
+                        if entry.filename in sources:
+                            info = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
+                            info.compress_type = zipfile.ZIP_DEFLATED
+                            new.writestr(info, pyc(data, f"{path}/{entry.filename}"))
+                temporary.chmod(path.stat().st_mode & 0o7777)
+                os.replace(temporary, path)
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BytecodeError(f"{path}: {exc}") from exc
+    except SyntaxError as exc:
+        raise BytecodeError(f"{exc.filename}: {exc.msg} (line {exc.lineno})") from exc
+    return Compiled(path, len(sources), len(sources), time.perf_counter() - started)
+
+
+def current_bytecode(path: Path) -> Compiled:
+    """How many of the zip's modules have bytecode this Python takes (its magic number, and
+    the hash of the source beside it)."""
+    started = time.perf_counter()
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            sources = [n for n in names if n.endswith(".py")]
+            current = sum(
+                1
+                for name in sources
+                if name + "c" in names and _is_current(archive.read(name + "c"), archive.read(name))
+            )
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BytecodeError(f"{path}: {exc}") from exc
+    return Compiled(path, len(sources), current, time.perf_counter() - started)
+
+
+def _is_current(compiled: bytes, source: bytes) -> bool:
+    return (
+        compiled[:4] == importlib.util.MAGIC_NUMBER
+        and int.from_bytes(compiled[4:8], "little") & 0b1 == 1
+        and compiled[8:16] == importlib.util.source_hash(source)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="statetier pyspark-bytecode",
+        description="Add bytecode to Spark's pyspark.zip for this Python (run it with the "
+        "Python of Spark's workers, e.g. in the Spark image's build).",
+    )
+    parser.add_argument("--spark-home", help="the Spark home (default: $SPARK_HOME or pyspark's)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only count the modules with current bytecode; exit 1 when some have none",
+    )
+    args = parser.parse_args(argv)
+    path = find_zip(args.spark_home)
+    version = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    if args.check:
+        found = current_bytecode(path)
+        print(f"{path}: {found.compiled} of {found.modules} modules have bytecode for {version}")
+        return 0 if found.compiled == found.modules else 1
+    done = add_bytecode(path)
+    print(f"{path}: {done.compiled} modules compiled for {version} in {done.seconds:.1f} s")
+    return 0
