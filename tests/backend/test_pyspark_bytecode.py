@@ -18,6 +18,7 @@ from statetier.backend.pyspark_bytecode import (
     add_bytecode,
     current_bytecode,
     find_zip,
+    pyc,
 )
 
 SOURCES = {
@@ -93,6 +94,17 @@ def test_the_zips_entries_are_kept_and_a_second_run_adds_no_duplicates(tmp_path:
     assert sorted(names) == sorted([*kept, "pkg/__init__.pyc", "pkg/mod.pyc"])
     assert path.stat().st_mode & 0o777 == mode
     assert [p.name for p in path.parent.iterdir()] == ["pyspark.zip"]  # no temporary left
+
+
+def test_a_module_of_bytecode_only_is_kept(tmp_path: Path) -> None:
+    sourceless = pyc(b"def answer():\n    return 5\n", "pkg/mod.py")
+    home = spark_home(tmp_path, {"pkg/__init__.py": SOURCES["pkg/__init__.py"]})
+    path = home / ZIP_IN_SPARK_HOME
+    rewrite(path, "pkg/mod.pyc", sourceless)
+    add_bytecode(path)
+    with zipfile.ZipFile(path) as archive:
+        assert archive.read("pkg/mod.pyc") == sourceless
+    assert probe(path) == {"answer": 5, "compiled": 0}
 
 
 def test_an_edited_source_is_compiled_again_not_shadowed_by_its_old_bytecode(

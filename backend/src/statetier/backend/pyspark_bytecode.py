@@ -18,6 +18,7 @@ The zip's own entries are copied unchanged; the new zip replaces the old in one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import marshal
 import os
@@ -86,8 +87,10 @@ def add_bytecode(path: Path) -> Compiled:
     started = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as old:
-            entries = [e for e in old.infolist() if not e.filename.endswith(".pyc")]
-            sources = {e.filename for e in entries if e.filename.endswith(".py")}
+            sources = {n for n in old.namelist() if n.endswith(".py")}
+            # a module's bytecode beside its source is made again; a module of bytecode only
+            # (no source to make it from) is kept like any other entry
+            entries = [e for e in old.infolist() if e.filename[:-1] not in sources]
             with tempfile.NamedTemporaryFile(
                 dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
             ) as handle:
@@ -101,7 +104,7 @@ def add_bytecode(path: Path) -> Compiled:
                             info = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
                             info.compress_type = zipfile.ZIP_DEFLATED
                             new.writestr(info, pyc(data, f"{path}/{entry.filename}"))
-                temporary.chmod(path.stat().st_mode & 0o7777)
+                _same_owner_and_mode(temporary, path)
                 os.replace(temporary, path)
             except BaseException:
                 temporary.unlink(missing_ok=True)
@@ -111,6 +114,15 @@ def add_bytecode(path: Path) -> Compiled:
     except SyntaxError as exc:
         raise BytecodeError(f"{exc.filename}: {exc.msg} (line {exc.lineno})") from exc
     return Compiled(path, len(sources), len(sources), time.perf_counter() - started)
+
+
+def _same_owner_and_mode(new: Path, old: Path) -> None:
+    """Give ``new`` the mode of ``old``, and its owner where this user may (root in an image's
+    build): the file that replaces it is otherwise this user's, readable by them alone."""
+    status = old.stat()
+    with contextlib.suppress(PermissionError):
+        os.chown(new, status.st_uid, status.st_gid)
+    new.chmod(status.st_mode & 0o7777)
 
 
 def current_bytecode(path: Path) -> Compiled:
