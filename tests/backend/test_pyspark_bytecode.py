@@ -96,6 +96,21 @@ def test_the_zips_entries_are_kept_and_a_second_run_adds_no_duplicates(tmp_path:
     assert [p.name for p in path.parent.iterdir()] == ["pyspark.zip"]  # no temporary left
 
 
+def test_a_run_compiles_only_what_lacks_current_bytecode_and_else_replaces_nothing(
+    tmp_path: Path,
+) -> None:
+    path = find_zip(str(spark_home(tmp_path)))
+    assert add_bytecode(path).compiled == 2
+    before = path.stat()
+    again = add_bytecode(path)
+    assert (again.modules, again.compiled) == (2, 0)
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    rewrite(path, "pkg/mod.py", b"def answer():\n    return 7\n")
+    assert add_bytecode(path).compiled == 1
+    assert current_bytecode(path).compiled == 2
+    assert probe(path) == {"answer": 7, "compiled": 0}
+
+
 def test_a_module_of_bytecode_only_is_kept(tmp_path: Path) -> None:
     sourceless = pyc(b"def answer():\n    return 5\n", "pkg/mod.py")
     home = spark_home(tmp_path, {"pkg/__init__.py": SOURCES["pkg/__init__.py"]})

@@ -42,11 +42,11 @@ class BytecodeError(Exception):
 
 @dataclass(frozen=True)
 class Compiled:
-    """What one run did: the zip, its modules, how many now have current bytecode, the time."""
+    """What one run found or did: the zip, its modules, how many of them, the time."""
 
     path: Path
     modules: int
-    compiled: int
+    compiled: int  # (add_bytecode) compiled by this run; (current_bytecode) with current bytecode
     seconds: float
 
 
@@ -82,38 +82,45 @@ def pyc(source: bytes, filename: str) -> bytes:
 
 
 def add_bytecode(path: Path) -> Compiled:
-    """Rewrite the zip at ``path`` with a current pyc beside every module's source (one made by
-    an earlier run is made again); its other entries are copied as they are."""
+    """Give every module of the zip at ``path`` a current pyc beside its source, compiling only
+    those that have none (or a stale one): the zip is rewritten with its other entries as they
+    are, or left alone when nothing needs compiling, so a second run replaces no file."""
     started = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as old:
-            sources = {n for n in old.namelist() if n.endswith(".py")}
-            # a module's bytecode beside its source is made again; a module of bytecode only
-            # (no source to make it from) is kept like any other entry
-            entries = [e for e in old.infolist() if e.filename[:-1] not in sources]
-            with tempfile.NamedTemporaryFile(
-                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-            ) as handle:
-                temporary = Path(handle.name)
-            try:
-                with zipfile.ZipFile(temporary, "w") as new:
-                    for entry in entries:
-                        data = old.read(entry)
-                        new.writestr(entry, data)
-                        if entry.filename in sources:
-                            info = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
-                            info.compress_type = zipfile.ZIP_DEFLATED
-                            new.writestr(info, pyc(data, f"{path}/{entry.filename}"))
-                _same_owner_and_mode(temporary, path)
-                os.replace(temporary, path)
-            except BaseException:
-                temporary.unlink(missing_ok=True)
-                raise
+            modules, stale = _stale_modules(old)
+            if stale:
+                _rewrite(path, old, stale)
     except (OSError, zipfile.BadZipFile) as exc:
         raise BytecodeError(f"{path}: {exc}") from exc
     except SyntaxError as exc:
         raise BytecodeError(f"{exc.filename}: {exc.msg} (line {exc.lineno})") from exc
-    return Compiled(path, len(sources), len(sources), time.perf_counter() - started)
+    return Compiled(path, modules, len(stale), time.perf_counter() - started)
+
+
+def _rewrite(path: Path, old: zipfile.ZipFile, stale: set[str]) -> None:
+    """Replace the zip at ``path`` (open as ``old``) by a copy in which each source in
+    ``stale`` has a new pyc beside it; a stale pyc is left out, every other entry copied."""
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    ) as handle:
+        temporary = Path(handle.name)
+    try:
+        with zipfile.ZipFile(temporary, "w") as new:
+            for entry in old.infolist():
+                if entry.filename[:-1] in stale:
+                    continue  # the stale pyc of a source compiled below
+                data = old.read(entry)
+                new.writestr(entry, data)
+                if entry.filename in stale:
+                    info = zipfile.ZipInfo(entry.filename + "c", entry.date_time)
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    new.writestr(info, pyc(data, f"{path}/{entry.filename}"))
+        _same_owner_and_mode(temporary, path)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _same_owner_and_mode(new: Path, old: Path) -> None:
@@ -131,16 +138,23 @@ def current_bytecode(path: Path) -> Compiled:
     started = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            sources = [n for n in names if n.endswith(".py")]
-            current = sum(
-                1
-                for name in sources
-                if name + "c" in names and _is_current(archive.read(name + "c"), archive.read(name))
-            )
+            modules, stale = _stale_modules(archive)
     except (OSError, zipfile.BadZipFile) as exc:
         raise BytecodeError(f"{path}: {exc}") from exc
-    return Compiled(path, len(sources), current, time.perf_counter() - started)
+    return Compiled(path, modules, modules - len(stale), time.perf_counter() - started)
+
+
+def _stale_modules(archive: zipfile.ZipFile) -> tuple[int, set[str]]:
+    """The number of module sources in ``archive``, and those without a current pyc beside
+    them (none, one of another Python, or one of an older source)."""
+    names = set(archive.namelist())
+    sources = [name for name in names if name.endswith(".py")]
+    stale = {
+        name
+        for name in sources
+        if name + "c" not in names or not _is_current(archive.read(name + "c"), archive.read(name))
+    }
+    return len(sources), stale
 
 
 def _is_current(compiled: bytes, source: bytes) -> bool:
@@ -171,5 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{path}: {found.compiled} of {found.modules} modules have bytecode for {version}")
         return 0 if found.compiled == found.modules else 1
     done = add_bytecode(path)
-    print(f"{path}: {done.compiled} modules compiled for {version} in {done.seconds:.1f} s")
+    if done.compiled:
+        print(f"{path}: {done.compiled} modules compiled for {version} in {done.seconds:.1f} s")
+    else:
+        print(f"{path}: all {done.modules} modules have bytecode for {version} already")
     return 0
