@@ -211,3 +211,46 @@ def test_the_settings_schema_loads_without_the_checkpoint_tier() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.splitlines() == ["[]", "statetier.backend.local_runner"]
+
+
+def test_a_spark_task_loads_neither_the_spill_tier_nor_the_checkpoint_codecs() -> None:
+    """Every new Python worker of an executor imports the task module (on Spark Connect, every
+    streaming query starts new ones): it carries chain updates and reads the memory budget, and
+    loaded the whole spill and snapshot packages for them (0.3 s of a first micro-batch)."""
+    heavy = (
+        "statetier.backend.spill",
+        "statetier.backend.snapshot.format",
+        "statetier.backend.snapshot.store",
+        "statetier.backend.snapshot.compaction",
+        "fsspec",
+        "zstandard",
+        "prometheus_client",
+    )
+    code = (
+        "import sys, statetier.backend.spark.task\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+        "from statetier.backend.snapshot import SnapshotStore, CorruptFileError\n"
+        "print(SnapshotStore.__module__, CorruptFileError.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.splitlines() == [
+        "[]",
+        "statetier.backend.snapshot.store statetier.backend.snapshot.versions",
+    ]
+
+
+def test_the_snapshot_package_loads_each_name_from_its_module() -> None:
+    """The package is lazy (a Spark task imports light modules of it only): each of its names
+    is its module's own object, and a name it does not have is an AttributeError."""
+    import importlib
+
+    from statetier.backend import snapshot
+
+    for name in snapshot.__all__:
+        found = getattr(snapshot, name)
+        home = importlib.import_module(found.__module__)
+        assert getattr(home, name) is found, name
+    with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+        snapshot.Nothing  # noqa: B018

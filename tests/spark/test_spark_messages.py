@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.snapshot import FileEntry, SubtaskSnapshot
-from statetier.backend.snapshot.chain_compaction import ChainUpdate
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
 from statetier.backend.spark.messages import (
     EpochSpec,

@@ -15,7 +15,7 @@ from statetier.backend.config import load_config
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keygroups import assign_to_key_group
 from statetier.backend.local_runner import LocalRunner
-from statetier.backend.spill.monitor import read_rss
+from statetier.backend.process_memory import read_rss
 from statetier.tools.wordcount import WordCount
 from statetier.tools.workloads import batches, zipf_words
 

@@ -16,10 +16,11 @@ from statetier.backend.config import load_config
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.keyed_backend import KeyedStateBackend
 from statetier.backend.keygroups import KeyGroupRange, assign_to_key_group
+from statetier.backend.process_memory import read_rss, resolve_budget
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import MemoryMonitor, MonitorSettings, SpillManager, SpillStorage
 from statetier.backend.spill.metrics import METRIC_NAMES
-from statetier.backend.spill.monitor import GcPauseTracker, Move, read_rss, resolve_budget
+from statetier.backend.spill.monitor import GcPauseTracker, Move
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
 from statetier.tools.wordcount import WordCount
 

@@ -4,9 +4,10 @@ compact, and what the writers of their ranges must change afterwards.
 Compaction runs after a commit, in the background, on whoever holds the writer lease (the local
 runner's checkpointer, the Spark driver), never on the epoch's path: the compactor is the
 compaction service when ``compaction.endpoints`` is set, else a local one. Its result is a
-:class:`ChainUpdate`: "swap these files, a prefix of the chain, for this base". The writer that
-owns the range applies it before its next snapshot (in the same process for the local runner,
-in the state host on the next epoch for Spark), so the next manifest names the compacted base;
+:class:`~statetier.backend.snapshot.chain_update.ChainUpdate`: "swap these files, a prefix of
+the chain, for this base". The writer that owns the range applies it before its next snapshot
+(in the same process for the local runner, in the state host on the next epoch for Spark), so
+the next manifest names the compacted base;
 until then the base is named by no manifest and invisible to readers. A chain whose compaction
 keeps failing gets a cut instead: its next snapshot writes a full base, so files stay bounded.
 """
@@ -19,12 +20,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statetier.backend import metrics as backend_metrics
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.snapshot.compaction import Compactor, make_request, needs_compaction
 from statetier.backend.snapshot.layout import compacted_dir
 from statetier.backend.snapshot.manifest import Chain, FileEntry, Manifest
 from statetier.backend.snapshot.store import SnapshotStore
 
-__all__ = ["CUT_FACTOR", "ChainCompaction", "ChainUpdate", "apply_update"]
+__all__ = ["CUT_FACTOR", "ChainCompaction", "apply_update"]
 
 log = logging.getLogger(__name__)
 CUT_FACTOR = 3  # a chain that failed compaction is cut at this many times the delta trigger
@@ -60,43 +62,6 @@ def _exiting(exc: RuntimeError) -> bool:
     thread a sign: the hook runs, and joins the upkeep thread, before the main thread is
     marked stopped (a CI run printed a failed compaction that way)."""
     return "cannot schedule new futures" in str(exc)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChainUpdate:
-    """What a range's writer changes in one state's chain: ``inputs`` (a prefix of the chain)
-    become ``base``; with no ``base``, the chain is cut (the next snapshot is a full base)."""
-
-    state: str
-    key_groups: str
-    inputs: tuple[FileEntry, ...]
-    base: FileEntry | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ChainUpdate:
-        base = data["base"]
-        return cls(
-            state=data["state"],
-            key_groups=data["key_groups"],
-            inputs=tuple(FileEntry(**f) for f in data["inputs"]),
-            base=FileEntry(**base) if base is not None else None,
-        )
-
-    def applies_to(self, chain: Chain) -> bool:
-        """Whether ``chain`` still starts with this update's inputs (nothing replaced it)."""
-        files = chain.files
-        return (
-            chain.state == self.state
-            and chain.key_groups == self.key_groups
-            and files[: len(self.inputs)] == list(self.inputs)
-        )
-
-    def named_by(self, manifest: Manifest) -> bool:
-        """Whether ``manifest`` names this update's compacted base (it took effect)."""
-        return self.base is not None and any(f.path == self.base.path for f in manifest.files())
 
 
 def apply_update(writer: Any, update: ChainUpdate) -> bool:

@@ -22,7 +22,8 @@ import time
 from collections.abc import Sequence
 
 from statetier.backend import metrics as backend_metrics
-from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate, apply_update
+from statetier.backend.snapshot.chain_compaction import ChainCompaction, apply_update
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.snapshot.commit import commit_snapshot
 from statetier.backend.snapshot.compaction import Compactor, LocalCompactor
 from statetier.backend.snapshot.fencing import FencedError

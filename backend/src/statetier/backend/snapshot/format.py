@@ -44,6 +44,15 @@ from statetier.backend.snapshot import codec as codecs
 from statetier.backend.snapshot import columns as block_columns
 from statetier.backend.snapshot.columns import Columns, Items, Packed, ValueItems
 from statetier.backend.snapshot.crc import Crc32
+from statetier.backend.snapshot.versions import (
+    BASE,
+    COLUMNS_FORMAT_VERSION,
+    COMPRESSED_FORMAT_VERSION,
+    DELTA,
+    FORMAT_VERSION,
+    READABLE_VERSION,
+    CorruptFileError,
+)
 
 __all__ = [
     "BASE",
@@ -67,27 +76,12 @@ __all__ = [
 
 MAGIC = b"STTRDAT\x00"
 END_MAGIC = b"STTREND\x00"
-FORMAT_VERSION = 2  # of manifests, compaction requests and data files with plain blocks
-COMPRESSED_FORMAT_VERSION = 3  # data files of msgpack blocks whose header names a codec
-COLUMNS_FORMAT_VERSION = 4  # data files of columnar blocks, compressed or not
-READABLE_VERSION = COLUMNS_FORMAT_VERSION  # the newest data file this reader reads
-BASE = "base"
-DELTA = "delta"
 COLUMNS = "columns"  # a block's layout: see columns
 MSGPACK = "msgpack"  # a block's layout in format versions 1-3
 LAYOUTS = (COLUMNS, MSGPACK)
 _PREAMBLE = struct.Struct("<8sHI")
 _HEADER_CRC = struct.Struct("<I")
 _FOOTER = struct.Struct("<QII8s")
-
-
-class CorruptFileError(ValueError):
-    """A data file or manifest fails a format or checksum check."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 import zlib
 from typing import Any
 
-from statetier.backend.snapshot.format import BASE, DELTA, FORMAT_VERSION, CorruptFileError
+from statetier.backend.snapshot.versions import BASE, DELTA, FORMAT_VERSION, CorruptFileError
 
 __all__ = ["Chain", "FileEntry", "Manifest"]
 

@@ -9,7 +9,7 @@ into one queued job for the newest of them; the stream waits for the running job
 chain has ``CUT_FACTOR`` x the trigger deltas (backpressure).
 
 What differs between runtimes is passed in: where a compaction's
-:class:`~statetier.backend.snapshot.chain_compaction.ChainUpdate` goes (``deliver``: straight to
+:class:`~statetier.backend.snapshot.chain_update.ChainUpdate` goes (``deliver``: straight to
 the writers in the local runner, to the next epoch's tasks on Spark), which chains are taken
 care of already (``skip``), and which files the writers will name that no manifest names yet
 (``protect``: retention keeps them).
@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable
 
 from statetier.backend import metrics as backend_metrics
-from statetier.backend.snapshot.chain_compaction import CUT_FACTOR, ChainCompaction, ChainUpdate
+from statetier.backend.snapshot.chain_compaction import CUT_FACTOR, ChainCompaction
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.snapshot.gc import collect_garbage
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore

@@ -56,7 +56,8 @@ from statetier.backend.snapshot import (
     SnapshotStore,
     SubtaskSnapshot,
 )
-from statetier.backend.snapshot.chain_compaction import ChainUpdate, apply_update
+from statetier.backend.snapshot.chain_compaction import apply_update
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.snapshot.handoff import HandOff
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark import protocol

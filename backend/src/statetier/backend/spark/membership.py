@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from statetier.backend.process_memory import read_rss
 from statetier.backend.spark.channel import HANDSHAKE_TIMEOUT_S, Endpoint, connect
 from statetier.backend.spark.protocol import RESULT
 from statetier.backend.spark.registry import (
@@ -35,7 +36,6 @@ from statetier.backend.spark.registry import (
     RangeKey,
     ask_previous_owner,
 )
-from statetier.backend.spill.monitor import read_rss
 from statetier.backend.wire import MessageError
 
 __all__ = ["HEARTBEAT_S", "RECEIPT_S", "JoinError", "RegistryLink", "ask_to_join"]

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any
 
 from statetier.backend.keygroups import key_group_range_for_instance
-from statetier.backend.snapshot.chain_compaction import ChainUpdate
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.spark.channel import Endpoint
 from statetier.backend.wire import FLAT, Fields, MessageError, decode_fields, encode_fields
 

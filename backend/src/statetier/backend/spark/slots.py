@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 
 from statetier.backend.config import StatetierConfig
-from statetier.backend.spill.monitor import resolve_budget
+from statetier.backend.process_memory import resolve_budget
 
 __all__ = ["host_budget", "host_config", "hosts_per_executor", "slot_of", "task_slots"]
 

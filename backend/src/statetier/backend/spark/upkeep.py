@@ -4,7 +4,7 @@ The state hosts only ever write deltas (or a first base); merging a range's chai
 happens here, off the executors and off the micro-batch's path: on the compaction service when
 ``compaction.endpoints`` is set, else in a child process of this driver (a merge on a driver
 thread would hold the GIL the micro-batch loop needs). A compaction's result is a
-:class:`~statetier.backend.snapshot.chain_compaction.ChainUpdate` that travels with the next
+:class:`~statetier.backend.snapshot.chain_update.ChainUpdate` that travels with the next
 epochs' task spec until a committed manifest names its base: the range's host applies it to its
 writer before its snapshot, a host that restores the range applies it to the restored chain.
 Until then the compacted base is protected from retention (it lives in an epoch directory that
@@ -20,7 +20,8 @@ import threading
 
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig
-from statetier.backend.snapshot.chain_compaction import ChainCompaction, ChainUpdate
+from statetier.backend.snapshot.chain_compaction import ChainCompaction
+from statetier.backend.snapshot.chain_update import ChainUpdate
 from statetier.backend.snapshot.compaction import Compactor
 from statetier.backend.snapshot.manifest import Chain, Manifest
 from statetier.backend.snapshot.store import SnapshotStore

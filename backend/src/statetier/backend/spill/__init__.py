@@ -20,9 +20,10 @@ groups come back. One concept per module:
 See docs/spill.md.
 """
 
+from statetier.backend.process_memory import resolve_budget
 from statetier.backend.spill.decision import Decision
 from statetier.backend.spill.manager import SpillManager
-from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings, resolve_budget
+from statetier.backend.spill.monitor import MemoryMonitor, MonitorSettings
 from statetier.backend.spill.spilled_map import FrozenView, SpilledMap
 from statetier.backend.spill.storage import SpaceUnavailableError, SpillStorage, default_spill_dirs
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import ClassVar, Protocol
 
 from statetier.backend.config import StatetierConfig
+from statetier.backend.process_memory import resolve_budget
 from statetier.backend.spill.accounting import KeyGroupAccounting
 from statetier.backend.spill.decision import Choice, Decision, Order
 from statetier.backend.spill.monitor import (
@@ -33,7 +34,6 @@ from statetier.backend.spill.monitor import (
     MonitorSettings,
     Move,
     Trigger,
-    resolve_budget,
 )
 from statetier.backend.spill.policy import Candidate, choose_load, choose_spill
 from statetier.backend.spill.storage import SpillStorage, default_spill_dirs

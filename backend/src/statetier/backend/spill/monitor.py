@@ -34,13 +34,12 @@ import collections
 import dataclasses
 import enum
 import gc
-import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from statetier.backend.process_memory import read_rss
 from statetier.backend.spill import metrics
 
 __all__ = [
@@ -50,54 +49,13 @@ __all__ = [
     "Move",
     "Trigger",
     "Verdict",
-    "resolve_budget",
 ]
 
-_V1_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as about 2**63 rounded to pages
 # Spill when the predicted pause passes GC_EARLY of the threshold (the heap grows between two
 # checks, so waiting for 100% lets the next pause pass it), down to GC_TARGET of it; loads stay
 # under GC_TARGET too.
 GC_EARLY = 0.8
 GC_TARGET = 0.5
-
-
-def resolve_budget(configured: int, cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
-    """The memory budget in bytes and where it came from."""
-    if configured > 0:
-        return configured, "memory.budget"
-    root = Path(cgroup_root)
-    try:
-        text = (root / "memory.max").read_text().strip()
-        if text != "max":
-            return int(text), "cgroup v2 memory.max"
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = int((root / "memory" / "memory.limit_in_bytes").read_text().strip())
-        if 0 < limit < _V1_UNLIMITED:
-            return limit, "cgroup v1 memory.limit_in_bytes"
-    except (OSError, ValueError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
-
-
-def read_rss() -> int:
-    """Anonymous resident memory of this process in bytes (``RssAnon``, Linux).
-
-    Not the whole RSS: pages of the mmap'd spill chunks count in RSS as file pages, but they are
-    page cache the kernel can write back and drop, not heap; counting them would make every
-    spilled byte look like heap pressure and spill everything.
-    """
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class GcPauseTracker:

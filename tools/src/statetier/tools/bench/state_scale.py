@@ -52,8 +52,8 @@ from typing import Any
 from statetier.backend.config import load_config, parse_size
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.helptext import plain
+from statetier.backend.process_memory import read_rss
 from statetier.backend.runtime import FunctionInstance
-from statetier.backend.spill.monitor import read_rss
 from statetier.tools.bench import print_table, run_child
 from statetier.tools.bench.wordcount import state_bytes
 from statetier.tools.wordcount import WordCount

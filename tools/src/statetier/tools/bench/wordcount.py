@@ -42,9 +42,10 @@ from statetier.backend.descriptors import ListStateDescriptor, ValueStateDescrip
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.helptext import plain
 from statetier.backend.keygroups import assign_to_key_group
+from statetier.backend.process_memory import read_rss
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spill import SpillManager
-from statetier.backend.spill.monitor import GcPauseTracker, read_rss
+from statetier.backend.spill.monitor import GcPauseTracker
 from statetier.backend.state import ListState
 from statetier.tools.bench import print_table, run_child
 from statetier.tools.wordcount import WordCount
