@@ -62,6 +62,7 @@ __all__ = [
     "endpoint_to",
     "epoch_of_job",
     "gather_function",
+    "int64_values",
     "local_host",
     "partition_function",
     "receive_outputs",
@@ -475,13 +476,29 @@ def split_ranges(
     if not batches:
         return [[] for _ in range(parallelism)]
     table = pa.Table.from_batches(batches)
-    owners = table.column(KEY_GROUP_COLUMN).to_numpy() * parallelism // max_parallelism
+    owners = int64_values(table.column(KEY_GROUP_COLUMN)) * parallelism // max_parallelism
     order = np.argsort(owners, kind="stable")
     bounds = np.searchsorted(owners[order], np.arange(parallelism + 1)).tolist()
-    table = table.take(pa.array(order))
+    table = table.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
     return [
         table.slice(start, end - start).to_batches() for start, end in itertools.pairwise(bounds)
     ]
+
+
+def int64_values(column: pa.ChunkedArray) -> np.ndarray:
+    """The values of an int64 column as one NumPy array, read from its chunks' buffers.
+
+    Not ``to_numpy``: pyarrow converts through its pandas layer, whose first use in a process
+    imports pandas (0.3 s), and the Python worker that runs a ``mapInArrow`` task has not
+    imported it: every new worker of an executor paid that at its first statetier task (on
+    Spark Connect, every streaming query). A chunk with nulls is left to ``to_numpy``."""
+    parts = [
+        np.frombuffer(chunk.buffers()[1], np.int64, len(chunk), chunk.offset * 8)
+        if chunk.null_count == 0 and chunk.type == pa.int64()
+        else chunk.to_numpy(zero_copy_only=False)
+        for chunk in column.chunks
+    ]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 @contextlib.contextmanager
