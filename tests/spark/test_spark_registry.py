@@ -468,6 +468,7 @@ def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path
         assert [k for k, i in instances.items() if i.closed] == [("p", 2, 0), ("p", 2, 1)]
         assert [h.host_id for h in second.live_hosts()] == [host.host_id]
         second.shutdown_hosts(10)
+        assert second.live_hosts() == []  # it saw the host hang up, not its own timeout
         serving.join(10)
         assert host.stopping.is_set() and not serving.is_alive()
     finally:
