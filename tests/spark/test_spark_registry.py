@@ -476,3 +476,33 @@ def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path
         serving.join(10)
         first.close()
         second.close()
+
+
+def test_a_host_sees_at_once_a_coordinator_that_closes_without_a_shutdown(
+    tmp_path: Path,
+) -> None:
+    """A registry that closes (its coordinator ended without stopping its hosts) hangs up on
+    its hosts, whose order readers are blocked on those links: each host drops that registry
+    and its ranges now, not when the coordinator's process exits."""
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+    host = StateHost(path, idle_timeout=60, watch_pid=None, secret=secret)
+    serving = threading.Thread(target=host.serve, daemon=True)
+    serving.start()
+    first, second = HostRegistry(secret, "127.0.0.1"), HostRegistry(secret, "127.0.0.1")
+    try:
+        for registry in (first, second):
+            assert join_host(path, secret, registry.endpoint) is not None
+        instance = _Instance()
+        host.ranges[("p", 2, 0)] = HostedRange(cast(Any, instance), registry=first.endpoint)
+        first.close()
+        deadline = time.monotonic() + 5
+        while host.link.registries() != [second.endpoint] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert host.link.registries() == [second.endpoint]
+        assert instance.closed and list(host.ranges) == []
+        assert not host.stopping.is_set()
+    finally:
+        host.stopping.set()
+        serving.join(10)
+        second.close()

@@ -7,9 +7,9 @@ compaction service when ``compaction.endpoints`` is set, else a local one. Its r
 :class:`~statetier.backend.snapshot.chain_update.ChainUpdate`: "swap these files, a prefix of
 the chain, for this base". The writer that owns the range applies it before its next snapshot
 (in the same process for the local runner, in the state host on the next epoch for Spark), so
-the next manifest names the compacted base;
-until then the base is named by no manifest and invisible to readers. A chain whose compaction
-keeps failing gets a cut instead: its next snapshot writes a full base, so files stay bounded.
+the next manifest names the compacted base; until then the base is named by no manifest and
+invisible to readers. A chain whose compaction keeps failing gets a cut instead: its next
+snapshot writes a full base, so files stay bounded.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ __all__ = [
     "Endpoint",
     "Server",
     "connect",
+    "hang_up",
     "new_secret",
 ]
 
@@ -114,6 +115,18 @@ def _connect_handshake(sock: socket.socket, secret: bytes) -> None:
 def _as_connection(sock: socket.socket) -> Connection:
     sock.settimeout(None)
     return Connection(sock.detach())
+
+
+def hang_up(conn: Connection) -> None:
+    """Close ``conn`` so that its peer sees it end now. A ``close`` alone does not when another
+    thread is blocked reading it (a registration's heartbeats or orders): Linux ends a
+    connection only once no thread uses its socket, so the peer would count this side alive
+    until its process exited. Shutting a duplicate of the socket down ends it at once, and
+    wakes that reader with an end of file."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as same:
+        same.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        conn.close()
 
 
 def connect(endpoint: Endpoint, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:

@@ -245,8 +245,7 @@ class StateHost:
                 self.stopping.set()
                 return
             # its ranges first: the registry's shutdown returns when this host has left it, and
-            # by then nothing of that coordinator's is hosted here (a fresh clone's test saw a
-            # range still hosted after the shutdown returned)
+            # by then nothing of that coordinator's may be hosted here
             self._lost(registry)
             self.link.leave(registry)
         elif order.kind is OrderKind.RELEASE:

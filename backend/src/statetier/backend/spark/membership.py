@@ -22,14 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from statetier.backend.process_memory import read_rss
-from statetier.backend.spark.channel import HANDSHAKE_TIMEOUT_S, Endpoint, connect
+from statetier.backend.spark.channel import HANDSHAKE_TIMEOUT_S, Endpoint, connect, hang_up
 from statetier.backend.spark.protocol import RESULT
 from statetier.backend.spark.registry import (
     HostInfo,
@@ -122,7 +120,7 @@ class RegistryLink:
         with self._lock:
             conn = self._conns.pop(registry, None)
         if conn is not None:
-            _hang_up(conn)
+            hang_up(conn)
 
     def _register(self, registry: Endpoint) -> Connection:
         """A connection to ``registry`` on which this host is registered."""
@@ -243,16 +241,4 @@ class RegistryLink:
         with self._lock:
             conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
-            _hang_up(conn)
-
-
-def _hang_up(conn: Connection) -> None:
-    """End a registration's connection so that its registry sees it end now. A ``close`` alone
-    does not: the thread that reads the registry's orders is blocked reading it, and Linux ends
-    a connection only when no thread uses its socket any more; the registry then counted a
-    stopped host alive until its process exited (and routed ranges to it), or waited out its
-    shutdown's timeout for a host that stopped on a thread."""
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as same:
-        same.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        conn.close()
+            hang_up(conn)

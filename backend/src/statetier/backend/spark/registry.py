@@ -42,7 +42,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from statetier.backend.spark.channel import Endpoint, Server, connect, new_secret
+from statetier.backend.spark.channel import Endpoint, Server, connect, hang_up, new_secret
 from statetier.backend.spark.deliveries import Deliveries, DeliveryReport
 from statetier.backend.spark.protocol import RESULT
 from statetier.backend.spark.rebalancing import Move, plan_moves
@@ -265,8 +265,7 @@ class HostRegistry:
         with self._lock:
             old = self.hosts.get(host.host_id)
             if old is not None and old.link is not None:
-                with contextlib.suppress(OSError):
-                    old.link.close()
+                hang_up(old.link)
             self.hosts[host.host_id] = host
             self._changed.notify_all()
         log.info(
@@ -353,8 +352,7 @@ class HostRegistry:
             self.moves += len(released)
             self._changed.notify_all()
         if host.link is not None:
-            with contextlib.suppress(OSError):
-                host.link.close()
+            hang_up(host.link)
         if not self.stopping and not self.closed:  # hosts that leave with it stay on a roster
             self._hosts_changed()
 
@@ -583,8 +581,7 @@ class HostRegistry:
         self._server.close()
         for host in self.live_hosts():
             if host.link is not None:
-                with contextlib.suppress(OSError):
-                    host.link.close()
+                hang_up(host.link)
 
 
 # --------------------------------------------------------------------------- one per application
