@@ -441,10 +441,12 @@ class _Instance:
         self.closed = True
 
 
-def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path: Path) -> None:
-    """On a Connect server each query's coordinator has a registry of its own, and all of them
-    share the executors' hosts: one coordinator's shutdown ends that coordinator's use of the
-    host (its registration, its ranges), not the host; the last one's stops it."""
+@contextlib.contextmanager
+def host_of_two_registries(
+    tmp_path: Path,
+) -> Iterator[tuple[StateHost, threading.Thread, HostRegistry, HostRegistry]]:
+    """A state host serving on a thread, joined to two registries (two coordinators), in that
+    order; the host and both registries are stopped afterwards."""
     secret = new_secret()
     path = str(tmp_path / "host.sock")
     host = StateHost(path, idle_timeout=60, watch_pid=None, secret=secret)
@@ -456,6 +458,19 @@ def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path
             joined = join_host(path, secret, registry.endpoint)
             assert joined is not None and joined.host_id == host.host_id
         assert host.link.registries() == [first.endpoint, second.endpoint]
+        yield host, serving, first, second
+    finally:
+        host.stopping.set()
+        serving.join(10)
+        first.close()
+        second.close()
+
+
+def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path: Path) -> None:
+    """On a Connect server each query's coordinator has a registry of its own, and all of them
+    share the executors' hosts: one coordinator's shutdown ends that coordinator's use of the
+    host (its registration, its ranges), not the host; the last one's stops it."""
+    with host_of_two_registries(tmp_path) as (host, serving, first, second):
         ranges = {("p", 2, 0): first.endpoint, ("p", 2, 1): first.endpoint}
         ranges[("q", 2, 0)] = second.endpoint
         instances = {key: _Instance() for key in ranges}
@@ -471,11 +486,6 @@ def test_a_host_of_two_coordinators_serves_on_when_one_of_them_stops_it(tmp_path
         assert second.live_hosts() == []  # it saw the host hang up, not its own timeout
         serving.join(10)
         assert host.stopping.is_set() and not serving.is_alive()
-    finally:
-        host.stopping.set()
-        serving.join(10)
-        first.close()
-        second.close()
 
 
 def test_a_host_sees_at_once_a_coordinator_that_closes_without_a_shutdown(
@@ -484,15 +494,7 @@ def test_a_host_sees_at_once_a_coordinator_that_closes_without_a_shutdown(
     """A registry that closes (its coordinator ended without stopping its hosts) hangs up on
     its hosts, whose order readers are blocked on those links: each host drops that registry
     and its ranges now, not when the coordinator's process exits."""
-    secret = new_secret()
-    path = str(tmp_path / "host.sock")
-    host = StateHost(path, idle_timeout=60, watch_pid=None, secret=secret)
-    serving = threading.Thread(target=host.serve, daemon=True)
-    serving.start()
-    first, second = HostRegistry(secret, "127.0.0.1"), HostRegistry(secret, "127.0.0.1")
-    try:
-        for registry in (first, second):
-            assert join_host(path, secret, registry.endpoint) is not None
+    with host_of_two_registries(tmp_path) as (host, _, first, second):
         instance = _Instance()
         host.ranges[("p", 2, 0)] = HostedRange(cast(Any, instance), registry=first.endpoint)
         first.close()
@@ -502,7 +504,3 @@ def test_a_host_sees_at_once_a_coordinator_that_closes_without_a_shutdown(
         assert host.link.registries() == [second.endpoint]
         assert instance.closed and list(host.ranges) == []
         assert not host.stopping.is_set()
-    finally:
-        host.stopping.set()
-        serving.join(10)
-        second.close()
