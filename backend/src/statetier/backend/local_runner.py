@@ -44,6 +44,10 @@ from statetier.backend.ttl import Clock, SystemClock
 
 log = logging.getLogger("statetier.local_runner")
 
+# Keys whose instance the runner remembers between checkpoints: enough for the hot keys of a
+# local run, little memory (a few MB) where its keys are many and spilled (see partition).
+ROUTE_MEMO_KEYS = 1 << 17
+
 __all__ = ["LocalRunner", "checkpoint_settings"]
 
 
@@ -104,6 +108,8 @@ class LocalRunner:
             instance_for_key_group(self.max_parallelism, parallelism, key_group)
             for key_group in range(self.max_parallelism)
         ]
+        # key -> instance, since the last checkpoint (partition)
+        self._route_memo: dict[Any, int] = {}
         self.clock: Clock = clock or SystemClock()
         # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
@@ -168,13 +174,19 @@ class LocalRunner:
         return self.instances[instance_for_key_group(self.max_parallelism, self.parallelism, kg)]
 
     def partition(self, records: Iterable[tuple[Any, Any]]) -> list[list[tuple[Any, Any]]]:
-        """Records per instance, by the owner of each record's key group."""
+        """Records per instance, by the owner of each record's key group.
+
+        A key's instance is remembered until the next checkpoint, as each backend's change log
+        remembers its key group, so a key is hashed once for all the epochs in between (a
+        local run without checkpoints hashed each key again in every call). The memo holds
+        no key the change logs do not, and a call that leaves it above ``ROUTE_MEMO_KEYS``
+        drops it: a memo of every key would keep the keys of spilled key groups in memory,
+        outside the budget (the spill governor's eight-ranges test measured 30 MB past it).
+        """
         parts: list[list[tuple[Any, Any]]] = [[] for _ in self.instances]
         max_p = self.max_parallelism
         owners = self._owners  # the instance of each key group
-        # per call: a memo kept across epochs would hold every key seen outside the memory
-        # budget (the spill governor's eight-ranges test measured it: 30 MB past the budget)
-        owner: dict[Any, int] = {}
+        owner = self._route_memo
         for record in records:
             key = record[0]
             try:
@@ -189,6 +201,8 @@ class LocalRunner:
                     kg = assign_to_key_group(key, max_p)
                 index = owner[key] = owners[kg]
             parts[index].append(record)
+        if len(owner) > ROUTE_MEMO_KEYS:  # as the memo of one call was, no longer
+            self._route_memo = {}
         return parts
 
     def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
@@ -247,6 +261,7 @@ class LocalRunner:
             raise RuntimeError("the runner has no checkpoint_uri")
         self._commit_seed()
         self._notify_done()
+        self._route_memo = {}  # the change logs are drained with the snapshot: so is the memo
         epoch = self.last_epoch + 1
         for instance in self.instances:
             instance.before_snapshot(epoch)
