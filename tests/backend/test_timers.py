@@ -232,6 +232,23 @@ def test_the_firing_index_stays_bounded_when_a_timer_keeps_moving_earlier() -> N
     assert inst.end_of_input() == [("event-time", 50_000, "other", None)]
 
 
+def test_the_entries_of_deleted_timers_go_once_new_keys_grow_the_index() -> None:
+    """Deleting keeps no count and leaves the heap alone: the entries of keys whose timers were
+    all deleted stay (no more than the keys that had timers left), until new keys' entries grow
+    the heap past two per key with timers then (plus the slack). Then it is rebuilt from the
+    state, the dead entries go, and only the live timers fire."""
+    inst = instance()
+    run(inst, *[(f"gone-{i}", ("event", 1_000 + i)) for i in range(5_000)])
+    run(inst, *[(f"gone-{i}", ("del-event", 1_000 + i)) for i in range(5_000)])
+    queue = inst.timers._event
+    assert inst.timers.count(EVENT) == 0 and len(queue._heap) == 5_000  # lazy: still there
+    run(inst, *[(f"new-{i}", ("event", 500 + i)) for i in range(4_000)])
+    assert inst.timers.count(EVENT) == 4_000
+    assert len(queue._heap) == len(queue._bound) == 4_000  # one entry per live key, no other
+    fired = [(ts, key) for _, ts, key, _ in inst.end_of_input()]
+    assert fired == [(500 + i, f"new-{i}") for i in range(4_000)]
+
+
 def test_timers_at_the_ends_of_the_64_bit_range_fire_in_order() -> None:
     """The firing order (timestamp, key group, key bytes: the key serializer's) holds for
     negative timestamps and at both ends of the range, with keys of several key groups and of

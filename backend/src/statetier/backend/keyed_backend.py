@@ -150,6 +150,16 @@ class KeyedStateBackend:
         ctx.index = self._slot_of(key) if slot is None else slot
         ctx.key = key
 
+    def plain_change_log(self) -> dict[Any, int] | None:
+        """The change log (key -> slot), while making a key current does nothing more than
+        :meth:`set_current_key` (no spill counting, no per-record hooks); else None.
+
+        With it, a caller that already knows a key's slot (the timer queue, firing) makes the
+        key current without a call per key: ``context.index``, ``context.key``, and the key
+        logged under its slot. A per-record hook added meanwhile shows in
+        ``context.record_hooks``, which such a caller checks per key."""
+        return None if self._counting or self.context.record_hooks else self._touched
+
     def _set_current_key_and_run_hooks(self, key: Any) -> None:
         """``set_current_key`` once a state needs per-record work (TTL cleanup per record)."""
         KeyedStateBackend.set_current_key(self, key)

@@ -39,7 +39,7 @@ __all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "TimeDomain", "TimerService"]
 
 MIN_WATERMARK = -(1 << 63)  # Flink's Long.MIN_VALUE: no event time has passed yet
 MAX_WATERMARK = (1 << 63) - 1  # end of input: every event-time timer is due
-_COMPACT_SLACK = 1024  # stale heap entries tolerated beyond the live timers
+_COMPACT_SLACK = 1024  # stale heap entries tolerated beyond two per key with timers
 # a heap entry is ``timestamp << _KG_BITS | key group``: every key group below the largest max
 # parallelism fits in the low bits, so the ints order as (timestamp, key group) pairs do
 _KG_BITS = (UPPER_BOUND_MAX_PARALLELISM - 1).bit_length()
@@ -141,6 +141,12 @@ class _TimerQueue:
     never a list: lists are not hashable). Ints compare in one step where a tuple of timestamp,
     key group and key bytes took several, and an entry allocates no container the garbage
     collector has to follow; key bytes are made only to order keys that share a *when*.
+
+    Registering and deleting keep no count: the heap is checked against the state only when it
+    grows (:meth:`_push`), and rebuilt once it holds more than two entries per key with timers
+    (plus ``_COMPACT_SLACK``), which bounds the stale entries a key leaves by moving its timer
+    earlier again and again. Entries of keys whose timers were deleted stay until they come up
+    or the next rebuild; :attr:`live` counts the timers from the state when asked.
     """
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
@@ -153,7 +159,7 @@ class _TimerQueue:
         self._keys: dict[int, Any] = {}
         self._bound: dict[Any, int] = {}
         self._key_bytes = _key_encoder(backend.key_serializer)
-        self.live = 0
+        self._limit = _COMPACT_SLACK  # the heap's size that makes _push look at the state
         if name in backend.restored or name in backend.tables:
             self._state_maps()  # restored timers: register the state and index them now
 
@@ -172,7 +178,6 @@ class _TimerQueue:
         assert self._maps is not None
         keys: dict[int, Any] = {}
         bound: dict[Any, int] = {}
-        live = 0
         for slot in range(len(self._backend.key_groups)):
             key_group = self._first + slot
             for key, stamps in self._maps[slot].items():
@@ -187,7 +192,6 @@ class _TimerQueue:
                 else:
                     keys[when] = [there, key]
                 bound[key] = earliest
-                live += len(listed)
         for there in keys.values():
             if type(there) is list:
                 there.sort(key=self._key_bytes)
@@ -197,7 +201,7 @@ class _TimerQueue:
         self._keys.update(keys)
         self._bound.clear()
         self._bound.update(bound)
-        self.live = live
+        self._limit = 2 * len(bound) + _COMPACT_SLACK
 
     def register(self, timestamp: int) -> None:
         if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
@@ -218,7 +222,6 @@ class _TimerQueue:
         else:
             bisect.insort(stamps, timestamp)
             kg_map[key] = stamps  # a spilled map must see the write
-        self.live += 1
         bound = self._bound.get(key)
         if bound is None or timestamp < bound:
             self._push(timestamp, self._first + ctx.index, key)
@@ -230,12 +233,26 @@ class _TimerQueue:
         there = keys.get(when)
         if there is None:
             keys[when] = key
-            heapq.heappush(self._heap, when)
+            heap = self._heap
+            heapq.heappush(heap, when)
+            if len(heap) > self._limit:
+                self._compact()
         elif type(there) is list:
             bisect.insort(there, key, key=self._key_bytes)
         else:
             keys[when] = sorted((there, key), key=self._key_bytes)
         self._bound[key] = timestamp
+
+    def _compact(self) -> None:
+        """Rebuild the heap if it holds more than two entries per key with timers (plus the
+        slack); else look again once it does by the count of now. Counting costs a ``len`` per
+        key group, a rebuild a pass over the keys: after one, the heap has to grow by more than
+        the slack again before the next."""
+        assert self._maps is not None
+        with_timers = sum(len(self._maps[slot]) for slot in range(len(self._backend.key_groups)))
+        self._limit = 2 * with_timers + _COMPACT_SLACK
+        if len(self._heap) > self._limit:
+            self._rebuild()  # mostly stale entries: index the live timers only
 
     def _pop_first(self, when: int) -> Any:
         """Remove and return the first key of the entry ``when``, the heap's top."""
@@ -254,11 +271,11 @@ class _TimerQueue:
         if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
             _check_timestamp(timestamp)
         ctx = self._ctx
-        if ctx.index < 0:
+        maps = self._maps
+        if maps is None:  # no timer yet (the key is still checked)
             ctx.require_key()
-        if self._maps is None:
             return
-        kg_map = self._maps[ctx.index]
+        kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
         key = ctx.key
         stamps = kg_map.get(key)
         if stamps is None:
@@ -272,9 +289,6 @@ class _TimerQueue:
         else:
             stamps.remove(timestamp)
             kg_map[key] = _stored(stamps)
-        self.live -= 1
-        if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
-            self._rebuild()  # mostly stale entries: index the live timers only
 
     def fire(self, time: int, on_timer: OnTimer, context: Any, out: list[Any]) -> None:
         """Pop the timers at or before ``time`` in order and call ``on_timer(timestamp, key,
@@ -289,7 +303,8 @@ class _TimerQueue:
         if self._maps is None:
             return
         maps, bound, first, backend = self._maps, self._bound, self._first, self._backend
-        heap, keys = self._heap, self._keys
+        heap, keys, heappop, ctx = self._heap, self._keys, heapq.heappop, self._ctx
+        log = backend.plain_change_log()  # not None: a key is made current here, in three stores
         last = time << _KG_BITS | _KG_MASK  # the last when at or before time
         while heap and heap[0] <= last:
             when = heap[0]
@@ -298,7 +313,7 @@ class _TimerQueue:
                 key = self._pop_first(when)
             else:  # _pop_first's common case, without a call per entry
                 del keys[when]
-                heapq.heappop(heap)
+                heappop(heap)
             timestamp = when >> _KG_BITS
             if bound.get(key) != timestamp:
                 continue  # an earlier entry of the key is its bound
@@ -313,10 +328,15 @@ class _TimerQueue:
             if earliest != timestamp:  # moved later: the entry goes to its earliest timer
                 self._push(earliest, key_group, key)
                 continue
-            backend.set_current_key(key)  # the key's state in scope; logs the change
-            if maps[slot] is not kg_map:  # making the key current moved its key group
-                kg_map = maps[slot]
-                stamps = kg_map[key]
+            if log is not None and not ctx.record_hooks:  # set_current_key's plain path
+                ctx.index = slot
+                ctx.key = key
+                log[key] = slot  # the change is logged
+            else:
+                backend.set_current_key(key)  # the key's state in scope; logs the change
+                if maps[slot] is not kg_map:  # making the key current moved its key group
+                    kg_map = maps[slot]
+                    stamps = kg_map[key]
             if type(stamps) is int:
                 del kg_map[key]
                 del bound[key]
@@ -324,7 +344,6 @@ class _TimerQueue:
                 del stamps[0]
                 kg_map[key] = _stored(stamps)
                 self._push(stamps[0], key_group, key)
-            self.live -= 1
             result = on_timer(timestamp, key, context)
             if result:  # None or empty: nothing; a generator (true) runs only now
                 out.extend(result)
@@ -354,6 +373,17 @@ class _TimerQueue:
             else:
                 self._pop_first(when)
         return None
+
+    @property
+    def live(self) -> int:
+        """The live timers, counted from the state (for tests and tools: it reads every key)."""
+        if self._maps is None:
+            return 0
+        return sum(
+            1 if type(stamps) is int else len(stamps)
+            for slot in range(len(self._backend.key_groups))
+            for stamps in self._maps[slot].values()
+        )
 
     def timers_of_current_key(self) -> list[int]:
         ctx = self._ctx
