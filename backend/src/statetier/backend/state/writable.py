@@ -76,13 +76,20 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
         return _typed_check(serializer, state, what, ctx)
     if not isinstance(serializer, MsgpackSerializer):
         return accept
+    # The serializer's own packer (one per handle, used on its thread as the handle is): a list
+    # or dict it packs is one the snapshot will write, found in C. A session's [start, end,
+    # clicks] took 150 ns so against 250-450 ns for a Python loop over its scalars.
+    encode = serializer.direct_codec()[0]
 
     def check(value: Any, key: Any = CURRENT) -> None:
-        # A record of scalars (a session's [start, end, clicks]) is what most writes of a
-        # container store: its scalars are looked at here, without first_unwritable's call
-        # (about half the check's cost); anything else is left to first_unwritable.
         kind = type(value)
-        if kind is list or kind is tuple:
+        if kind is list or kind is dict:
+            try:
+                encode(value)
+                return
+            except Exception:  # refused: first_unwritable finds what and why
+                pass
+        elif kind is tuple:  # packed through a Python hook: its scalars are looked at here
             for part in value:
                 kind = type(part)
                 if kind is int:
