@@ -131,7 +131,7 @@ class _TimerQueue:
     else (the timer was moved or deleted) the entry is pushed again at the earliest timer, or
     dropped with the bound when the key has none left. Entries that are not their key's bound
     (an earlier timer was registered since) are dropped when they come up, and the heap is
-    rebuilt from the state when they outnumber the live timers.
+    rebuilt from the state when it grows past two entries per key with timers (below).
 
     The order is (timestamp, key group, key bytes), and every key's entry is at or before its
     earliest timer, so a timer fires exactly when it is the smallest of all by that order: the
