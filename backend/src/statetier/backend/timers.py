@@ -306,13 +306,16 @@ class _TimerQueue:
         heap, keys, heappop, ctx = self._heap, self._keys, heapq.heappop, self._ctx
         log = backend.plain_change_log()  # not None: a key is made current here, in three stores
         last = time << _KG_BITS | _KG_MASK  # the last when at or before time
-        while heap and heap[0] <= last:
+        while heap:
             when = heap[0]
-            key = keys[when]
-            if type(key) is list:  # several keys share the entry
-                key = self._pop_first(when)
-            else:  # _pop_first's common case, without a call per entry
-                del keys[when]
+            if when > last:
+                break
+            key = keys.pop(when)  # _pop_first, without a call per entry
+            if type(key) is list:  # several keys share the entry: the first goes, others stay
+                rest = key
+                key = rest.pop(0)
+                keys[when] = rest if len(rest) > 1 else rest[0]
+            else:
                 heappop(heap)
             timestamp = when >> _KG_BITS
             if bound.get(key) != timestamp:
