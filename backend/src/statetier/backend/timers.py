@@ -248,23 +248,24 @@ class _TimerQueue:
         slack); else look again once it does by the count of now. Counting costs a ``len`` per
         key group, a rebuild a pass over the keys: after one, the heap has to grow by more than
         the slack again before the next."""
-        assert self._maps is not None
-        with_timers = sum(len(self._maps[slot]) for slot in range(len(self._backend.key_groups)))
+        with_timers = self._backend.tables[self._name].entry_count()
         self._limit = 2 * with_timers + _COMPACT_SLACK
         if len(self._heap) > self._limit:
             self._rebuild()  # mostly stale entries: index the live timers only
 
     def _pop_first(self, when: int) -> Any:
         """Remove and return the first key of the entry ``when``, the heap's top."""
-        keys = self._keys
-        there = keys[when]
-        if type(there) is not list:
-            del keys[when]
-            heapq.heappop(self._heap)
-            return there
-        key = there.pop(0)
-        if len(there) == 1:
-            keys[when] = there[0]
+        there = self._keys.pop(when)
+        if type(there) is list:
+            return self._first_of(when, there)
+        heapq.heappop(self._heap)
+        return there
+
+    def _first_of(self, when: int, keys: list[Any]) -> Any:
+        """The first of the ``keys`` that share the entry ``when`` (taken out of ``_keys``),
+        whose others stay in it."""
+        key = keys.pop(0)
+        self._keys[when] = keys if len(keys) > 1 else keys[0]
         return key
 
     def delete(self, timestamp: int) -> None:
@@ -311,10 +312,8 @@ class _TimerQueue:
             if when > last:
                 break
             key = keys.pop(when)  # _pop_first, without a call per entry
-            if type(key) is list:  # several keys share the entry: the first goes, others stay
-                rest = key
-                key = rest.pop(0)
-                keys[when] = rest if len(rest) > 1 else rest[0]
+            if type(key) is list:  # several keys share the entry
+                key = self._first_of(when, key)
             else:
                 heappop(heap)
             timestamp = when >> _KG_BITS

@@ -78,7 +78,7 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
         return accept
     # The serializer's own packer (one per handle, used on its thread as the handle is): a list
     # or dict it packs is one the snapshot will write, found in C. A session's [start, end,
-    # clicks] took 150 ns so against 250-450 ns for a Python loop over its scalars.
+    # clicks] takes 150 ns this way, 250-450 ns in a Python loop over its scalars.
     encode = serializer.direct_codec()[0]
 
     def check(value: Any, key: Any = CURRENT) -> None:
