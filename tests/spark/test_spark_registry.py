@@ -430,6 +430,71 @@ def test_a_host_that_cannot_register_tells_the_task_why(tmp_path: Path) -> None:
         live.close()
 
 
+def test_a_task_that_joins_as_soon_as_the_socket_appears_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task takes the socket file's presence for the host's readiness (see local_host). The
+    host used to bind it before its registration link existed, so a join in that window found
+    no ``link``: the host's connection thread died and the task saw an EOFError naming nothing
+    (a CI run of the demo's restart, on a busy machine). A join that early waits and is
+    answered."""
+    built = threading.Event()
+
+    class SlowLink(RegistryLink):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.wait(10)  # the host's construction, held between its binding and its link
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr("statetier.backend.spark.host.RegistryLink", SlowLink)
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+    made: list[StateHost] = []
+    building = threading.Thread(
+        target=lambda: made.append(StateHost(path, 60, watch_pid=None, secret=secret))
+    )
+    building.start()
+    registry = HostRegistry(secret, "127.0.0.1")
+    try:
+        while not Path(path).exists():
+            time.sleep(0.005)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            joining = pool.submit(join_host, path, secret, registry.endpoint)
+            time.sleep(0.3)  # the join is sent while the host is still being built
+            assert not joining.done()
+            built.set()
+            joined = joining.result(10)
+        building.join(10)
+        assert joined is not None and joined.host_id == made[0].host_id
+        assert [h.host_id for h in registry.live_hosts()] == [made[0].host_id]
+    finally:
+        built.set()
+        building.join(10)
+        for host in made:
+            host.link.close()
+            host.server.close()
+        registry.close()
+
+
+def test_a_host_that_closes_the_join_unanswered_is_named_to_the_task(tmp_path: Path) -> None:
+    # a host that stops or fails while a task joins it: a JoinError naming it (the start of a
+    # host retries on it), not the bare EOFError of the closed connection
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+
+    def read_and_close(conn: Connection) -> None:  # a host's end between request and answer
+        conn.recv_bytes()
+
+    mute = Server(secret, read_and_close, "mute-host")
+    mute.bind_unix(path)
+    registry = HostRegistry(secret, "127.0.0.1")
+    try:
+        with pytest.raises(JoinError, match=r"host\.sock closed the connection without answering"):
+            join_host(path, secret, registry.endpoint)
+    finally:
+        mute.close()
+        registry.close()
+
+
 class _Instance:
     """What a hosted range needs of its function instance to be dropped: its lock, ``close``."""
 

@@ -181,6 +181,9 @@ class StateHost:
         self.handed_off = 0  # ranges taken from their old hosts (see handoff)
         self.handed_over = 0  # ranges given to their new hosts
         self.secret = secret
+        # connections are served once the host is whole: a task takes the socket file's
+        # presence for readiness and may connect before ``info`` and ``link`` below exist
+        self._built = threading.Event()
         self.server = Server(secret, self._connection, "statetier-host")
         self.server.bind_tcp(bind, port)
         self.server.bind_unix(socket_path)  # last: tasks take its presence for readiness
@@ -192,6 +195,7 @@ class StateHost:
             endpoints=list(self.server.endpoints),
         )
         self.link = RegistryLink(self.info, secret, self._order, self.state_bytes, self._lost)
+        self._built.set()
 
     def state_bytes(self) -> tuple[int, int]:
         """(heap, spilled) bytes of the keyed state of every range here, as of their latest
@@ -268,6 +272,7 @@ class StateHost:
                 hosted.instance.close()
 
     def _connection(self, conn: Connection) -> None:
+        self._built.wait()
         with self.lock:
             self.active += 1
         try:

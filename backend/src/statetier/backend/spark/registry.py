@@ -213,8 +213,6 @@ class HostRegistry:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._send_lock = threading.Lock()  # orders to a host come from several threads
-        self._server = Server(secret, self._connection, "statetier-registry")
-        self.endpoint = self._server.bind_tcp(bind, port)
         self.closed = False
         self.stopping = False  # hosts are told to stop: their ends are no news
         self._losses: dict[RangeKey, _Loss] = {}  # released ranges not routed again yet
@@ -223,6 +221,9 @@ class HostRegistry:
         # told the live hosts whenever one registers or is lost while the registry runs (a
         # Connect driver's coordinators keep them in their roster, see host_roster)
         self.on_hosts: Callable[[list[HostInfo]], None] | None = None
+        # last: a connection is served from the moment it listens
+        self._server = Server(secret, self._connection, "statetier-registry")
+        self.endpoint = self._server.bind_tcp(bind, port)
 
     # ------------------------------------------------------------------ connections
 

@@ -92,11 +92,16 @@ def _executor_pid() -> int:
 
 def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
     """The host at ``path``, registered with ``registry``; None when no host listens there;
-    :class:`JoinError` when it could not register."""
+    :class:`JoinError` when it could not register, or closed the connection unanswered."""
     try:
         return ask_to_join(Endpoint("unix", path), secret, registry)
     except (FileNotFoundError, ConnectionRefusedError):
         return None
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        raise JoinError(
+            f"the state host at {path} closed the connection without answering: it stopped or "
+            "failed meanwhile (its log is the statetier-host-*.log in the executor's local dir)"
+        ) from None
 
 
 def bind_address(configured: str, registry: Endpoint) -> str:
