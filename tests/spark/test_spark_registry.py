@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -25,7 +26,14 @@ from statetier.backend.spark.channel import (
     new_secret,
 )
 from statetier.backend.spark.host import HostedRange, StateHost
-from statetier.backend.spark.membership import JoinError, RegistryLink
+from statetier.backend.spark.membership import (
+    HostStoppingError,
+    JoinError,
+    RegistryLink,
+    ask_to_join,
+)
+from statetier.backend.spark.messages import PipelineSpec, StateSpec
+from statetier.backend.spark.protocol import process_alive, socket_path
 from statetier.backend.spark.registry import (
     HostInfo,
     HostOrder,
@@ -35,6 +43,7 @@ from statetier.backend.spark.registry import (
     ask_route,
 )
 from statetier.backend.spark.task import _join as join_host
+from statetier.backend.spark.task import local_host
 from statetier.backend.wire import MessageError
 
 
@@ -493,6 +502,70 @@ def test_a_host_that_closes_the_join_unanswered_is_named_to_the_task(tmp_path: P
     finally:
         mute.close()
         registry.close()
+
+
+def test_a_server_leaves_the_socket_file_of_the_one_that_replaced_it(tmp_path: Path) -> None:
+    # a new state host binds the path of one that is stopping; the old one's close must not
+    # remove the new one's socket file (its host would take that for its end, and tasks would
+    # find no host)
+    secret = new_secret()
+    path = str(tmp_path / "host.sock")
+    old, new = Server(secret, lambda conn: None, "old"), Server(secret, lambda conn: None, "new")
+    try:
+        old.bind_unix(path)
+        new.bind_unix(path)
+        old.close()
+        assert Path(path).exists()
+        connect(Endpoint("unix", path), secret).close()  # the new one still serves there
+        new.close()
+        assert not Path(path).exists()  # its own file goes with it
+    finally:
+        old.close()
+        new.close()
+
+
+def test_a_task_starts_a_new_host_in_place_of_one_that_is_stopping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host stops once idle for ``host.idle-timeout``; a task that comes in the moments of
+    its stopping used to fail on its refusal (a query on ``local[N]``, which retries no task,
+    failed with it). The task starts a new host in its place, which keeps its socket file when
+    the old one's close comes after."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    registry = HostRegistry(new_secret(), "127.0.0.1")
+    spec = PipelineSpec(
+        app_id="app-stopping",
+        idle_timeout=60.0,
+        registry=registry.endpoint,
+        secret=registry.secret,
+        host_bind="127.0.0.1",
+        host_port=0,
+        state=StateSpec("wc", 1, 8, f"file://{tmp_path}/ckpt", ("word",), ""),
+    )
+    old = StateHost(socket_path(spec.app_id), 60, watch_pid=None, secret=registry.secret)
+    old.stopping.set()  # it still listens, and refuses as it stops
+    new: HostInfo | None = None
+    try:
+        where = Endpoint("unix", socket_path(spec.app_id))
+        with pytest.raises(HostStoppingError, match="is stopping"):
+            ask_to_join(where, registry.secret, registry.endpoint)
+        assert join_host(where.address, registry.secret, registry.endpoint) is None  # no host
+        new = local_host(spec)
+        assert new.host_id != old.host_id and new.pid != os.getpid()
+        old.server.close()  # the old host's end comes after
+        assert Path(socket_path(spec.app_id)).exists()
+        again = join_host(socket_path(spec.app_id), registry.secret, registry.endpoint)
+        assert again is not None and again.host_id == new.host_id
+        assert [h.host_id for h in registry.live_hosts()] == [new.host_id]
+    finally:
+        old.link.close()
+        old.server.close()
+        registry.shutdown_hosts(10)
+        registry.close()
+        deadline = time.monotonic() + 10
+        while new is not None and process_alive(new.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert new is None or not process_alive(new.pid)
 
 
 class _Instance:

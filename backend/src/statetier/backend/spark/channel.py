@@ -163,6 +163,7 @@ class Server:
         self.name = name
         self.endpoints: list[Endpoint] = []
         self._sockets: list[socket.socket] = []
+        self._files: dict[str, tuple[int, int]] = {}  # socket path -> (device, inode) bound
         self._closed = threading.Event()
         self.refused = 0
 
@@ -172,6 +173,8 @@ class Server:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(path)
         os.chmod(path, 0o600)  # only this user's processes may even try
+        made = os.stat(path)
+        self._files[path] = (made.st_dev, made.st_ino)
         return self._listen(sock, Endpoint("unix", path))
 
     def bind_tcp(self, address: str, port: int = 0) -> Endpoint:
@@ -225,7 +228,15 @@ class Server:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
-        for endpoint in self.endpoints:
-            if endpoint.kind == "unix":
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(endpoint.address)
+        for path, made in self._files.items():
+            _remove_if_same(path, made)
+
+
+def _remove_if_same(path: str, made: tuple[int, int]) -> None:
+    """Remove the socket file at ``path`` if it is still the one bound (``made``): a server
+    that replaced it there (a new state host in place of one that is stopping) keeps its own,
+    which its host watches and tasks find it by."""
+    with contextlib.suppress(FileNotFoundError):
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == made:
+            os.unlink(path)

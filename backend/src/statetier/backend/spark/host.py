@@ -295,7 +295,9 @@ class StateHost:
             return
         if self._orphaned() and op != "stats":
             # a task or the registry's probe must find this host gone, not half-alive
-            conn.send_bytes(protocol.ERROR + f"state host {self.host_id} is stopping".encode())
+            conn.send_bytes(
+                protocol.ERROR + f"state host {self.host_id}{protocol.STOPPING}".encode()
+            )
             return
         if op == "task":
             self._task(conn, request.data)

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 
 from statetier.backend.process_memory import read_rss
 from statetier.backend.spark.channel import HANDSHAKE_TIMEOUT_S, Endpoint, connect, hang_up
-from statetier.backend.spark.protocol import RESULT
+from statetier.backend.spark.protocol import RESULT, STOPPING
 from statetier.backend.spark.registry import (
     HostInfo,
     HostOrder,
@@ -38,7 +38,14 @@ from statetier.backend.spark.registry import (
 )
 from statetier.backend.wire import MessageError
 
-__all__ = ["HEARTBEAT_S", "RECEIPT_S", "JoinError", "RegistryLink", "ask_to_join"]
+__all__ = [
+    "HEARTBEAT_S",
+    "RECEIPT_S",
+    "HostStoppingError",
+    "JoinError",
+    "RegistryLink",
+    "ask_to_join",
+]
 
 log = logging.getLogger("statetier.spark.host")
 
@@ -52,6 +59,11 @@ class JoinError(RuntimeError):
     started is asked again until its start timeout."""
 
 
+class HostStoppingError(JoinError):
+    """The state host answered that it is stopping (idle too long, its executor gone, or told
+    to): it serves nothing more, and a task may start a new host in its place."""
+
+
 def ask_to_join(
     host: Endpoint,
     secret: bytes,
@@ -61,7 +73,8 @@ def ask_to_join(
 ) -> HostInfo:
     """Ask the host at ``host`` to register with ``registry`` (the ``join`` request a task
     sends, and a new coordinator on a Connect driver, see host_roster); the host, once
-    registered there. :class:`JoinError` when it answered that it could not; OSError when it
+    registered there. :class:`JoinError` when it answered that it could not
+    (:class:`HostStoppingError` when because it stops); OSError when it
     cannot be reached in ``timeout`` or does not answer in ``answer_timeout`` (None: waits)."""
     with contextlib.closing(connect(host, secret, timeout)) as conn:
         conn.send_bytes(json.dumps({"op": "join", "registry": registry.to_json()}).encode())
@@ -70,7 +83,8 @@ def ask_to_join(
         answer = conn.recv_bytes()
     if answer[:1] != RESULT:
         reason = bytes(answer[1:]).decode(errors="replace")
-        raise JoinError(f"the state host at {host.address} could not join the driver: {reason}")
+        error = HostStoppingError if reason.endswith(STOPPING) else JoinError
+        raise error(f"the state host at {host.address} could not join the driver: {reason}")
     return HostInfo.from_json(json.loads(answer[1:]))
 
 

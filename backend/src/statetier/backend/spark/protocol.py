@@ -25,6 +25,7 @@ __all__ = [
     "ERROR",
     "REFUSED",
     "RESULT",
+    "STOPPING",
     "ProcessWatch",
     "epoch_property",
     "process_alive",
@@ -37,6 +38,9 @@ BATCH = b"B"
 RESULT = b"R"
 ERROR = b"X"
 REFUSED = b"F"
+# how a host's refusal ends while it stops (idle, its executor gone, told to): a task that
+# starts hosts takes it for no host there and starts one in its place
+STOPPING = " is stopping"
 
 
 def write_batch(batch: pa.RecordBatch) -> bytes:

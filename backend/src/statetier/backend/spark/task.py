@@ -38,7 +38,7 @@ import pyarrow as pa
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.deliveries import DeliveryReport, report_delivered
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
-from statetier.backend.spark.membership import JoinError, ask_to_join
+from statetier.backend.spark.membership import HostStoppingError, JoinError, ask_to_join
 from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
 from statetier.backend.spark.protocol import (
     BATCH,
@@ -91,11 +91,13 @@ def _executor_pid() -> int:
 
 
 def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
-    """The host at ``path``, registered with ``registry``; None when no host listens there;
-    :class:`JoinError` when it could not register, or closed the connection unanswered."""
+    """The host at ``path``, registered with ``registry``; None when no host listens there, or
+    the one there is stopping (a new one may take its place: the stopping one leaves a socket
+    file that is no longer its own where it is); :class:`JoinError` when it could not register,
+    or closed the connection unanswered."""
     try:
         return ask_to_join(Endpoint("unix", path), secret, registry)
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionRefusedError, HostStoppingError):
         return None
     except (EOFError, BrokenPipeError, ConnectionResetError):
         raise JoinError(
