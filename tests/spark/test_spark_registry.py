@@ -553,8 +553,8 @@ def test_a_task_starts_a_new_host_in_place_of_one_that_is_stopping(
         new = local_host(spec)
         assert new.host_id != old.host_id and new.pid != os.getpid()
         old.server.close()  # the old host's end comes after
-        assert Path(socket_path(spec.app_id)).exists()
-        again = join_host(socket_path(spec.app_id), registry.secret, registry.endpoint)
+        assert Path(where.address).exists()
+        again = join_host(where.address, registry.secret, registry.endpoint)
         assert again is not None and again.host_id == new.host_id
         assert [h.host_id for h in registry.live_hosts()] == [new.host_id]
     finally:

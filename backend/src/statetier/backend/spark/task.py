@@ -91,10 +91,9 @@ def _executor_pid() -> int:
 
 
 def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
-    """The host at ``path``, registered with ``registry``; None when no host listens there, or
-    the one there is stopping (a new one may take its place: the stopping one leaves a socket
-    file that is no longer its own where it is); :class:`JoinError` when it could not register,
-    or closed the connection unanswered."""
+    """The host at ``path``, registered with ``registry``; None when no host serves there (none
+    listens, or the one there is stopping: a new one may take its place); :class:`JoinError`
+    when it could not register, or closed the connection unanswered."""
     try:
         return ask_to_join(Endpoint("unix", path), secret, registry)
     except (FileNotFoundError, ConnectionRefusedError, HostStoppingError):
@@ -102,7 +101,8 @@ def _join(path: str, secret: bytes, registry: Endpoint) -> HostInfo | None:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         raise JoinError(
             f"the state host at {path} closed the connection without answering: it stopped or "
-            "failed meanwhile (its log is the statetier-host-*.log in the executor's local dir)"
+            "failed meanwhile (its statetier-host-*.log is in the executor's first local dir, "
+            "else the temp dir)"
         ) from None
 
 
