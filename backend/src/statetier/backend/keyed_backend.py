@@ -147,7 +147,7 @@ class KeyedStateBackend:
             raise unhashable_key_error(key) from None
         ctx = self.context
         # index first: a refused key must leave the previous key current, not half-switched
-        ctx.index = self._slot_of(key) if slot is None else slot
+        ctx.index = self.log_key(key) if slot is None else slot
         ctx.key = key
 
     def plain_change_log(self) -> dict[Any, int] | None:
@@ -177,7 +177,7 @@ class KeyedStateBackend:
         except TypeError:
             raise unhashable_key_error(key) from None
         ctx = self.context
-        ctx.index = slot = self._slot_of(key) if slot is None else slot
+        ctx.index = slot = self.log_key(key) if slot is None else slot
         ctx.key = key
         hits = self._hits
         n = hits[slot] + 1
@@ -220,8 +220,10 @@ class KeyedStateBackend:
         else:
             self.__dict__.pop("set_current_key", None)
 
-    def _slot_of(self, key: Any) -> int:
-        """Compute and memoize the slot of a key not seen yet (the per-record miss path)."""
+    def log_key(self, key: Any) -> int:
+        """The slot of a hashable key not in the change log (``plain_change_log``), which it
+        logs under it: the per-record miss path. A key of a type keys cannot have, or outside
+        this backend's range, is refused (as by :meth:`set_current_key`) and not logged."""
         slot = self._hashed_slot(key)
         self._touched[key] = slot
         return slot
@@ -254,7 +256,7 @@ class KeyedStateBackend:
         """
         batch_keys = as_list(keys)
         if key_groups is None:
-            memo, slot_of = self._touched.get, self._slot_of
+            memo, slot_of = self._touched.get, self.log_key
             slots = [s if (s := memo(key)) is not None else slot_of(key) for key in batch_keys]
             batch = KeyBatch(batch_keys, slots, self.context)
         else:

@@ -126,7 +126,7 @@ def assign_str_to_key_group(key: str, max_parallelism: int) -> int:
     The backend's path for a key it has not seen yet: most keys are strings, and this one call
     replaces two (the hash is the same, so the key group is).
     """
-    h = _xxh64(key.encode("utf-8"), SEED)
+    h = _xxh64(key.encode(), SEED)  # UTF-8, strict: the default, without parsing arguments
     return (h if h <= _I64_MAX else h - _U64) % max_parallelism
 
 

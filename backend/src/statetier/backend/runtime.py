@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from statetier.backend.config import StatetierConfig
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.keyed_backend import KeyedStateBackend
-from statetier.backend.keygroups import key_group_range_for_instance
+from statetier.backend.keygroups import key_group_range_for_instance, unhashable_key_error
 from statetier.backend.operator_state import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
@@ -149,17 +149,17 @@ class FunctionInstance:
     def _process_plain(self, records: Iterator[tuple[Any, Any]], out: list[Any]) -> None:
         """:meth:`process` while making a key current is plain (no spill counting, no
         per-record hooks): a key already in the change log is made current here, as the timer
-        queue does when it fires (see ``plain_change_log``), without a call per record. That
-        call was a sixth of a word count's per-record time. A key seen first in this epoch,
-        or one the log cannot hold, goes through ``set_current_key`` (which hashes it, logs
-        it, or names what is wrong with it). Returns when the records end, or after the
-        record whose function added a per-record hook (a state with TTL cleanup per record,
-        made in ``process``): the rest go through the general loop, which runs it."""
+        queue does when it fires (see ``plain_change_log``), without a call per record (that
+        call cost a word count 5% of its instructions). A key first seen in this epoch is
+        hashed and logged by ``log_key``, or refused as ``set_current_key`` refuses it.
+        Returns when the records end, or after the record whose function added a per-record
+        hook (a state with TTL cleanup per record, made in ``process``): the rest go through
+        the general loop, which runs it."""
         keyed = self.keyed
         log = keyed.plain_change_log()
         if log is None:
             return
-        set_key, logged = keyed.set_current_key, log.get
+        log_key, logged = keyed.log_key, log.get
         ctx = keyed.context
         hooks = ctx.record_hooks  # appended to in place when a hook is added
         process = self.function.process
@@ -167,13 +167,12 @@ class FunctionInstance:
         for key, value in records:
             try:
                 slot = logged(key)
-            except TypeError:  # unhashable: set_current_key says so
-                slot = None
-            if slot is None:
-                set_key(key)
-            else:
-                ctx.index = slot
-                ctx.key = key
+            except TypeError:
+                raise unhashable_key_error(key) from None
+            if slot is None:  # first seen in this epoch: hashed (or refused) and logged
+                slot = log_key(key)
+            ctx.index = slot
+            ctx.key = key
             result = process(key, value, context)
             if result:  # None, or an empty list or tuple: nothing to add (a generator is true)
                 out.extend(result)
