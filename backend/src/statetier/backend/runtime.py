@@ -151,10 +151,11 @@ class FunctionInstance:
         per-record hooks): a key already in the change log is made current here, as the timer
         queue does when it fires (see ``plain_change_log``), without a call per record (that
         call cost a word count 5% of its instructions). A key first seen in this epoch is
-        hashed and logged by ``log_key``, or refused as ``set_current_key`` refuses it.
-        Returns when the records end, or after the record whose function added a per-record
-        hook (a state with TTL cleanup per record, made in ``process``): the rest go through
-        the general loop, which runs it."""
+        hashed and logged by ``log_key``, or refused as ``set_current_key`` refuses it. The
+        log is taken once per call: only a snapshot's drain replaces it, and a snapshot never
+        runs inside the function's ``process``. Returns when the records end, or after the
+        record whose function added a per-record hook (a state with TTL cleanup per record,
+        made in ``process``): the rest go through the general loop, which runs it."""
         keyed = self.keyed
         log = keyed.plain_change_log()
         if log is None:
