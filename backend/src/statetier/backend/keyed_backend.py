@@ -256,8 +256,8 @@ class KeyedStateBackend:
         """
         batch_keys = as_list(keys)
         if key_groups is None:
-            memo, slot_of = self._touched.get, self.log_key
-            slots = [s if (s := memo(key)) is not None else slot_of(key) for key in batch_keys]
+            memo, log_key = self._touched.get, self.log_key
+            slots = [s if (s := memo(key)) is not None else log_key(key) for key in batch_keys]
             batch = KeyBatch(batch_keys, slots, self.context)
         else:
             given = self._given_slots(batch_keys, key_group_array(key_groups))
