@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,11 +95,34 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+def running_tasks(session: SparkSession) -> int:
+    """Task attempts Spark's scheduler counts as running, cancelled ones included: an attempt
+    is counted until its executor reports it ended (killed, failed or done). The stages of an
+    aborted job are no longer active while such attempts still run."""
+    infos = session.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(info.numRunningTasks() for info in infos)
+
+
+def wait_until_spark_is_idle(session: SparkSession, timeout: float = 60.0) -> None:
+    """Return once ``session``'s Spark runs no task. A job that failed returns to the test at
+    its first task that failed for good; the attempts of its other tasks are killed but go on
+    for a while (one starting a state host waits for it), and they must not run beside the
+    next test's tasks on the same executor and host slots."""
+    deadline = time.monotonic() + timeout
+    while running := running_tasks(session):
+        if time.monotonic() > deadline:
+            pytest.fail(f"Spark still runs {running} task(s) {timeout:.0f} s after the test")
+        time.sleep(0.05)
+
+
 @pytest.fixture
-def pipelines() -> Iterator[list[StatefulPipeline]]:
-    """Pipelines a test made; their state hosts are stopped (and checked gone) afterwards."""
+def pipelines(request: pytest.FixtureRequest) -> Iterator[list[StatefulPipeline]]:
+    """Pipelines a test made; once the test's Spark jobs are over (every cancelled task
+    attempt too), their state hosts are stopped and checked gone."""
     made: list[StatefulPipeline] = []
     yield made
+    if "spark" in request.fixturenames:
+        wait_until_spark_is_idle(request.getfixturevalue("spark"))
     pids = {pid for p in made for pid in p.hosts.values()}
     for p in made:
         p.stop_hosts()
