@@ -347,6 +347,25 @@ def test_a_timer_timestamp_is_a_64_bit_int(bad: Any) -> None:
         inst.timers.register_event_time_timer(bad)
 
 
+@pytest.mark.parametrize("bad", [1.0, True, "1", None, 1 << 63])
+@pytest.mark.parametrize("stored", [[], [1], [1, 2]])
+def test_a_deleted_timer_timestamp_is_a_64_bit_int_too(bad: Any, stored: list[int]) -> None:
+    """Equal is not the same: 1.0 and True equal the timer at 1, and delete refuses both
+    whether the key has that timer (alone or among others) or none, and leaves it."""
+    inst = instance()
+    inst.keyed.set_current_key("k")
+    timers = inst.timers
+    for stamp in stored:
+        timers.register_event_time_timer(stamp)
+    with pytest.raises(TypeError, match="timer timestamp is an int"):
+        timers.delete_event_time_timer(bad)
+    assert timers.timers(EVENT) == stored
+    for stamp in stored:  # and an int deletes each, the one timer too
+        timers.delete_event_time_timer(stamp)
+        timers.delete_event_time_timer(stamp)  # gone: nothing to delete, no error
+    assert timers.timers(EVENT) == []
+
+
 @pytest.mark.parametrize("name", [EVENT_TIMER_STATE, PROCESSING_TIMER_STATE])
 def test_the_timer_state_names_are_taken(name: str) -> None:
     inst = instance()

@@ -269,27 +269,33 @@ class _TimerQueue:
         return key
 
     def delete(self, timestamp: int) -> None:
-        if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
-            _check_timestamp(timestamp)
+        maps = self._maps
+        if maps is not None:
+            ctx = self._ctx
+            kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
+            key = ctx.key
+            stamps = kg_map.get(key)
+            # the key's one timer (a session's): no other check needed, since a stored timestamp
+            # was checked when it was registered and an int equal to it is one too
+            if stamps == timestamp and type(timestamp) is int:
+                del kg_map[key]
+                return
+        self._delete_other(timestamp)
+
+    def _delete_other(self, timestamp: int) -> None:
+        """:meth:`delete` but of a key's only timer: a timestamp checked, one of several
+        removed, or nothing to remove."""
+        _check_timestamp(timestamp)
         ctx = self._ctx
         maps = self._maps
         if maps is None:  # no timer yet (the key is still checked)
             ctx.require_key()
             return
-        kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
-        key = ctx.key
-        stamps = kg_map.get(key)
-        if stamps is None:
-            return
-        if type(stamps) is int:
-            if stamps != timestamp:
-                return
-            del kg_map[key]
-        elif timestamp not in stamps:
-            return
-        else:
+        kg_map = maps[ctx.index]
+        stamps = kg_map.get(ctx.key)
+        if type(stamps) is list and timestamp in stamps:
             stamps.remove(timestamp)
-            kg_map[key] = _stored(stamps)
+            kg_map[ctx.key] = _stored(stamps)
 
     def fire(self, time: int, on_timer: OnTimer, context: Any, out: list[Any]) -> None:
         """Pop the timers at or before ``time`` in order and call ``on_timer(timestamp, key,
