@@ -226,7 +226,7 @@ def test_the_firing_index_stays_bounded_when_a_timer_keeps_moving_earlier() -> N
     for _ in range(5_000):
         run(inst, ("k", ("del-event", ts)), ("k", ("event", ts - 1)))
         ts -= 1
-    queue = inst.timers._event
+    queue = inst.timers  # the service is its event-time queue
     assert inst.timers.count(EVENT) == 2
     assert len(queue._heap) <= 2 * 2 + 1024 + 1, len(queue._heap)
     assert inst.advance_time(watermark=ts) == [("event-time", ts, "k", None)]
@@ -241,7 +241,7 @@ def test_the_entries_of_deleted_timers_go_once_new_keys_grow_the_index() -> None
     inst = instance()
     run(inst, *[(f"gone-{i}", ("event", 1_000 + i)) for i in range(5_000)])
     run(inst, *[(f"gone-{i}", ("del-event", 1_000 + i)) for i in range(5_000)])
-    queue = inst.timers._event
+    queue = inst.timers  # the service is its event-time queue
     assert inst.timers.count(EVENT) == 0 and len(queue._heap) == 5_000  # lazy: still there
     run(inst, *[(f"new-{i}", ("event", 500 + i)) for i in range(4_000)])
     assert inst.timers.count(EVENT) == 4_000
