@@ -8,7 +8,7 @@ import decimal
 import enum
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +205,18 @@ def test_the_write_check_agrees_with_the_serializer(value: Any) -> None:
     assert (first_unwritable(value) is WRITABLE) == writes
 
 
+def _fields(fields: list[Any]) -> dict[str, Any]:
+    return {f"f{i}": field for i, field in enumerate(fields)}
+
+
 @pytest.mark.parametrize("value", CHECKED_VALUES)
-@pytest.mark.parametrize("record", [list, tuple])
+@pytest.mark.parametrize("record", [list, tuple, _fields])
 def test_a_stored_record_is_refused_exactly_when_the_serializer_cannot_write_it(
-    value: Any, record: type
+    value: Any, record: Callable[[list[Any]], Any]
 ) -> None:
-    """A list or tuple written to a state (a session's [start, end, clicks]) goes through the
-    handle's own check of its scalars before first_unwritable: the two must agree."""
+    """A list, dict or tuple written to a state (a session's [start, end, clicks]) goes
+    through the handle's first look (the packer in C for lists and dicts, a loop over a
+    tuple's scalars) before first_unwritable: they must agree with the serializer."""
     backend = KeyedStateBackend(KeyGroupRange.of(8), 8)
     state = backend.get_state(ValueStateDescriptor[Any]("last"))
     backend.set_current_key("k")

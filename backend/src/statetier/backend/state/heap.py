@@ -73,18 +73,27 @@ class KeyGroupHandle:
     writes the current key's entry, ``clear``, which drops that entry, and the checks of what it
     writes (values, and a map's user keys), which the backend sets (``check_writes``)."""
 
-    __slots__ = ("_check", "_check_key", "_ctx", "_maps")
+    __slots__ = ("_check", "_check_key", "_check_record", "_ctx", "_maps")
 
     def __init__(self, ctx: KeyContext, maps: KeyGroupMaps) -> None:
         self._ctx = ctx
         self._maps = maps
         self._check: WriteCheck = accept
         self._check_key: WriteCheck = accept
+        self._check_record: Callable[[Any], object] = accept
 
-    def check_writes(self, values: WriteCheck, user_keys: WriteCheck = accept) -> None:
-        """Check each written value with ``values`` and each map key with ``user_keys``."""
+    def check_writes(
+        self,
+        values: WriteCheck,
+        user_keys: WriteCheck = accept,
+        records: Callable[[Any], object] | None = None,
+    ) -> None:
+        """Check each written value with ``values`` and each map key with ``user_keys``; a
+        value state's list or dict first with ``records`` (``writable.record_check``), which
+        hands what it refuses to ``values`` to be named."""
         self._check = values
         self._check_key = user_keys
+        self._check_record = values if records is None else records
 
     def clear(self) -> None:
         ctx = self._ctx
@@ -104,7 +113,15 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
             self._maps[ctx.index].pop(ctx.key, None)
         else:
             if type(value) not in PLAIN:
-                self._check(value)
+                kind = type(value)  # not before: a plain value's path stays as short as it was
+                if kind is list or kind is dict:  # a record, rewritten per record: looked at in C
+                    try:
+                        check = self._check_record
+                        check(value)
+                    except Exception:
+                        self._check(value)  # names what it refused
+                else:
+                    self._check(value)
             self._maps[ctx.index][ctx.key] = value
 
     def values(self, batch: KeyBatch) -> list[Any]:
