@@ -339,12 +339,18 @@ def test_timers_need_a_current_key() -> None:
         inst.timers.delete_processing_time_timer(5)
 
 
-@pytest.mark.parametrize("bad", [1.5, "10", True, None, 1 << 63])
-def test_a_timer_timestamp_is_a_64_bit_int(bad: Any) -> None:
+@pytest.mark.parametrize("bad", [1.5, "10", True, None, 1 << 63, -(1 << 63) - 1])
+@pytest.mark.parametrize("stored", [[], [5], [5, 9]])
+def test_a_timer_timestamp_is_a_64_bit_int(bad: Any, stored: list[int]) -> None:
+    """Refused whether the key has timers or not (its bound is then checked first), and the
+    key's timers stay as they were."""
     inst = instance()
     inst.keyed.set_current_key("k")
+    for stamp in stored:
+        inst.timers.register_event_time_timer(stamp)
     with pytest.raises(TypeError, match="timer timestamp is an int"):
         inst.timers.register_event_time_timer(bad)
+    assert inst.timers.timers(EVENT) == stored
 
 
 @pytest.mark.parametrize("bad", [1.0, True, "1", None, 1 << 63])

@@ -202,27 +202,46 @@ class _TimerQueue:
     def _register(self, timestamp: int) -> None:
         """Fire ``on_timer`` for the current key once this queue's time reaches ``timestamp``
         (a key's timer at a timestamp is one timer, however often it is registered)."""
-        if type(timestamp) is not int or not MIN_WATERMARK <= timestamp <= MAX_WATERMARK:
+        if type(timestamp) is not int or timestamp > MAX_WATERMARK:
             _check_timestamp(timestamp)
         maps = self._maps or self._state_maps()
         ctx = self._ctx
         key = ctx.key
         kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
-        stamps = kg_map.get(key)
-        if stamps is None:
-            kg_map[key] = timestamp
-        elif type(stamps) is int:
-            if stamps == timestamp:
-                return  # one timer per key and timestamp
-            kg_map[key] = [stamps, timestamp] if stamps < timestamp else [timestamp, stamps]
-        elif timestamp in stamps:
-            return
-        else:
-            bisect.insort(stamps, timestamp)
-            kg_map[key] = stamps  # a spilled map must see the write
         bound = self._bound.get(key)
-        if bound is None or timestamp < bound:
+        if bound is None or timestamp < bound:  # the key's new bound: checked, stored, pushed
+            if timestamp < MIN_WATERMARK:
+                _check_timestamp(timestamp)
+            stamps = kg_map.get(key)
+            if stamps is None:
+                kg_map[key] = timestamp
+            elif not self._add(kg_map, key, stamps, timestamp):
+                return
             self._push(timestamp, self._first + ctx.index, key)
+            return
+        # at or after the key's bound, so not below MIN_WATERMARK: a write to the state only
+        stamps = kg_map.get(key)
+        if stamps is None:  # a session's moved timer: deleted, then registered later
+            kg_map[key] = timestamp
+        else:
+            self._add(kg_map, key, stamps, timestamp)
+
+    @staticmethod
+    def _add(
+        kg_map: MutableMapping[Any, Any], key: Any, stamps: int | list[int], timestamp: int
+    ) -> bool:
+        """Add ``timestamp`` to ``key``'s stored timers ``stamps``; False if it is one of them
+        (one timer per key and timestamp)."""
+        if isinstance(stamps, int):
+            if stamps == timestamp:
+                return False
+            kg_map[key] = [stamps, timestamp] if stamps < timestamp else [timestamp, stamps]
+            return True
+        if timestamp in stamps:
+            return False
+        bisect.insort(stamps, timestamp)
+        kg_map[key] = stamps  # a spilled map must see the write
+        return True
 
     def _push(self, timestamp: int, key_group: int, key: Any) -> None:
         """Make ``timestamp`` ``key``'s bound: an entry for it in the heap."""
