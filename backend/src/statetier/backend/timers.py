@@ -301,8 +301,8 @@ class _TimerQueue:
         self._delete_other(timestamp)
 
     def _delete_other(self, timestamp: int) -> None:
-        """:meth:`_delete` but of a key's only timer: a timestamp checked, one of several
-        removed, or nothing to remove."""
+        """What :meth:`_delete` does in every case but the key's one timer: the timestamp is
+        checked, then one of the key's several timers removed, or nothing."""
         _check_timestamp(timestamp)
         ctx = self._ctx
         maps = self._maps
