@@ -55,7 +55,7 @@ from statetier.backend.state.key_batch import KeyBatch, as_list
 from statetier.backend.state.table import StateTable
 from statetier.backend.state.ttl_cleanup import IncrementalCleanup
 from statetier.backend.state.ttl_states import make_ttl_state
-from statetier.backend.state.writable import accept, record_check, write_check
+from statetier.backend.state.writable import accept, value_checks, write_check
 from statetier.backend.ttl import Clock, SystemClock, check_ttl_compatible
 from statetier.backend.typed.evolution import schema_change_refusal
 
@@ -406,13 +406,13 @@ class KeyedStateBackend:
         user_keys = (
             descriptor.key_serializer if isinstance(descriptor, MapStateDescriptor) else None
         )
-        values = write_check(descriptor.serializer, descriptor.name, "value", self.context)
+        values, records = value_checks(descriptor.serializer, descriptor.name, self.context)
         handle.check_writes(
             values,
             write_check(user_keys, descriptor.name, "map key", self.context)
             if user_keys is not None
             else accept,
-            record_check(descriptor.serializer, values),
+            records,
         )
         return handle  # type: ignore[return-value]
 

@@ -89,7 +89,7 @@ class KeyGroupHandle:
         records: Callable[[Any], object] | None = None,
     ) -> None:
         """Check each written value with ``values`` and each map key with ``user_keys``; a
-        value state's list or dict first with ``records`` (``writable.record_check``), which
+        value state's list or dict first with ``records`` (``writable.value_checks``), which
         hands what it refuses to ``values`` to be named."""
         self._check = values
         self._check_key = user_keys

@@ -8,7 +8,7 @@ the state nor the key. The handles therefore check what they store, where the us
 The check must cost nothing on the per-record path: a handle looks at the value's type only, and a
 type in :data:`PLAIN` (what most state holds) needs nothing more. A value state's list or dict (a
 record, rewritten per record) is looked at by the default serializer's packer, called by the handle
-itself (:func:`record_check`). Any other value is looked at in full here. An int of a plain type may
+itself (:func:`value_checks`). Any other value is looked at in full here. An int of a plain type may
 still be too large for 64 bits: it is found when its bytes are made, and the snapshot's error names
 the state and the key too (snapshot.serialize). Only the default serializer and typed ones are
 checked here (a typed value is checked against its declared type, field by field); what another
@@ -38,8 +38,8 @@ __all__ = [
     "WriteCheck",
     "accept",
     "check_each",
-    "record_check",
     "unwritable_message",
+    "value_checks",
     "write_check",
 ]
 
@@ -79,10 +79,35 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
         return _typed_check(serializer, state, what, ctx)
     if not isinstance(serializer, MsgpackSerializer):
         return accept
-    # The serializer's own packer (one per handle, used on its thread as the handle is): a list
-    # or dict it packs is one the snapshot will write, found in C. A session's [start, end,
-    # clicks] takes 150 ns this way, 250-450 ns in a Python loop over its scalars.
-    encode = serializer.direct_codec()[0]
+    return _packing_check(serializer.direct_codec()[0], state, what, ctx)
+
+
+def value_checks(
+    serializer: Serializer, state: str, ctx: KeyContext
+) -> tuple[WriteCheck, Callable[[Any], object]]:
+    """A value handle's two checks: :func:`write_check`'s for a written value, and what the
+    handle calls first on a written list or dict (a record: a session's [start, end, clicks]).
+    For the default serializer that is the check's own packer, called by the handle directly;
+    for any other serializer, the check itself. What the packer refuses the handle gives to
+    the check, which names the state, the key and the reason.
+
+    The packer writes what a snapshot will write, so it accepts exactly what the check does;
+    called directly, it spares the handle a Python call per write (a session's click: 25,063
+    instructions to 24,406)."""
+    if isinstance(serializer, MsgpackSerializer):
+        encode = serializer.direct_codec()[0]
+        return _packing_check(encode, state, "value", ctx), encode
+    check = write_check(serializer, state, "value", ctx)
+    return check, check
+
+
+def _packing_check(
+    encode: Callable[[Any], bytes], state: str, what: str, ctx: KeyContext
+) -> WriteCheck:
+    """The default serializer's check, around ``encode``, the serializer's own packer (one per
+    handle, used on its thread as the handle is): a list or dict it packs is one the snapshot
+    will write, found in C. A session's [start, end, clicks] takes 150 ns this way, 250-450 ns
+    in a Python loop over its scalars."""
 
     def check(value: Any, key: Any = CURRENT) -> None:
         kind = type(value)
@@ -111,20 +136,6 @@ def write_check(serializer: Serializer, state: str, what: str, ctx: KeyContext) 
             reason = unwritable_reason(bad)
             raise UnwritableValueError(unwritable_message(state, named, what, reason))
 
-    return check
-
-
-def record_check(serializer: Serializer, check: WriteCheck) -> Callable[[Any], object]:
-    """What a handle calls first on a written list or dict (a record: a session's [start, end,
-    clicks]): the default serializer's own packer, which looks at it in C, or ``check`` itself
-    for any other serializer. What the packer refuses the handle gives to ``check``, which
-    names the state, the key and the reason.
-
-    The packer writes what a snapshot will write, so it accepts exactly what ``check`` does;
-    called directly, it spares the handle a Python call per write (a session's click: 25,063
-    instructions to 24,406)."""
-    if isinstance(serializer, MsgpackSerializer):  # as write_check's own look at lists
-        return serializer.direct_codec()[0]
     return check
 
 
