@@ -121,9 +121,10 @@ def test_compaction_offload_bench_names_an_unknown_mode() -> None:
 
 @pytest.mark.slow
 def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases() -> None:
-    """``spark-wordcount --connect`` at a small size: the four pipelines, statetier exact on both
-    sessions, and each query's wall time split into its start, first micro-batch and the others
-    (Spark's own times), which add up to it."""
+    """``spark-wordcount --connect`` at a small size: the six pipelines (statetier, RocksDB and
+    the stateless ``foreachBatch`` peer on each session), statetier exact on both sessions, and
+    each query's wall time split into its start, first micro-batch and the others (Spark's own
+    times), which add up to it."""
     args = ["--words", "8000", "--vocabulary", "1000", "--batches", "2", "--partitions", "2"]
     done = run_bench("spark-wordcount", "--connect", *args, "--rounds", "1", "--json")
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size
@@ -132,8 +133,10 @@ def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases(
     assert set(pipelines) == {
         "classic_statetier",
         "classic_rocksdb",
+        "classic_foreach_batch",
         "connect_statetier",
         "connect_rocksdb",
+        "connect_foreach_batch",
     }
     assert pipelines["classic_statetier"]["exact"] is pipelines["connect_statetier"]["exact"]
     assert pipelines["connect_statetier"]["exact"] is True
@@ -150,6 +153,11 @@ def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases(
     assert report["ratios"]["connect_rocksdb"] == round(
         st / pipelines["connect_rocksdb"]["records_per_s"], 3
     )
+    fb = pipelines["connect_foreach_batch"]["records_per_s"]
+    assert report["ratios"]["foreach_batch_classic"] == round(
+        fb / pipelines["classic_foreach_batch"]["records_per_s"], 3
+    )
+    assert pipelines["connect_foreach_batch"]["exact"] is None  # it keeps no counts to check
     later = pipelines["connect_statetier"]["later_batches_records_per_s"]
     classic_later = pipelines["classic_statetier"]["later_batches_records_per_s"]
     assert report["later_batches_ratios"]["classic_statetier"] == pytest.approx(

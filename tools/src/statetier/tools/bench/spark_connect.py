@@ -2,19 +2,24 @@
 to the same pipelines on a classic session, in one run.
 
 The same Zipf words as ``spark-wordcount`` (Parquet, one file per micro-batch, ``availableNow``,
-8 partitions) go through statetier's ``write_stream`` and Spark's RocksDB ``groupBy().count()``:
-first on a classic ``SparkSession`` of this process, then, after it stopped, on a local
-``SparkConnectServer`` (statetier.tools.connect_server) running the same master and settings,
-whose client is this process. On Connect statetier's coordinator (registry, commit, upkeep) runs
-in the server's ``foreachBatch`` process, so the counts are checked from the checkpoint.
+8 partitions) go through statetier's ``write_stream``, Spark's RocksDB ``groupBy().count()`` and
+``foreach_batch``, a ``foreachBatch`` query of statetier's shape without state (each micro-batch
+read by one task, its rows counted in Arrow, to the ``noop`` sink): what Spark's
+``foreachBatch`` itself costs a query on each kind of session. They run first on a classic
+``SparkSession`` of this process, then, after it stopped, on a local ``SparkConnectServer``
+(statetier.tools.connect_server) running the same master and settings, whose client is this
+process. On Connect statetier's coordinator (registry, commit, upkeep) runs in the server's
+``foreachBatch`` process, so the counts are checked from the checkpoint.
 
 Reported: records/s of each (median of ``--rounds`` after an untimed warm-up run), statetier /
-RocksDB on Connect (target >= 1.5x) and statetier on Connect / on classic (target >= 0.9, within
-10%). Beside them, where each query's wall time went (medians), from the micro-batches' times
-as Spark measures them (``triggerExecution``): its start (before its first micro-batch; on Connect
-Spark starts the ``foreachBatch`` process then), its first micro-batch, and the others, with the
-records/s of the others alone and the same two ratios of those rates (the rate of a query that
-runs on, which the targets do not judge).
+RocksDB on Connect (target >= 1.5x), statetier on Connect / on classic (target >= 0.9, within
+10%) and, not judged, ``foreach_batch`` on Connect / on classic: the same ratio for Spark's
+``foreachBatch`` alone, against which statetier's can be read. Beside them, where each query's
+wall time went (medians), from the micro-batches' times as Spark measures them
+(``triggerExecution``): its start (before its first micro-batch; on Connect Spark starts the
+``foreachBatch`` process then), its first micro-batch, and the others, with the records/s of
+the others alone and the same ratios of those rates (the rate of a query that runs on, which
+the targets do not judge).
 """
 
 from __future__ import annotations
@@ -86,6 +91,15 @@ def rocksdb(spark: Any, source: Path, work: Path) -> Timing:
     return Timing(elapsed, None, spark_batch_seconds(query))
 
 
+def foreach_batch(spark: Any, source: Path, work: Path) -> Timing:
+    """A ``foreachBatch`` query of statetier's shape without state (foreach_batch_peer)."""
+    from statetier.tools.bench.foreach_batch_peer import count_batch
+
+    writer = stream(spark, source).writeStream.foreachBatch(count_batch)
+    elapsed, query = run_streaming(writer, work / "foreach-batch-ckpt")
+    return Timing(elapsed, None, spark_batch_seconds(query))
+
+
 def connect_statetier(spark: Any, source: Path, work: Path, partitions: int) -> Timing:
     """statetier's ``write_stream`` on the Connect session, unchecked (see connect_runs)."""
     from statetier.backend.spark import StatefulPipeline
@@ -148,11 +162,16 @@ def later_rate(result: dict[str, Any], words: int) -> float:
 
 
 def peer_ratios(results: dict[str, Any], figure: str) -> dict[str, float]:
-    """statetier on Connect against its peers by ``figure`` (0.0 where a peer has none)."""
-    st = results["connect_statetier"][figure]
+    """statetier on Connect against its peers by ``figure``, and ``foreach_batch`` on Connect
+    against classic (``foreach_batch_classic``): 0.0 where a peer has none."""
+    pairs = {
+        "connect_rocksdb": ("connect_statetier", "connect_rocksdb"),
+        "classic_statetier": ("connect_statetier", "classic_statetier"),
+        "foreach_batch_classic": ("connect_foreach_batch", "classic_foreach_batch"),
+    }
     return {
-        peer: st / results[peer][figure] if results[peer][figure] else 0.0
-        for peer in ("connect_rocksdb", "classic_statetier")
+        name: results[a][figure] / results[b][figure] if results[b][figure] else 0.0
+        for name, (a, b) in pairs.items()
     }
 
 
@@ -232,9 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  connect statetier / connect rocksdb: {ratios['connect_rocksdb']:.3f}x (>= 1.5x)")
         print(f"  connect statetier / classic: {ratios['classic_statetier']:.3f} (>= 0.9)")
         print(
+            "  connect foreach_batch / classic (Spark's foreachBatch alone, not judged): "
+            f"{ratios['foreach_batch_classic']:.3f}"
+        )
+        print(
             "  after the first micro-batch (not judged): "
             f"{later_ratios['connect_rocksdb']:.3f}x connect rocksdb, "
-            f"{later_ratios['classic_statetier']:.3f} of classic"
+            f"{later_ratios['classic_statetier']:.3f} of classic; "
+            f"foreach_batch {later_ratios['foreach_batch_classic']:.3f} of classic"
         )
     return 0 if meets else 1
 
@@ -256,6 +280,7 @@ def classic_runs(
         runs: dict[str, Run] = {
             "classic_statetier": statetier,
             "classic_rocksdb": lambda src, out: rocksdb(spark, src, out),
+            "classic_foreach_batch": lambda src, out: foreach_batch(spark, src, out),
         }
         return timed(runs, source, work, args.rounds)
     finally:
@@ -290,6 +315,7 @@ def connect_runs(
             runs: dict[str, Run] = {
                 "connect_statetier": statetier,
                 "connect_rocksdb": lambda src, out: rocksdb(spark, src, out),
+                "connect_foreach_batch": lambda src, out: foreach_batch(spark, src, out),
             }
             return timed(runs, source, work, args.rounds)
         finally:
