@@ -209,16 +209,31 @@ def _fields(fields: list[Any]) -> dict[str, Any]:
     return {f"f{i}": field for i, field in enumerate(fields)}
 
 
+def _write_and_read(backend: KeyedStateBackend, kind: str) -> Callable[[Any], Any]:
+    """Write a value through the handle of a state of ``kind`` (named 'last'), as a user
+    does, and read back what was stored."""
+    if kind == "value":
+        value = backend.get_state(ValueStateDescriptor[Any]("last"))
+        return lambda stored: (value.update(stored), value.value())[1]
+    if kind == "list":
+        elements = backend.get_state(ListStateDescriptor[Any]("last"))
+        return lambda stored: (elements.add(stored), list(elements.get())[-1])[1]
+    entries = backend.get_state(MapStateDescriptor("last"))
+    return lambda stored: (entries.put("row", stored), entries.get("row"))[1]
+
+
 @pytest.mark.parametrize("value", CHECKED_VALUES)
 @pytest.mark.parametrize("record", [list, tuple, _fields])
+@pytest.mark.parametrize("kind", ["value", "list", "map"])
 def test_a_stored_record_is_refused_exactly_when_the_serializer_cannot_write_it(
-    value: Any, record: Callable[[list[Any]], Any]
+    value: Any, record: Callable[[list[Any]], Any], kind: str
 ) -> None:
-    """A list, dict or tuple written to a state (a session's [start, end, clicks]) goes
-    through the handle's first look (the packer in C for lists and dicts, a loop over a
-    tuple's scalars) before first_unwritable: they must agree with the serializer."""
+    """A list, dict or tuple written to a state (a session's [start, end, clicks], a row
+    appended to a list or kept in a map) goes through the handle's first look (the packer in C
+    for lists and dicts, a loop over a tuple's scalars) before first_unwritable: they must
+    agree with the serializer."""
     backend = KeyedStateBackend(KeyGroupRange.of(8), 8)
-    state = backend.get_state(ValueStateDescriptor[Any]("last"))
+    write = _write_and_read(backend, kind)
     backend.set_current_key("k")
     stored = record([1, "a", value, 2.5])
     try:
@@ -227,11 +242,10 @@ def test_a_stored_record_is_refused_exactly_when_the_serializer_cannot_write_it(
     except SerializationError:
         writes = False
     if writes:
-        state.update(stored)
-        assert state.value() == stored
+        assert write(stored) == stored
     else:
         with pytest.raises(UnwritableValueError, match=r"^state 'last', key 'k': "):
-            state.update(stored)
+            write(stored)
 
 
 @pytest.mark.parametrize(
