@@ -137,6 +137,35 @@ def test_an_input_spark_proves_empty_still_runs_every_range(
     assert committed_counts(pipeline.store, 2) == {"a": 1, "b": 1}
 
 
+def test_the_routing_estimate_reads_the_records_as_given(
+    connect: SparkSession,
+    made: list[StatefulPipeline],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pipeline.exchange`` ``auto`` on Connect routes an epoch by the optimizer's estimate of
+    its records as given (a Parquet read's: its files' bytes), not of the plan with the
+    key-group column, which is estimated bigger: with the limit at that estimate the epoch goes
+    ``direct``, one byte below it through the exchange; both exact."""
+    from pyspark.sql import functions as sf
+    from statetier.backend.spark import pipeline as pipeline_module
+    from statetier.backend.spark.plans import estimated_bytes
+
+    words = zipf_words(4000, 300, 7)
+    words_df(connect, words).coalesce(1).write.parquet(str(tmp_path / "words"))
+    records = connect.read.parquet(str(tmp_path / "words"))
+    size = estimated_bytes(records)
+    keyed = estimated_bytes(records.withColumn("kg", sf.lit(1).cast("long")))
+    assert size is not None and keyed is not None and 0 < size < keyed
+    pipeline = make(made, VectorWordCount, f"file://{tmp_path}/ckpt", 4)
+    pipeline.run(words_df(connect, ["a"]))  # the hosts start (auto waits for them)
+    monkeypatch.setattr(pipeline_module, "DIRECT_BYTES", size)
+    assert pipeline.run(records).routing == "direct"
+    monkeypatch.setattr(pipeline_module, "DIRECT_BYTES", size - 1)
+    assert pipeline.run(records).routing == "exchange"
+    assert committed_counts(pipeline.store, 3) == expected_counts([["a"], words, words])
+
+
 def test_timers_and_listeners_in_batch_runs(
     connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
 ) -> None:
