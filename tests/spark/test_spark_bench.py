@@ -113,6 +113,14 @@ def test_compaction_offload_bench_reports_every_mode_side_by_side() -> None:
     assert done.returncode == (0 if meets else 1)
 
 
+@pytest.mark.parametrize("option", [["--rounds", "0"], ["--warmups", "-1"]])
+def test_the_connect_bench_refuses_rounds_it_cannot_time(option: list[str]) -> None:
+    done = run_bench("spark-wordcount", "--connect", *option)
+    assert done.returncode == 2
+    assert "--rounds must be 1 or more and --warmups 0 or more" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_compaction_offload_bench_names_an_unknown_mode() -> None:
     done = run_bench("compaction-offload", "--only", "local,elsewhere")
     assert done.returncode == 2
@@ -126,7 +134,9 @@ def test_the_connect_bench_runs_every_pipeline_on_both_sessions_with_its_phases(
     each query's wall time split into its start, first micro-batch and the others (Spark's own
     times), which add up to it."""
     args = ["--words", "8000", "--vocabulary", "1000", "--batches", "2", "--partitions", "2"]
-    done = run_bench("spark-wordcount", "--connect", *args, "--rounds", "1", "--json")
+    done = run_bench(
+        "spark-wordcount", "--connect", *args, "--rounds", "1", "--warmups", "0", "--json"
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a target missed at this size
     report = json.loads(done.stdout)
     pipelines = report["pipelines"]

@@ -11,15 +11,15 @@ read by one task, its rows counted in Arrow, to the ``noop`` sink): what Spark's
 process. On Connect statetier's coordinator (registry, commit, upkeep) runs in the server's
 ``foreachBatch`` process, so the counts are checked from the checkpoint.
 
-Reported: records/s of each (median of ``--rounds`` after an untimed warm-up run), statetier /
-RocksDB on Connect (target >= 1.5x), statetier on Connect / on classic (target >= 0.9, within
-10%) and, not judged, ``foreach_batch`` on Connect / on classic: the same ratio for Spark's
-``foreachBatch`` alone, against which statetier's can be read. Beside them, where each query's
-wall time went (medians), from the micro-batches' times as Spark measures them
-(``triggerExecution``): its start (before its first micro-batch; on Connect Spark starts the
-``foreachBatch`` process then), its first micro-batch, and the others, with the records/s of
-the others alone and the same ratios of those rates (the rate of a query that runs on, which
-the targets do not judge).
+Reported: records/s of each (median of ``--rounds`` after ``--warmups`` untimed runs, one by
+default), statetier / RocksDB on Connect (target >= 1.5x), statetier on Connect / on classic
+(target >= 0.9, within 10%) and, not judged, ``foreach_batch`` on Connect / on classic: the
+same ratio for Spark's ``foreachBatch`` alone, against which statetier's can be read. Beside
+them, where each query's wall time went (medians), from the micro-batches' times as Spark
+measures them (``triggerExecution``): its start (before its first micro-batch; on Connect Spark
+starts the ``foreachBatch`` process then), its first micro-batch, and the others, with the
+records/s of the others alone and the same ratios of those rates (the rate of a query that runs
+on, which the targets do not judge).
 """
 
 from __future__ import annotations
@@ -126,11 +126,14 @@ def connect_session(server: ConnectServer) -> Any:
     return SparkSession.builder.remote(server.url).getOrCreate()
 
 
-def timed(runs: dict[str, Run], source: Path, work: Path, rounds: int) -> dict[str, Any]:
-    """Each run once untimed (warm-up), then ``rounds`` rotated rounds; median seconds, and the
-    median of each phase of the queries' wall time (Timing.phases)."""
-    for name, run in runs.items():
-        run(source, work / f"warm-{name}")
+def timed(
+    runs: dict[str, Run], source: Path, work: Path, rounds: int, warmups: int = 1
+) -> dict[str, Any]:
+    """Each run ``warmups`` times untimed, then ``rounds`` rotated rounds; median seconds, and
+    the median of each phase of the queries' wall time (Timing.phases)."""
+    for w in range(warmups):
+        for name, run in runs.items():
+            run(source, work / f"warm{w}-{name}")
     timings: dict[str, list[Timing]] = collections.defaultdict(list)
     names = list(runs)
     for r in range(rounds):
@@ -185,8 +188,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warmups",
+        type=int,
+        default=1,
+        help="untimed runs of each pipeline before the timed rounds (0: none, as the tests do)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.warmups < 0:
+        parser.error(
+            f"--rounds must be 1 or more and --warmups 0 or more, not {args.rounds} and "
+            f"{args.warmups}"
+        )
 
     words = zipf_words(args.words, args.vocabulary)
     expected = dict(collections.Counter(words))
@@ -282,7 +296,7 @@ def classic_runs(
             "classic_rocksdb": lambda src, out: rocksdb(spark, src, out),
             "classic_foreach_batch": lambda src, out: foreach_batch(spark, src, out),
         }
-        return timed(runs, source, work, args.rounds)
+        return timed(runs, source, work, args.rounds, args.warmups)
     finally:
         for pipeline in pipelines:
             pipeline.stop_hosts()
@@ -317,7 +331,7 @@ def connect_runs(
                 "connect_rocksdb": lambda src, out: rocksdb(spark, src, out),
                 "connect_foreach_batch": lambda src, out: foreach_batch(spark, src, out),
             }
-            return timed(runs, source, work, args.rounds)
+            return timed(runs, source, work, args.rounds, args.warmups)
         finally:
             spark.stop()
             os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
