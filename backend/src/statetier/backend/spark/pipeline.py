@@ -437,7 +437,7 @@ class StatefulPipeline:
                     f"{static.state.max_parallelism}: restart the query"
                 )
             if planned is None:  # the records of this micro-batch, routed as it needs
-                routing = self._routing_of(batch, epoch)
+                routing = self._routing_of(batch, epoch, batch)
                 out = self._route(batch, static, None, routing)
             else:
                 out = batch
@@ -748,7 +748,7 @@ class StatefulPipeline:
         assert self.config is not None
         return bool(self.config.pipeline_exchange != "always")
 
-    def _routing_of(self, keyed: DataFrame, epoch: int, unkeyed: DataFrame | None = None) -> str:
+    def _routing_of(self, keyed: DataFrame, epoch: int, records: DataFrame) -> str:
         """How ``epoch``'s records reach their ranges (``pipeline.exchange``), remembered for
         the epoch's report: ``always``, through Spark's exchange. ``auto`` and ``never`` skip
         it: a micro-batch of one partition goes from its one task to every range (``direct``),
@@ -756,13 +756,13 @@ class StatefulPipeline:
         function's combiner aggregates after the exchange (its rows must be final: ``never``
         then reads the micro-batch with one task, which aggregates it). ``auto`` waits for
         every executor to have its state host (the exchange's tasks, which run on every
-        executor, start them; new ranges go to the hosts that exist). ``unkeyed``: the records
-        before their key groups were added, which Spark Connect's estimate reads."""
+        executor, start them; new ranges go to the hosts that exist). ``records``: the
+        micro-batch as the query gave it, which Spark Connect's estimate reads."""
         assert self.config is not None
         mode = self.config.pipeline_exchange
         routing = "exchange"
         if is_connect(keyed.sparkSession):
-            routing = self._connect_routing(keyed if unkeyed is None else unkeyed, mode)
+            routing = self._connect_routing(records, mode)
         elif mode == "never" or (mode == "auto" and self._every_executor_hosts()):
             partitions = partition_count(keyed)
             if partitions > 1 and (self.combiner is None or self.combiner.map_side):

@@ -127,7 +127,7 @@ def connect_session(server: ConnectServer) -> Any:
 
 
 def timed(
-    runs: dict[str, Run], source: Path, work: Path, rounds: int, warmups: int = 1
+    runs: dict[str, Run], source: Path, work: Path, rounds: int, warmups: int
 ) -> dict[str, Any]:
     """Each run ``warmups`` times untimed, then ``rounds`` rotated rounds; median seconds, and
     the median of each phase of the queries' wall time (Timing.phases)."""
