@@ -11,6 +11,7 @@ import concurrent.futures
 import dataclasses
 import json
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -260,6 +261,31 @@ def test_jobs_move_on_when_a_worker_leaves_cleanly(
     procs.worker(gateway, [prefix])
     wait_for("done", lambda: _job(gateway, request.job_id)["state"] == "succeeded", timeout=30)
     assert "left" in " ".join(_job(gateway, request.job_id)["history"])
+
+
+def test_a_stop_signal_ends_the_worker_even_while_its_loop_holds_the_lock(
+    procs: Processes, prefix: str, tmp_path: Path
+) -> None:
+    """SIGTERM lands while the main thread holds the worker's lock (here made certain by a lock
+    that signals; on a busy machine it is a matter of timing): the worker still leaves the gateway
+    and exits. A handler that took the lock itself deadlocked, and the worker outlived a killed
+    benchmark (CI, 2026-12-01)."""
+    gateway, _ = procs.gateway([prefix], "--lease-ttl", "60", "--heartbeat-interval", "0.3")
+    helper = str(Path(__file__).with_name("worker_signalled_under_lock.py"))
+    args = ["worker", "--gateway", gateway, "--allowed-prefix", prefix]
+    with open(tmp_path / "signalled-worker.log", "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, helper, *args], env=procs.env, stdout=subprocess.DEVNULL, stderr=log
+        )
+    try:
+        assert worker.wait(30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    # it left (a 60 s lease would keep an expired one counted for a minute)
+    assert call_json("GET", f"{gateway}/v1/stats")[1]["workers"] == 0
+    assert "left" in (tmp_path / "gateway-0.log").read_text()
 
 
 def test_health_and_readiness(procs: Processes, prefix: str) -> None:

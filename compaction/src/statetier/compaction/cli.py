@@ -66,7 +66,12 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from statetier.compaction.paths import RefusedPathError
-    from statetier.compaction.worker import RegistrationError, Worker, install_signal_handlers
+    from statetier.compaction.worker import (
+        RegistrationError,
+        Worker,
+        leave_and_exit,
+        stop_on_signals,
+    )
 
     try:
         settings = from_options(
@@ -76,12 +81,14 @@ def _worker(args: argparse.Namespace) -> int:
     except (ValueError, RefusedPathError, OSError) as exc:
         print(f"statetier-compaction worker: {exc}", file=sys.stderr)
         return 2
-    install_signal_handlers(worker)
     try:
+        stop_on_signals()
         worker.run()
     except RegistrationError as exc:
         print(f"statetier-compaction worker: {exc}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # SIGTERM or SIGINT
+        leave_and_exit(worker)
     return 0
 
 

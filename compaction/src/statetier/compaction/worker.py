@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -267,8 +267,13 @@ class Worker:
                 running.cancelled.set()
             self._free.notify_all()
         if leave:
-            with contextlib.suppress(OSError):
-                self._call("DELETE", "", timeout=3)
+            self.leave()
+
+    def leave(self) -> None:
+        """Tell the gateway this worker leaves (it hands its jobs on at once); takes no lock, so
+        a process on its way out can call it whatever its threads hold."""
+        with contextlib.suppress(OSError):
+            self._call("DELETE", "", timeout=3)
 
     # ------------------------------------------------------------------ jobs
 
@@ -330,14 +335,29 @@ class Worker:
             self.completed += 1
 
 
-def install_signal_handlers(worker: Worker) -> None:
-    """SIGTERM/SIGINT (pod deletion, Ctrl-C): leave cleanly so jobs move on at once, then exit
-    without waiting for running merges (a worker keeps no state; their outputs stay unnamed)."""
+def stop_on_signals() -> None:
+    """SIGTERM (pod deletion, the parent's death) raises KeyboardInterrupt in the main thread, as
+    SIGINT (Ctrl-C) does; the caller then calls :func:`leave_and_exit`.
 
-    def handle(signum: int, _frame: Any) -> None:
-        worker.stop(leave=True)
-        logging.shutdown()
-        os._exit(0)
+    The handler does nothing else because it runs in the main thread between two of its steps,
+    which may be while that thread holds the worker's lock (its loop waits for a free slot under
+    it): a handler that took the lock again deadlocked there, and the worker outlived the
+    benchmark that had started it."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+
+def leave_and_exit(worker: Worker, grace: int = 10) -> NoReturn:
+    """Leave the gateway so jobs move on at once, then exit without waiting for running merges
+    (a worker keeps no state; their outputs stay unnamed).
+
+    Nothing here takes one of the worker's locks: the interrupt may have landed inside a lock's
+    ``__enter__`` (a Condition's or an Event's is Python code) after the lock was taken, and
+    then nothing releases it. A second signal ends the process at once, and so does an alarm
+    after ``grace`` seconds, whatever the leave is stuck on."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.alarm(grace)
+    worker.leave()
+    logging.shutdown()
+    os._exit(0)
