@@ -20,10 +20,10 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from statetier.tools.demo.local import print_summary
@@ -94,8 +94,8 @@ def wait_for_ctrl_c(weed: Any, ctrl_c: CtrlC) -> None:
     print(f"  {checkpoint_command(weed, 'list')}")
     print(f"  {checkpoint_command(weed, 'verify')}")
     print("Ctrl-C stops it.", flush=True)
-    while weed.process.poll() is None and not ctrl_c.pressed.wait(0.5):
-        pass
+    while weed.process.poll() is None and not ctrl_c.pressed:
+        time.sleep(0.5)  # a signal cuts the sleep short only to run its handler
     print("stopped the object store", flush=True)
 
 
@@ -214,17 +214,24 @@ class CtrlC:
     """Ctrl-C (and SIGTERM, a timeout's or a CI limit's) as a flag, checked between steps.
     PySpark's own SIGINT handler raises in the middle of a Py4J call, which then prints pages
     of tracebacks from both sides of the bridge; Python's default SIGTERM ends the process
-    without stopping the object store and the state hosts."""
+    without stopping the object store and the state hosts.
+
+    The flag is a plain attribute, not a ``threading.Event``: a handler runs in the main thread
+    between two of its steps, possibly while that thread holds the Event's lock in ``wait``, and
+    ``Event.set`` would then wait for that lock forever."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.pressed = threading.Event()
+        self.pressed = False
         self.previous: dict[int, Any] = {}
 
     def install(self) -> None:
         for signum in self.SIGNALS:
-            signal.signal(signum, lambda *_: self.pressed.set())
+            signal.signal(signum, self._press)
+
+    def _press(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed = True
 
     def __enter__(self) -> CtrlC:
         self.previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
@@ -247,7 +254,7 @@ class CtrlC:
             self.check()
 
     def check(self) -> None:
-        if self.pressed.is_set():
+        if self.pressed:
             raise KeyboardInterrupt
 
     def wait(self, query: Any) -> None:
