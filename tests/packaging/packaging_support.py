@@ -142,9 +142,11 @@ def kubeconfig_text(url: str, token: str) -> str:
 
 
 class ThreadedEmulator:
-    """statetier's API emulator in a thread of this process; its request log stays readable."""
+    """statetier's API emulator in a thread of this process; its request log stays readable.
+    Its Jobs' pods write their files under ``job_workdir`` (the test's folder, not /tmp)."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_workdir: Path) -> None:
+        self.job_workdir = job_workdir
         self.url = ""
         self.emulator: Any = None
         self._loop = asyncio.new_event_loop()
@@ -161,6 +163,7 @@ class ThreadedEmulator:
         self._stop = asyncio.Event()
         async with serve() as (emulator, url):
             self.emulator, self.url = emulator, url
+            emulator.job_workdir = self.job_workdir
             self._ready.set()
             await self._stop.wait()
 
@@ -485,7 +488,8 @@ def run_flow(values: dict[str, Any], workdir: Path, namespace: str = "default") 
     docs = render(values)
     result.docs = docs
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
-    emulator = ThreadedEmulator().start()
+    (workdir / "jobs").mkdir(exist_ok=True)
+    emulator = ThreadedEmulator(workdir / "jobs").start()
     run: OperatorRun | None = None
     try:
         run = OperatorRun(
