@@ -52,15 +52,24 @@ MARKER = f"CONNECT_TEST_MARKER={uuid.uuid4().hex}"  # in the environment of our 
 
 
 @pytest.fixture(scope="module")
-def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """A Connect session to a server of this module's own; the server's state hosts are gone
-    after it stops."""
+def server_local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Connect server's ``spark.local.dir``: its block manager's folder is made in it."""
+    return tmp_path_factory.mktemp("connect-local")
+
+
+@pytest.fixture(scope="module")
+def connect(
+    tmp_path_factory: pytest.TempPathFactory, server_local_dir: Path
+) -> Iterator[SparkSession]:
+    """A Connect session to a server of this module's own; the server's state hosts, and the
+    files its queries' coordinators share, are gone after it stops."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     name, value = MARKER.split("=")
     conf = {
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.adaptive.enabled": "false",
+        "spark.local.dir": str(server_local_dir),
     }
     log = tmp_path_factory.mktemp("connect") / "server.log"
     server = ConnectServer.start(log, "local[2,4]", conf, env={**spark_env(), name: value})
@@ -79,6 +88,8 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     while host_pids(MARKER) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not host_pids(MARKER), "a state host outlived the Connect server"
+    left = sorted(str(p) for p in server_local_dir.rglob("statetier-*"))
+    assert left == [], f"the coordinators' shared files outlived the Connect server: {left}"
 
 
 @pytest.fixture
@@ -301,12 +312,13 @@ def test_write_stream_needs_the_query_checkpoint_location(
 
 
 def test_the_queries_of_a_connect_server_share_its_state_hosts(
-    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path, server_local_dir: Path
 ) -> None:
     """Each query's foreachBatch process coordinates its own pipeline with a registry of its
     own, and all of them use the application's state hosts: a second query, then two at once,
     start no host, and each is exact (a range's result goes to the registry that routed its
-    task)."""
+    task). The secret and the host roster they share are in the server's block manager folder,
+    which Spark deletes when it stops (the fixture checks that nothing is left)."""
     batches = [zipf_words(1500, 300, seed) for seed in range(2)]
 
     def start(name: str) -> tuple[Any, str, Path]:
@@ -333,6 +345,8 @@ def test_the_queries_of_a_connect_server_share_its_state_hosts(
     for started in together:
         finish(*started)
     assert host_pids(MARKER) - hosts == set(), "a query started state hosts of its own"
+    shared = [p.suffix for p in server_local_dir.glob("blockmgr-*/statetier-*")]
+    assert shared.count(".secret") == shared.count(".hosts") == 1, shared
 
 
 # the tests below kill a host or start a compaction service: last, so that nothing they leave

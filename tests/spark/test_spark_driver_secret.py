@@ -6,10 +6,16 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
-from statetier.backend.spark.driver_secret import SecretFileError, shared_secret, shared_secret_path
+from statetier.backend.spark.driver_secret import (
+    SecretFileError,
+    driver_scratch_dir,
+    shared_secret,
+    shared_secret_path,
+)
 
 
 def test_the_first_caller_makes_the_secret_and_the_others_read_it(tmp_path: Path) -> None:
@@ -52,3 +58,17 @@ def test_a_file_that_is_not_a_secret_is_refused_by_name(tmp_path: Path) -> None:
     path.write_text("zz" * 32)
     with pytest.raises(SecretFileError, match=r"is not a secret \(non-hexadecimal"):
         shared_secret("app-1", str(tmp_path))
+
+
+def test_the_files_go_to_sparks_local_dir_which_spark_deletes_with_the_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark gives its Python processes ``SPARK_LOCAL_DIRS`` (the block manager's folders): the
+    first that exists holds the files; without one, the temp dir."""
+    missing, local = tmp_path / "gone", tmp_path / "blockmgr-1"
+    local.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{missing},{local}")
+    assert driver_scratch_dir() == str(local)
+    assert Path(shared_secret_path("app-1")).parent == local
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    assert driver_scratch_dir() == tempfile.gettempdir()

@@ -10,10 +10,13 @@ on a local server, docs/spark.md). So the coordinators of one application on one
 machine share one secret, kept in a file only this user can read: the first coordinator makes
 it, the others read it, and all of them then use the application's hosts (see membership).
 
-The file lives in the driver's temp dir (the pod's own on Kubernetes) and holds nothing but the
-secret, which the tasks carry to the executors anyway. A file that another user owns, or that
-others may read, is refused with an error that names it. The coordinators' other shared file,
-their host roster (host_roster), lives beside it under the same rules (:func:`driver_file_path`,
+The file lives in the driver's Spark local dir (``SPARK_LOCAL_DIRS``, which Spark gives the
+``foreachBatch`` processes: the driver block manager's folder, deleted when the application
+stops; the temp dir where it is not set) and holds nothing but the secret, which the tasks carry
+to the executors anyway. In the temp dir, every local Connect server left its application's
+secret and host roster behind. A file that another user owns, or that others may read, is
+refused with an error that names it. The coordinators' other shared file, their host roster
+(host_roster), lives beside it under the same rules (:func:`driver_file_path`,
 :func:`read_private`).
 """
 
@@ -29,6 +32,7 @@ from statetier.backend.spark.channel import new_secret
 __all__ = [
     "SecretFileError",
     "driver_file_path",
+    "driver_scratch_dir",
     "read_private",
     "shared_secret",
     "shared_secret_path",
@@ -43,9 +47,19 @@ class SecretFileError(RuntimeError):
 
 def driver_file_path(app_id: str, suffix: str, directory: str | None = None) -> str:
     """Where the coordinators' file ``suffix`` (``.secret``, ``.hosts``) of application
-    ``app_id`` lives on this machine."""
+    ``app_id`` lives on this machine (``directory``: by default :func:`driver_scratch_dir`)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(directory or tempfile.gettempdir(), f"statetier-{safe}{suffix}")
+    return os.path.join(directory or driver_scratch_dir(), f"statetier-{safe}{suffix}")
+
+
+def driver_scratch_dir() -> str:
+    """The first of ``SPARK_LOCAL_DIRS`` (what Spark gives the Python processes it starts: its
+    block manager's folders, which it deletes when the application stops) that exists; the
+    temp dir when there is none."""
+    for candidate in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
+        if candidate.strip() and os.path.isdir(candidate.strip()):
+            return candidate.strip()
+    return tempfile.gettempdir()
 
 
 def shared_secret_path(app_id: str, directory: str | None = None) -> str:
