@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,16 +20,22 @@ def test_examples_are_found() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.parent.name for p in EXAMPLES])
-def test_example_runs(example: Path) -> None:
+def test_example_runs(example: Path, tmp_path: Path) -> None:
+    spark = "pyspark" in example.read_text()
+    # The examples without Spark leave their checkpoint for the reader to look at, in the temp
+    # dir: here the test's own. (Spark's keep the temp dir: a state host's Unix socket path is
+    # derived from it, and pytest's folders are long enough to pass the socket's limit.)
+    env = os.environ if spark else {**os.environ, "TMPDIR": str(tmp_path)}
     # A hang guard, not a speed check: the Spark examples take about a minute alone and twice
     # that beside another test worker's Spark jobs (06 took 120 s in a fresh clone's make test);
     # it stays under pytest's 300 s so that a hang is reported here, with the example's name.
     result = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True, timeout=240, check=False
-    )
+        [sys.executable, str(example)],
+        capture_output=True, text=True, timeout=240, check=False, env=env,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip(), "an example should say what it did"
-    if "pyspark" in example.read_text():  # the JVM logs its start on stderr
+    if spark:  # the JVM logs its start on stderr
         assert "Traceback" not in result.stderr, result.stderr
         assert "Exception" not in result.stderr, result.stderr
     else:
