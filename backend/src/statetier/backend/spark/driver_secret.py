@@ -55,11 +55,11 @@ def driver_file_path(app_id: str, suffix: str, directory: str | None = None) -> 
 def driver_scratch_dir() -> str:
     """The first of ``SPARK_LOCAL_DIRS`` (what Spark gives the Python processes it starts: its
     block manager's folders, which it deletes when the application stops) that exists; the
-    temp dir when there is none."""
-    for candidate in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
-        if candidate.strip() and os.path.isdir(candidate.strip()):
-            return candidate.strip()
-    return tempfile.gettempdir()
+    temp dir when there is none. The state host's files (protocol.host_file) take the first
+    entry whether it exists or not, so that every worker of an executor derives the same name
+    from the same variable; a coordinator's shared files may skip a folder that is gone."""
+    dirs = (d.strip() for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(","))
+    return next((d for d in dirs if d and os.path.isdir(d)), tempfile.gettempdir())
 
 
 def shared_secret_path(app_id: str, directory: str | None = None) -> str:
