@@ -25,6 +25,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -130,23 +131,65 @@ def hang_up(conn: Connection) -> None:
 
 
 def connect(endpoint: Endpoint, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT_S) -> Connection:
-    """An authenticated connection to ``endpoint`` (ConnectionError when it cannot be had)."""
+    """An authenticated connection to ``endpoint`` (ConnectionError when it cannot be had within
+    ``timeout`` seconds)."""
     if endpoint.kind == "unix":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        address: Any = endpoint.address
+        sock = _connect_unix(endpoint.address, timeout)
     else:
-        family = socket.AF_INET6 if ":" in endpoint.address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        address = (endpoint.address, endpoint.port)
+        sock = _connect_tcp(endpoint.address, endpoint.port, timeout)
     try:
-        sock.settimeout(timeout)
-        sock.connect(address)
         _connect_handshake(sock, secret)
         return _as_connection(sock)
     except OSError:
         sock.close()
         raise
+
+
+def _connect_tcp(address: str, port: int, timeout: float) -> socket.socket:
+    """A socket connected to ``address``:``port`` (``timeout`` for this and every later
+    operation on it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(timeout)
+        sock.connect((address, port))
+        return sock
+    except OSError:
+        sock.close()
+        raise
+
+
+def _connect_unix(path: str, timeout: float) -> socket.socket:
+    """A socket connected to the Unix socket at ``path``, waiting up to ``timeout`` seconds
+    while its backlog is full (``timeout`` for every later operation on it).
+
+    A TCP connect waits for room in a full backlog (the kernel drops the SYN and the client sends
+    it again); a Unix one refuses at once, with EAGAIN, when it has a timeout as ours do. Tasks
+    that open a host's ranges all at once (a gathered epoch on an executor of many cores: a
+    connection per task and range) can fill it for a moment: each try gets a new socket, after a
+    pause that doubles from 2 ms to 100 ms."""
+    deadline, pause = time.monotonic() + timeout, 0.002
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.connect(path)
+            sock.settimeout(timeout)
+            return sock
+        except BlockingIOError:
+            sock.close()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectionRefusedError(
+                    f"{path} took no connection in {timeout:g} s: its backlog of pending "
+                    f"connections stayed full (is the process that listens on it stuck?)"
+                ) from None
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, 0.1)
+        except OSError:
+            sock.close()
+            raise
 
 
 class Server:
@@ -185,7 +228,7 @@ class Server:
         return self._listen(sock, Endpoint("tcp", address, sock.getsockname()[1]))
 
     def _listen(self, sock: socket.socket, endpoint: Endpoint) -> Endpoint:
-        sock.listen(128)
+        sock.listen(socket.SOMAXCONN)  # bursts of tasks: see _connect_unix
         self._sockets.append(sock)
         self.endpoints.append(endpoint)
         threading.Thread(
