@@ -1,7 +1,8 @@
 """A ``statetier demo`` or ``statetier bench`` stopped from outside (SIGTERM: ``timeout``, a CI
 limit, ``kill``; SIGKILL: an out-of-memory killer, pytest's own kill of a hung subprocess) leaves
 no process behind: not its SeaweedFS server, compaction gateway or worker, Spark JVM, state
-host or merge process.
+host or merge process. Stopped by SIGTERM, it leaves nothing in its temp dir either (the demo
+kills its JVM, which then cannot remove Spark's temp dirs itself).
 
 Every process a command starts inherits its environment, so a marker variable finds them all,
 whoever their parent is after the command died (orphans are adopted by init) and whatever the
@@ -11,11 +12,14 @@ servers of other tests running beside this one are called.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,9 +52,26 @@ def marked(value: str) -> dict[int, str]:
     return found
 
 
-def start(args: list[str], value: str) -> subprocess.Popen[bytes]:
-    """The command in a session of its own (as a CI runner or ``timeout`` starts it), marked."""
-    env = {**os.environ, **spark_env(), MARKER: value}
+@pytest.fixture
+def command_temp() -> Iterator[Path]:
+    """The temp dir of the command under test, removed after the test: what a command killed
+    with SIGKILL cannot remove (its object store's socket folder, the benchmark's work folder,
+    Spark's own temp dirs) stays out of the machine's. Made in the machine's temp dir, not in
+    pytest's folder, whose long path would put SeaweedFS's Unix socket beneath it at the length
+    limit."""
+    folder = Path(tempfile.mkdtemp(prefix="st-killed-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def start(args: list[str], value: str, temp: Path) -> subprocess.Popen[bytes]:
+    """The command in a session of its own (as a CI runner or ``timeout`` starts it), marked,
+    with ``temp`` as its temp dir and its JVMs'."""
+    options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Djava.io.tmpdir={temp}".strip()
+    env = {
+        **os.environ, **spark_env(), MARKER: value, "TMPDIR": str(temp),
+        "JAVA_TOOL_OPTIONS": options,
+    }  # fmt: skip
     return subprocess.Popen(
         [*STATETIER, *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
@@ -92,23 +113,30 @@ def stop_and_check(command: subprocess.Popen[bytes], value: str, signum: int) ->
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # the command's start (240 s under load), its stop, then 60 s
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_demo_stopped_mid_run_leaves_no_process(signum: int, tmp_path: Path) -> None:
+def test_a_demo_stopped_mid_run_leaves_no_process(
+    signum: int, tmp_path: Path, command_temp: Path
+) -> None:
     value = uuid.uuid4().hex
     args = [
         "demo", "--words", "400000", "--vocabulary", "20000", "--batches", "16",
         "--dir", str(tmp_path / "d"),
     ]  # fmt: skip
-    demo = start(args, value)
+    demo = start(args, value, command_temp)
     wait_until_running(demo, value, ["weed", "java", "statetier.backend.spark.host"])
     stop_and_check(demo, value, signum)
+    if signum == signal.SIGTERM:  # stopped as by Ctrl-C: what it made in a temp dir is gone
+        assert sorted(p.name for p in command_temp.iterdir()) == []
+        assert not (tmp_path / "d" / "spark-tmp").exists()  # the killed JVM's temp dir
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_benchmark_stopped_mid_run_leaves_no_process(signum: int) -> None:
+def test_a_benchmark_stopped_mid_run_leaves_no_process(signum: int, command_temp: Path) -> None:
     value = uuid.uuid4().hex
-    bench = start(["bench", "compaction-offload", "--quick"], value)
+    bench = start(["bench", "compaction-offload", "--quick"], value, command_temp)
     kinds = ["weed", "statetier.compaction.cli gateway", "statetier.compaction.cli worker"]
     wait_until_running(bench, value, [*kinds, "java", "statetier.backend.spark.host"])
     stop_and_check(bench, value, signum)
+    if signum == signal.SIGTERM:
+        assert sorted(p.name for p in command_temp.iterdir()) == []

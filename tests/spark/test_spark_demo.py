@@ -177,6 +177,7 @@ def test_ctrl_c_stops_in_a_few_lines_and_the_restart_is_exact(tmp_path: Path) ->
     restart = next(line for _, line in after if "demo --restart" in line).strip()
     assert restart.endswith(f"statetier demo --restart --dir {directory}"), restart
     assert hosts_gone(before)
+    assert not (directory / "spark-tmp").exists()  # the killed JVM's temp dirs were removed
 
     # the printed restart, run by a fresh shell (the same input sizes, the object store kept)
     sizes = shlex.join(args[len(DEMO) : args.index("--dir")])

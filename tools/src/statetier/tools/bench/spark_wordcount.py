@@ -82,12 +82,17 @@ NOTES = {
 }
 
 
-def spark_session(partitions: int, master: str = "local[2]") -> Any:
+def spark_session(partitions: int, master: str = "local[2]", temp_dir: Path | None = None) -> Any:
+    """The benchmarks' and the demo's session. ``temp_dir``: the driver JVM's temp dir (Spark's
+    ``spark-*``, ``blockmgr-*`` and ``artifacts-*``, the native libraries it unpacks), for a
+    caller that may have to kill the JVM, which then cannot remove them itself."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import pyspark
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
+    if temp_dir is not None:
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={temp_dir}")
     executors = cluster_executors(master)
     if executors:
         # local-cluster starts executor JVMs from SPARK_HOME: the installed pyspark has one

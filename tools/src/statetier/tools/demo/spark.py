@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -162,8 +163,10 @@ def stream(
     from statetier.tools.bench.spark_wordcount import read_counts, spark_session
 
     spark = pipeline = None
+    jvm_temp, killed = directory / "spark-tmp", False  # see stop_quietly
     try:
-        spark = ctrl_c.deferred(spark_session, args.parallelism)
+        jvm_temp.mkdir(exist_ok=True)
+        spark = ctrl_c.deferred(spark_session, args.parallelism, "local[2]", jvm_temp)
         uri = weed.uri(PREFIX)
         pipeline = StatefulPipeline(
             ArrowWordCount,
@@ -201,13 +204,15 @@ def stream(
         return exact
     except KeyboardInterrupt:
         if stop_quietly(spark):
-            spark = None
+            spark, killed = None, True
         raise
     finally:
         if pipeline is not None:
             pipeline.stop_hosts()
         if spark is not None:
             spark.stop()
+        if killed:  # a JVM that exits removes its temp dirs; a killed one leaves them
+            shutil.rmtree(jvm_temp, ignore_errors=True)
 
 
 class CtrlC:
@@ -268,7 +273,11 @@ def stop_quietly(spark: Any) -> bool:
     """Stop Spark at once after Ctrl-C; whether it was running. Stopping the query or the
     SparkContext under a running micro-batch makes the JVM's threads print hundreds of lines of
     errors that mean nothing here. Nothing committed is lost: Spark's checkpoint and statetier's
-    manifests are both written whole or not at all, and the next run resumes from them."""
+    manifests are both written whole or not at all, and the next run resumes from them.
+
+    A killed JVM cannot remove its temp dirs (``spark-*``, ``blockmgr-*``, ``artifacts-*`` and
+    the native libraries it unpacked, a few each Ctrl-C): the demo gives it one of its own in
+    its directory (``spark-tmp``), and removes that after the kill."""
     gateway = getattr(getattr(spark, "sparkContext", None), "_gateway", None)
     process = getattr(gateway, "proc", None)
     if process is None:
