@@ -173,9 +173,8 @@ def _connect_unix(path: str, timeout: float) -> socket.socket:
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.settimeout(timeout)  # a Unix connect does not wait: it gets in or is refused
             sock.connect(path)
-            sock.settimeout(timeout)
             return sock
         except BlockingIOError:
             sock.close()
