@@ -591,24 +591,6 @@ def test_a_task_cuts_its_records_into_ranges_as_the_exchange_does() -> None:
     assert split_ranges([], 4, 128) == [[], [], [], []]
 
 
-def test_a_task_reads_the_key_groups_from_their_buffers_at_any_offset() -> None:
-    """int64_values reads a column's chunks from their buffers (not through pyarrow's pandas
-    layer, see the next test): a chunk sliced from a batch starts at its offset, and one with
-    nulls is converted as to_numpy converts it."""
-    import numpy as np
-    import pyarrow as pa
-    from statetier.backend.spark.task import int64_values
-
-    whole = pa.array(list(range(100)), pa.int64())
-    column = pa.chunked_array([whole.slice(10, 5), whole.slice(90, 10), whole.slice(0, 0)])
-    values = int64_values(column)
-    assert values.dtype == np.int64
-    assert values.tolist() == [*range(10, 15), *range(90, 100)]
-    with_nulls = pa.chunked_array([pa.array([1, None, 3], pa.int64())])
-    assert np.isnan(int64_values(with_nulls)[1])
-    assert int64_values(pa.chunked_array([], pa.int64())).tolist() == []
-
-
 def test_a_task_cuts_its_records_without_importing_pandas(tmp_path: Path) -> None:
     """A Spark worker that runs mapInArrow has not imported pandas, and ChunkedArray.to_numpy
     would (0.3 s at each new worker's first task): the cut takes none of it."""

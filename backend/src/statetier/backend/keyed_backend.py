@@ -24,6 +24,7 @@ from statetier.backend.descriptors import (
     StateKind,
     ValueStateDescriptor,
 )
+from statetier.backend.integer_columns import int64_values
 from statetier.backend.keygroups import (
     KeyGroupRange,
     assign_str_to_key_group,
@@ -567,7 +568,7 @@ def key_group_array(key_groups: Any) -> np.ndarray:
                 f"key groups must be ints (the pipeline's key-group column), not "
                 f"{key_groups.type}{' with nulls' if key_groups.null_count else ''}"
             )
-        return np.asarray(key_groups.to_numpy(), np.int64)
+        return int64_values(key_groups)
     if isinstance(key_groups, np.ndarray):
         if key_groups.dtype.kind not in "iu":
             raise TypeError(f"key groups must be ints, not {key_groups.dtype}")

@@ -86,7 +86,7 @@ class Chunk:
     the handles' bulk operations, without hashing its keys again."""
 
     keys: list[Any]
-    key_groups: Sequence[int]
+    key_groups: Iterable[int]  # one per key: a list, or the key-group column as a NumPy array
     columns: list[list[Any]]
 
     def rows(self) -> Iterable[tuple[Any, ...]]:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from statetier.backend.functions import RuntimeContext
+from statetier.backend.integer_columns import int64_array, int64_values
 from statetier.backend.keygroups import KeyGroupRange
 from statetier.backend.runtime import FunctionInstance
 from statetier.backend.spark.checks import check_output_rows
@@ -51,7 +52,7 @@ def process(
 def check_key_groups(batches: list[pa.RecordBatch], key_range: KeyGroupRange, index: int) -> None:
     """Refuse records of key groups outside the range: its state is not here."""
     for batch in batches:
-        kg = batch.column(KEY_GROUP_COLUMN).to_numpy()
+        kg = int64_values(batch.column(KEY_GROUP_COLUMN))
         if len(kg) and (kg.min() < key_range.start or kg.max() > key_range.end):
             raise RuntimeError(
                 f"records of key groups outside {key_range} reached range {index}: "
@@ -95,10 +96,10 @@ def process_key_groups(
         table = table.drop_columns([ROWS_COLUMN])
     if processes_ranges(function):
         return as_batches(function.process_range(table, context), schema)
-    kg = table.column(KEY_GROUP_COLUMN).to_numpy()
+    kg = int64_values(table.column(KEY_GROUP_COLUMN))
     order = np.argsort(kg, kind="stable")
     sorted_kg = kg[order]
-    table = table.drop_columns([KEY_GROUP_COLUMN]).take(pa.array(order))
+    table = table.drop_columns([KEY_GROUP_COLUMN]).take(int64_array(order))
     starts = [0, *(np.flatnonzero(np.diff(sorted_kg)) + 1).tolist()]
     ends = [*starts[1:], len(sorted_kg)]
     out: list[pa.RecordBatch] = []

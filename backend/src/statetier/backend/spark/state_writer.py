@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType
 from statetier.backend.descriptors import MapStateDescriptor, StateDescriptor, StateKind
+from statetier.backend.integer_columns import int64_values
 from statetier.backend.keygroups import (
     NullKeyError,
     compute_default_max_parallelism,
@@ -281,5 +282,5 @@ def _chunk(batch: pa.RecordBatch, columns: StateColumns) -> Chunk:
     else:
         key_values = list(zip(*(batch.column(k).to_pylist() for k in keys), strict=True))
     rest = [batch.column(c).to_pylist() for c in columns.names[len(keys) :]]
-    key_groups = batch.column(KEY_GROUP_COLUMN).to_numpy()
+    key_groups = int64_values(batch.column(KEY_GROUP_COLUMN))
     return Chunk(key_values, key_groups, rest)

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from statetier.backend.integer_columns import int64_values
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.deliveries import DeliveryReport, report_delivered
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
@@ -62,7 +63,6 @@ __all__ = [
     "endpoint_to",
     "epoch_of_job",
     "gather_function",
-    "int64_values",
     "local_host",
     "partition_function",
     "receive_outputs",
@@ -490,22 +490,6 @@ def split_ranges(
     return [
         table.slice(start, end - start).to_batches() for start, end in itertools.pairwise(bounds)
     ]
-
-
-def int64_values(column: pa.ChunkedArray) -> np.ndarray:
-    """The values of an int64 column as one NumPy array, read from its chunks' buffers.
-
-    Not ``to_numpy``: pyarrow converts through its pandas layer, whose first use in a process
-    imports pandas (0.3 s), and the Python worker that runs a ``mapInArrow`` task has not
-    imported it: every new worker of an executor paid that at its first statetier task (on
-    Spark Connect, every streaming query). A chunk with nulls is left to ``to_numpy``."""
-    parts = [
-        np.frombuffer(chunk.buffers()[1], np.int64, len(chunk), chunk.offset * 8)
-        if chunk.null_count == 0 and chunk.type == pa.int64()
-        else chunk.to_numpy(zero_copy_only=False)
-        for chunk in column.chunks
-    ]
-    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 @contextlib.contextmanager
