@@ -111,6 +111,33 @@ def test_a_run_compiles_only_what_lacks_current_bytecode_and_else_replaces_nothi
     assert probe(path) == {"answer": 7, "compiled": 0}
 
 
+def test_test_modules_get_none_and_bytecode_given_them_before_is_taken_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pyspark's test suites (919 of its 1,286 modules in 4.3) are never imported by a Spark
+    process, and each entry of the zip costs a worker's first task on Python 3.11, which reads
+    the zip's directory again (``importlib.invalidate_caches``)."""
+    test_source = b"def test_answer():\n    assert True\n"
+    sources = {**SOURCES, "pkg/tests/__init__.py": b"", "pkg/tests/test_mod.py": test_source}
+    home = spark_home(tmp_path, sources)
+    path = home / ZIP_IN_SPARK_HOME
+    done = add_bytecode(path)
+    assert (done.modules, done.compiled, done.removed) == (2, 2, 0)
+    with zipfile.ZipFile(path) as archive:
+        assert not [n for n in archive.namelist() if n.startswith("pkg/tests/") and n[-1] == "c"]
+    # a zip compiled by a version that gave the tests bytecode too, and a test module that is
+    # bytecode only (no source beside it: kept, it is the module)
+    rewrite(path, "pkg/tests/test_mod.pyc", pyc(test_source, "pkg/tests/test_mod.py"))
+    rewrite(path, "pkg/tests/test_only.pyc", pyc(test_source, "pkg/tests/test_only.py"))
+    assert cli.main(["pyspark-bytecode", "--spark-home", str(home)]) == 0
+    assert "took out the bytecode of 1 test modules" in capsys.readouterr().out
+    with zipfile.ZipFile(path) as archive:
+        compiled = sorted(n for n in archive.namelist() if n.endswith(".pyc"))
+        assert archive.read("pkg/tests/test_mod.py") == test_source
+    assert compiled == ["pkg/__init__.pyc", "pkg/mod.pyc", "pkg/tests/test_only.pyc"]
+    assert probe(path) == {"answer": 42, "compiled": 0}
+
+
 def test_a_module_of_bytecode_only_is_kept(tmp_path: Path) -> None:
     sourceless = pyc(b"def answer():\n    return 5\n", "pkg/mod.py")
     home = spark_home(tmp_path, {"pkg/__init__.py": SOURCES["pkg/__init__.py"]})
@@ -184,7 +211,7 @@ def test_the_development_spark_imports_pyspark_from_bytecode() -> None:
     image's: Spark's Python processes in the tests start as they do in the image."""
     path = find_zip(None)
     found = current_bytecode(path)
-    assert found.compiled == found.modules > 1000, (
+    assert found.compiled == found.modules > 300, (
         f"{path}: {found.compiled} of {found.modules} modules have bytecode; run "
         "`statetier pyspark-bytecode` (make install does)"
     )

@@ -13,6 +13,14 @@ command (the image's: run it with the Python the workers use). The bytecode is *
 importer hashes the source beside it and compiles the source as before when they differ, and a
 Python of another version ignores it, so the zip imports as it did in every case, only faster.
 The zip's own entries are copied unchanged; the new zip replaces the old in one rename.
+
+pyspark's own test suites (its ``tests`` packages: 919 of the 1,286 modules in Spark 4.3's zip)
+get none: no Spark process imports them, and every entry of the zip has a cost. A Python worker's
+first task calls ``importlib.invalidate_caches()`` (pyspark's ``setup_spark_files``, once it puts
+the job's files on the path), and Python 3.11 then reads the whole directory of every zip on the
+path again. Measured on a worker's imports and that call (2026-12-01): with bytecode for every
+module 0.43 s for the call and 1.11 s of CPU in all; without the tests' 0.16-0.21 s and
+0.65-0.72 s. Bytecode this command gave a test module before is taken out.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class Compiled:
     modules: int
     compiled: int  # (add_bytecode) compiled by this run; (current_bytecode) with current bytecode
     seconds: float
+    removed: int = 0  # (add_bytecode) pycs of test modules taken out
 
 
 def find_zip(spark_home: str | None) -> Path:
@@ -82,25 +91,28 @@ def pyc(source: bytes, filename: str) -> bytes:
 
 
 def add_bytecode(path: Path) -> Compiled:
-    """Give every module of the zip at ``path`` a current pyc beside its source, compiling only
-    those that have none (or a stale one): the zip is rewritten with its other entries as they
-    are, or left alone when nothing needs compiling, so a second run replaces no file."""
+    """Give every module of the zip at ``path`` (but the test suites') a current pyc beside its
+    source, compiling only those that have none (or a stale one): the zip is rewritten with its
+    other entries as they are, or left alone when nothing needs compiling, so a second run
+    replaces no file."""
     started = time.perf_counter()
     try:
         with zipfile.ZipFile(path) as old:
             modules, stale = _stale_modules(old)
-            if stale:
-                _rewrite(path, old, stale)
+            surplus = _test_bytecode(old)
+            if stale or surplus:
+                _rewrite(path, old, stale, surplus)
     except (OSError, zipfile.BadZipFile) as exc:
         raise BytecodeError(f"{path}: {exc}") from exc
     except SyntaxError as exc:
         raise BytecodeError(f"{exc.filename}: {exc.msg} (line {exc.lineno})") from exc
-    return Compiled(path, modules, len(stale), time.perf_counter() - started)
+    return Compiled(path, modules, len(stale), time.perf_counter() - started, len(surplus))
 
 
-def _rewrite(path: Path, old: zipfile.ZipFile, stale: set[str]) -> None:
+def _rewrite(path: Path, old: zipfile.ZipFile, stale: set[str], surplus: set[str]) -> None:
     """Replace the zip at ``path`` (open as ``old``) by a copy in which each source in
-    ``stale`` has a new pyc beside it; a stale pyc is left out, every other entry copied."""
+    ``stale`` has a new pyc beside it; a stale pyc and the pycs in ``surplus`` are left out,
+    every other entry copied."""
     with tempfile.NamedTemporaryFile(
         dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
     ) as handle:
@@ -108,8 +120,8 @@ def _rewrite(path: Path, old: zipfile.ZipFile, stale: set[str]) -> None:
     try:
         with zipfile.ZipFile(temporary, "w") as new:
             for entry in old.infolist():
-                if entry.filename[:-1] in stale:
-                    continue  # the stale pyc of a source compiled below
+                if entry.filename[:-1] in stale or entry.filename in surplus:
+                    continue  # the stale pyc of a source compiled below, or a test's
                 data = old.read(entry)
                 new.writestr(entry, data)
                 if entry.filename in stale:
@@ -148,13 +160,28 @@ def _stale_modules(archive: zipfile.ZipFile) -> tuple[int, set[str]]:
     """The number of module sources in ``archive``, and those without a current pyc beside
     them (none, one of another Python, or one of an older source)."""
     names = set(archive.namelist())
-    sources = [name for name in names if name.endswith(".py")]
+    sources = [name for name in names if name.endswith(".py") and _gets_bytecode(name)]
     stale = {
         name
         for name in sources
         if name + "c" not in names or not _is_current(archive.read(name + "c"), archive.read(name))
     }
     return len(sources), stale
+
+
+def _gets_bytecode(name: str) -> bool:
+    """Whether the module at ``name`` gets bytecode: not one of a ``tests`` package."""
+    return "tests" not in name.split("/")[:-1]
+
+
+def _test_bytecode(archive: zipfile.ZipFile) -> set[str]:
+    """The pycs beside the sources of test modules (an earlier run added them)."""
+    names = set(archive.namelist())
+    return {
+        name + "c"
+        for name in names
+        if name.endswith(".py") and not _gets_bytecode(name) and name + "c" in names
+    }
 
 
 def _is_current(compiled: bytes, source: bytes) -> bool:
@@ -189,4 +216,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{path}: {done.compiled} modules compiled for {version} in {done.seconds:.1f} s")
     else:
         print(f"{path}: all {done.modules} modules have bytecode for {version} already")
+    if done.removed:
+        print(f"{path}: took out the bytecode of {done.removed} test modules (none imports them)")
     return 0
