@@ -1,5 +1,5 @@
-"""Key-group columns read as NumPy arrays without pyarrow's pandas layer (integer_columns), and
-the state host's path for Arrow functions, which reads them, leaves pandas unimported."""
+"""Key-group columns read as NumPy arrays without pyarrow's pandas layer (integer_columns): a
+task's cut of its records and the state host's path for Arrow functions leave pandas unimported."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import pytest
 from statetier.backend.integer_columns import int64_values
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def write_stream(table: pa.Table, path: Path, chunk: int) -> None:
+    """``table`` as an Arrow IPC stream of batches of ``chunk`` rows, for a subprocess that has
+    not imported pandas to read (building the table here may import it)."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=chunk)
 
 
 def test_chunks_are_read_from_their_buffers_at_any_offset() -> None:
@@ -48,11 +55,7 @@ def test_a_host_runs_an_arrow_function_without_importing_pandas(tmp_path: Path) 
     words = [f"w{i % 37}" for i in range(2000)]
     key_groups = [sum(w.encode()) % 32 for w in words]  # any key group inside range 0 of 1
     table = pa.table({"word": words, "__statetier_kg": pa.array(key_groups, pa.int32())})
-    with (
-        pa.OSFile(str(tmp_path / "in.arrow"), "wb") as sink,
-        pa.ipc.new_stream(sink, table.schema) as writer,
-    ):
-        writer.write_table(table, max_chunksize=300)
+    write_stream(table, tmp_path / "in.arrow", 300)
     code = (
         "import json, sys, pyarrow as pa, pyarrow.compute as pc\n"
         "from statetier.backend.runtime import FunctionInstance\n"
@@ -74,4 +77,28 @@ def test_a_host_runs_an_arrow_function_without_importing_pandas(tmp_path: Path) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     expected = sorted([w, len(w)] for w in words)
+    assert json.loads(done.stdout) == {"rows": expected, "pandas": False}
+
+
+def test_a_task_cuts_its_records_without_importing_pandas(tmp_path: Path) -> None:
+    """A Spark worker that runs mapInArrow has not imported pandas, and ChunkedArray.to_numpy
+    would (0.3 s at each new worker's first task): the cut takes none of it."""
+    from statetier.backend.spark.functions import KEY_GROUP_COLUMN
+
+    kg = np.random.default_rng(5).integers(0, 128, 3000)
+    table = pa.table({"word": [f"w{i}" for i in range(3000)], KEY_GROUP_COLUMN: kg})
+    write_stream(table, tmp_path / "in.arrow", 700)
+    code = (
+        "import json, sys, pyarrow as pa\n"
+        "from statetier.backend.spark.task import split_ranges\n"
+        f"batches = list(pa.ipc.open_stream(pa.OSFile({str(tmp_path / 'in.arrow')!r})))\n"
+        "slices = split_ranges([b.slice(1) for b in batches], 4, 128)\n"
+        "rows = [sum(b.num_rows for b in s) for s in slices]\n"
+        "print(json.dumps({'rows': rows, 'pandas': 'pandas' in sys.modules}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    kept = np.concatenate([kg[n + 1 : n + 700] for n in range(0, 3000, 700)])
+    expected = [int(((kept * 4) // 128 == i).sum()) for i in range(4)]
     assert json.loads(done.stdout) == {"rows": expected, "pandas": False}

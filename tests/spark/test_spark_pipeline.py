@@ -589,33 +589,3 @@ def test_a_task_cuts_its_records_into_ranges_as_the_exchange_does() -> None:
         assert words == sorted(words, key=lambda w: int(w[1:]))  # the input's order kept
     assert slices[2] == []
     assert split_ranges([], 4, 128) == [[], [], [], []]
-
-
-def test_a_task_cuts_its_records_without_importing_pandas(tmp_path: Path) -> None:
-    """A Spark worker that runs mapInArrow has not imported pandas, and ChunkedArray.to_numpy
-    would (0.3 s at each new worker's first task): the cut takes none of it."""
-    import numpy as np
-    import pyarrow as pa
-    from statetier.backend.spark.functions import KEY_GROUP_COLUMN
-
-    kg = np.random.default_rng(5).integers(0, 128, 3000)
-    table = pa.table({"word": [f"w{i}" for i in range(3000)], KEY_GROUP_COLUMN: kg})
-    with (
-        pa.OSFile(str(tmp_path / "in.arrow"), "wb") as sink,
-        pa.ipc.new_stream(sink, table.schema) as writer,
-    ):
-        writer.write_table(table, max_chunksize=700)
-    code = (
-        "import json, sys, pyarrow as pa\n"
-        "from statetier.backend.spark.task import split_ranges\n"
-        f"batches = list(pa.ipc.open_stream(pa.OSFile({str(tmp_path / 'in.arrow')!r})))\n"
-        "slices = split_ranges([b.slice(1) for b in batches], 4, 128)\n"
-        "rows = [sum(b.num_rows for b in s) for s in slices]\n"
-        "print(json.dumps({'rows': rows, 'pandas': 'pandas' in sys.modules}))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    kept = np.concatenate([kg[n + 1 : n + 700] for n in range(0, 3000, 700)])
-    expected = [int(((kept * 4) // 128 == i).sum()) for i in range(4)]
-    assert json.loads(done.stdout) == {"rows": expected, "pandas": False}
