@@ -323,3 +323,20 @@ def committed_counts(store: Any, epoch: int) -> dict[str, int]:
             counts[key] = state.value() or 0
         instance.close()
     return counts
+
+
+def note_pid(path: str) -> None:
+    """What unpickling a :class:`PidNote` runs: adds the unpickling process's pid to ``path``."""
+    with open(path, "a") as notes:
+        notes.write(f"{os.getpid()}\n")
+
+
+class PidNote:
+    """Pickles to a call of :func:`note_pid`: which process unpickled it (a pipeline's function
+    bytes stand-in, for checks that unpickle them on an executor)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Callable[[str], None], tuple[str]]:
+        return note_pid, (self.path,)

@@ -28,7 +28,12 @@ def check_function_ships(spark: SparkSession, function_bytes: bytes) -> None:
     """Unpickle the function in one task on an executor: :class:`FunctionNotShippedError`,
     in one line naming the module and how to ship it, if a module is missing there."""
 
-    def load(_: Iterable[object]) -> Iterator[tuple[str | None, str]]:
+    def load(rows: Iterable[object]) -> Iterator[tuple[str | None, str]]:
+        # Read to the end first: a Python worker whose input was left unread cannot be
+        # reused, so Spark kills it after the task and the next job starts another (a second
+        # of CPU on every executor where a query starts)
+        for _ in rows:
+            pass
         try:
             pickle.loads(function_bytes)
         except ImportError as e:  # ModuleNotFoundError, or a name the module lacks there
