@@ -1,4 +1,5 @@
-"""Fixtures of the Spark tests: one real local[2] Spark session, state hosts stopped after use.
+"""Fixtures of the Spark tests: one real local[2] Spark session, whose state hosts serve one test
+after another (as an application's serve its queries) and stop with it.
 
 The Python workers and the state hosts they start must import statetier and these test modules:
 the workers run this interpreter (PYSPARK_PYTHON) with the repository on PYTHONPATH.
@@ -77,6 +78,37 @@ def last_json_line(stdout: str) -> dict[str, Any]:
     return report
 
 
+class SharedHosts:
+    """The state hosts of the session's Spark application, kept from one test to the next as
+    an application's hosts outlive its queries: each test releases its pipelines' ranges
+    (``StatefulPipeline.release``) instead of stopping the hosts, so the next test's first
+    epoch does not start two interpreters and import Arrow, pandas and the test's modules in
+    them again (about 2 s of CPU each), nor the driver's merge process. A test marked
+    ``own_hosts`` stops them before it starts and stops its own after it."""
+
+    def __init__(self) -> None:
+        self.released: list[StatefulPipeline] = []
+        self.pids: set[int] = set()
+
+    def keep(self, made: list[StatefulPipeline]) -> None:
+        """Release ``made`` (a test's pipelines, their tasks over); their hosts stay."""
+        for pipeline in made:
+            self.pids |= set(pipeline.hosts.values())
+            pipeline.release()
+        self.released += made
+
+    def stop(self) -> None:
+        """Stop the kept hosts: the first call stops every host of the application's
+        registry; on a registry stopped before, a call finds no live host and returns."""
+        for pipeline in reversed(self.released):
+            pipeline.stop_hosts()
+        survivors, self.pids, self.released = self.pids & host_pids(), set(), []
+        assert not survivors, f"state hosts {sorted(survivors)} survived their stop"
+
+
+SHARED_HOSTS = SharedHosts()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     os.environ.update(spark_env())
@@ -92,6 +124,7 @@ def spark() -> Iterator[SparkSession]:
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session
+    SHARED_HOSTS.stop()
     session.stop()
 
 
@@ -117,12 +150,21 @@ def wait_until_spark_is_idle(session: SparkSession, timeout: float = 60.0) -> No
 
 @pytest.fixture
 def pipelines(request: pytest.FixtureRequest) -> Iterator[list[StatefulPipeline]]:
-    """Pipelines a test made; once the test's Spark jobs are over (every cancelled task
-    attempt too), their state hosts are stopped and checked gone."""
+    """Pipelines a test made. Once the test's Spark jobs are over (every cancelled task
+    attempt too), on the session's Spark their ranges are released and the hosts kept for the
+    next test (:class:`SharedHosts`); a test marked ``own_hosts``, or on another session, has
+    its state hosts stopped and checked gone."""
+    marked = request.node.get_closest_marker("own_hosts") is not None
+    if marked:  # the session's application must start hosts again, with the test's settings
+        SHARED_HOSTS.stop()
+    own = marked or "spark" not in request.fixturenames  # another session: another application
     made: list[StatefulPipeline] = []
     yield made
     if "spark" in request.fixturenames:
         wait_until_spark_is_idle(request.getfixturevalue("spark"))
+    if not own:
+        SHARED_HOSTS.keep(made)
+        return
     pids = {pid for p in made for pid in p.hosts.values()}
     for p in made:
         p.stop_hosts()

@@ -22,6 +22,7 @@ from tests.spark.spark_support import (
 from tests.spark.test_spark_pipeline import make
 
 
+@pytest.mark.own_hosts  # its bind address is a host setting: a running host would serve it
 def test_a_host_that_cannot_start_names_the_cause(
     spark: SparkSession, pipelines: list[StatefulPipeline], tmp_path: Path
 ) -> None:
