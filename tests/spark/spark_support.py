@@ -6,7 +6,8 @@ import collections
 import os
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -340,3 +341,32 @@ class PidNote:
 
     def __reduce__(self) -> tuple[Callable[[str], None], tuple[str]]:
         return note_pid, (self.path,)
+
+
+@dataclass(frozen=True)
+class WorkerHeap:
+    """What one of Spark's Python workers holds for its collector: how many objects are frozen
+    out of every collection, and how many a full collection walks."""
+
+    pid: int
+    frozen: int
+    walked: int
+
+
+def _worker_heap(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import gc
+
+    for _ in batches:  # read the input: a worker whose task left it unread is killed
+        pass
+    gc.collect()
+    heap = {"pid": os.getpid(), "frozen": gc.get_freeze_count(), "walked": len(gc.get_objects())}
+    yield pa.RecordBatch.from_pylist([heap])
+
+
+def python_workers_heaps(spark: SparkSession, tasks: int = 8) -> dict[int, WorkerHeap]:
+    """Each Python worker's :class:`WorkerHeap` as ``tasks`` one-row ``mapInArrow`` tasks find
+    it (Spark pools the workers of SQL's Python functions apart from those of RDDs, and hands a
+    task the worker idle the longest, so these go round every idle worker of that pool)."""
+    schema = "pid long, frozen long, walked long"
+    rows = spark.range(tasks, numPartitions=tasks).mapInArrow(_worker_heap, schema).collect()
+    return {row.pid: WorkerHeap(row.pid, row.frozen, row.walked) for row in rows}

@@ -37,6 +37,7 @@ from tests.spark.spark_support import (
     fail_once_per_marker,
     host_pids,
     latest,
+    python_workers_heaps,
     run_available_now,
     words_df,
     zipf_words,
@@ -483,6 +484,10 @@ def test_the_exchange_is_taken_only_when_it_helps(
     assert [r.records for r in pipeline.reports] == [len(b) for b in batches]
     if function is not VectorWordCount:  # one row per key (and map task) reached the hosts
         assert all(r.rows < r.records for r in pipeline.reports)
+    # Spark collects a reused worker's garbage after each task: a worker that ran the
+    # pipeline's tasks left its imports out (a worker that only checked the function did not)
+    heaps = python_workers_heaps(spark)
+    assert any(heap.frozen > 20_000 for heap in heaps.values()), heaps
 
 
 def test_gathered_pieces_kept_on_disk_count_the_same(

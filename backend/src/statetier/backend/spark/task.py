@@ -55,6 +55,7 @@ from statetier.backend.spark.protocol import (
 from statetier.backend.spark.refusals import StateRefusedError
 from statetier.backend.spark.registry import HostInfo, ask_route
 from statetier.backend.spark.slots import slot_of
+from statetier.backend.spark.worker_gc import leaves_imports_out_of_collections
 
 __all__ = [
     "bind_address",
@@ -253,6 +254,7 @@ def partition_function(
     streamed to the state host that owns the range and its outputs read back. ``epoch`` None:
     a query planned once, whose epoch comes with each job (see :func:`epoch_of_job`)."""
 
+    @leaves_imports_out_of_collections
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -386,6 +388,7 @@ def direct_function(
     A retry of this task is a retry of every range (each host finds its range dirty or at
     another epoch and restores it), as a retry of one range's task is with the exchange."""
 
+    @leaves_imports_out_of_collections
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -415,6 +418,7 @@ def gather_function(
     sink's job never succeeds without a range. The epoch and Spark's stage name the pieces of
     one run, so that a host never mixes them with those of another job over the same epoch."""
 
+    @leaves_imports_out_of_collections
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -525,6 +529,7 @@ def combine_function(
     input rows behind each, lets the host still count records).
     """
 
+    @leaves_imports_out_of_collections
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         chunk: list[pa.RecordBatch] = []
         rows = 0
