@@ -70,6 +70,7 @@ from statetier.backend.spark.handoff import (
     fetch_handoff,
     send_handoff,
 )
+from statetier.backend.spark.kept import Kept
 from statetier.backend.spark.listeners import notify_aborted, notify_committed
 from statetier.backend.spark.membership import RegistryLink
 from statetier.backend.spark.messages import TaskHeader
@@ -166,9 +167,9 @@ class StateHost:
         self.executor = ProcessWatch(watch_pid) if watch_pid is not None else None
         self.host_id = uuid.uuid4().hex[:16]
         self.ranges: dict[tuple[str, int, int], HostedRange] = {}
-        self.functions: dict[str, Callable[[], Any]] = {}
-        self.stores: dict[str, SnapshotStore] = {}
-        self.configs: dict[str, StatetierConfig] = {}  # by the tasks' settings, as JSON
+        self.functions: Kept[str, Callable[[], Any]] = Kept()
+        self.stores: Kept[str, SnapshotStore] = Kept()
+        self.configs: Kept[str, StatetierConfig] = Kept()  # by the tasks' settings, as JSON
         self.pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
         self.gatherings = Gatherings()  # ranges whose pieces come from several tasks
         self.lock = threading.Lock()
@@ -409,28 +410,27 @@ class StateHost:
         finally:
             finish()
 
-    def _kept(self, table: dict[K, V], key: K, make: Callable[[], V]) -> V:
-        """``table[key]``, made by ``make`` on first use: what the host keeps between tasks
-        (functions, stores, settings, upload threads) is made once, under the host's lock."""
+    def _kept(self, table: Kept[K, V], key: K, make: Callable[[], V]) -> V:
+        """``table``'s value of ``key``, made by ``make`` when it is not kept: what the host keeps
+        between tasks (functions, stores, settings) is made once while it is used (see kept),
+        under the host's lock."""
         with self.lock:
-            value = table.get(key)
-            if value is None:
-                value = table[key] = make()
-        return value
+            return table.get(key, make)
 
     def _factory(self, function_bytes: bytes) -> Callable[[], Any]:
         digest = hashlib.sha256(function_bytes).hexdigest()
         return self._kept(self.functions, digest, lambda: pickle.loads(function_bytes))
 
     def _upload_pool(self, workers: int) -> concurrent.futures.ThreadPoolExecutor:
-        """The host's upload threads (``checkpoint.upload-concurrency``), kept between tasks."""
-        return self._kept(
-            self.pools,
-            workers,
-            lambda: concurrent.futures.ThreadPoolExecutor(
-                workers, thread_name_prefix="statetier-upload"
-            ),
-        )
+        """The host's upload threads (``checkpoint.upload-concurrency``), kept between tasks:
+        one pool per setting, and never dropped (a range may be using it)."""
+        with self.lock:
+            pool = self.pools.get(workers)
+            if pool is None:
+                pool = self.pools[workers] = concurrent.futures.ThreadPoolExecutor(
+                    workers, thread_name_prefix="statetier-upload"
+                )
+        return pool
 
     def _config(self, header: TaskHeader) -> StatetierConfig:
         """The settings of ``header``'s pipeline, resolved once (every task and every gathered
