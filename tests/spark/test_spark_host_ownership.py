@@ -26,7 +26,13 @@ from statetier.backend.snapshot.layout import result_name
 from statetier.backend.spark.channel import AuthenticationError, Endpoint, connect
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.messages import EpochTime, StateSpec, TaskHeader
-from statetier.backend.spark.protocol import ERROR, host_file, process_alive, socket_path
+from statetier.backend.spark.protocol import (
+    ERROR,
+    RESULT,
+    host_file,
+    process_alive,
+    socket_path,
+)
 from statetier.backend.spark.registry import HostRegistry, ask_route
 from statetier.backend.spark.results import RangeResult, RangeStart
 from statetier.backend.spark.task import stream
@@ -292,3 +298,24 @@ def _wait_until_zombie(pid: int, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} did not die within {timeout} s of SIGKILL")
         time.sleep(0.005)
+
+
+def test_a_host_leaves_its_imports_out_of_its_collections(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    """The host freezes what it imported before it serves (frozen_imports): Python's
+    collections in its per-record path walk the state and what tasks made, not the modules."""
+    host = start_host(registry, tmp_path / "h.sock")
+    try:
+        with contextlib.closing(
+            connect(Endpoint("unix", str(tmp_path / "h.sock")), registry.secret)
+        ) as conn:
+            conn.send_bytes(json.dumps({"op": "stats"}).encode())
+            answer = conn.recv_bytes()
+        assert answer[:1] == RESULT, answer
+        stats = json.loads(answer[1:])
+        assert stats["pid"] == host.pid
+        assert stats["frozen_objects"] > 20_000, stats
+    finally:
+        host.kill()
+        host.wait()

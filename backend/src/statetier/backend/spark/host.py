@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import hashlib
 import json
 import logging
@@ -62,6 +63,7 @@ from statetier.backend.snapshot.handoff import HandOff
 from statetier.backend.snapshot.layout import error_name, result_name
 from statetier.backend.spark import protocol
 from statetier.backend.spark.channel import Endpoint, Server
+from statetier.backend.spark.frozen_imports import freeze_imports
 from statetier.backend.spark.functions import SparkTask, set_current_task
 from statetier.backend.spark.gathering import GatherError, Gatherings, PieceMemory
 from statetier.backend.spark.handoff import (
@@ -330,6 +332,7 @@ class StateHost:
             "handed_off": self.handed_off,
             "handed_over": self.handed_over,
             "ranges": len(self.ranges),
+            "frozen_objects": gc.get_freeze_count(),  # its imports (see frozen_imports)
         }
 
     def close(self) -> None:
@@ -795,6 +798,7 @@ def main(argv: list[str] | None = None) -> None:
     # range's snapshot past host.result-timeout is doing, without stopping it
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     secret = bytes.fromhex(sys.stdin.readline().strip())
+    freeze_imports()  # before it serves: its collections walk state, not modules (frozen_imports)
     host = StateHost(
         args.socket, args.idle_timeout, args.watch_pid, secret, args.bind, args.port, args.hosts
     )

@@ -38,6 +38,7 @@ import pyarrow as pa
 from statetier.backend.integer_columns import int64_values
 from statetier.backend.spark.channel import Endpoint, connect
 from statetier.backend.spark.deliveries import DeliveryReport, report_delivered
+from statetier.backend.spark.frozen_imports import leaves_imports_out_of_collections
 from statetier.backend.spark.functions import KEY_GROUP_COLUMN
 from statetier.backend.spark.membership import HostStoppingError, JoinError, ask_to_join
 from statetier.backend.spark.messages import EpochSpec, PipelineSpec, TaskHeader
@@ -55,7 +56,6 @@ from statetier.backend.spark.protocol import (
 from statetier.backend.spark.refusals import StateRefusedError
 from statetier.backend.spark.registry import HostInfo, ask_route
 from statetier.backend.spark.slots import slot_of
-from statetier.backend.spark.worker_gc import leaves_imports_out_of_collections
 
 __all__ = [
     "bind_address",
