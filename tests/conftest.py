@@ -12,11 +12,6 @@ JVM's defaults; a ``JAVA_TOOL_OPTIONS`` of one's own is kept.
 
 This runs in pytest's own process before it starts its workers, which inherit the options (and
 so find them set, and make nothing).
-
-The tests marked ``slow`` (a minute or two each, most of them Spark applications of their own)
-run first. ``make test`` shares the tests among two workers as they finish; in the order of the
-files, the last tests handed out included some of the longest (the Spark examples run last), and
-one worker waited alone for them at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pyspark
-import pytest
 
 from tests.jvm_archive import archive_options
 
@@ -35,9 +29,3 @@ JIT_AND_GC = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 if "JAVA_TOOL_OPTIONS" not in os.environ:
     archive = archive_options(JIT_AND_GC, Path(pyspark.__file__).parent, Path(sys.prefix))
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join([*JIT_AND_GC, *archive])
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``slow`` tests first, each group in its own order (a stable sort: every worker
-    collects the same order, as pytest-xdist requires)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
