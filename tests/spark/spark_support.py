@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import os
 import random
 import time
@@ -17,6 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.descriptors import ValueStateDescriptor
 from statetier.backend.functions import KeyedProcessFunction, RuntimeContext
 from statetier.backend.spark import Combiner, KeyGroupFunction, StatefulPipeline, current_task
+from statetier.backend.spark.channel import connect
+from statetier.backend.spark.protocol import RESULT
+from statetier.backend.spark.registry import HostInfo
 
 COUNT = ValueStateDescriptor[int]("count")
 
@@ -370,3 +375,21 @@ def python_workers_heaps(spark: SparkSession, tasks: int = 8) -> dict[int, Worke
     schema = "pid long, frozen long, walked long"
     rows = spark.range(tasks, numPartitions=tasks).mapInArrow(_worker_heap, schema).collect()
     return {row.pid: WorkerHeap(row.pid, row.frozen, row.walked) for row in rows}
+
+
+def hosted_ranges(secret: bytes, hosts: Iterable[HostInfo]) -> dict[str, int]:
+    """Pipeline name -> its ranges held in ``hosts``, as the hosts themselves count them (their
+    ``stats`` request, authenticated with the application's ``secret``); a host that has gone
+    holds none."""
+    held: collections.Counter[str] = collections.Counter()
+    for host in hosts:
+        try:
+            conn = connect(host.endpoints[0], secret)
+        except OSError:
+            continue
+        with contextlib.closing(conn):
+            conn.send_bytes(json.dumps({"op": "stats"}).encode())
+            answer = conn.recv_bytes()
+        assert answer[:1] == RESULT, answer
+        held.update(json.loads(answer[1:])["ranges_by_pipeline"])
+    return dict(held)

@@ -23,6 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from statetier.backend.compaction_client import RemoteCompactor
 from statetier.backend.snapshot import SnapshotStore
 from statetier.backend.spark import StatefulPipeline
+from statetier.backend.spark.host_roster import read_roster
+from statetier.backend.spark.protocol import process_alive
 from statetier.backend.timers import MAX_WATERMARK
 from statetier.backend.ttl import ManualClock
 
@@ -34,6 +36,7 @@ from tests.spark.spark_support import (
     committed_counts,
     expected_counts,
     host_pids,
+    hosted_ranges,
     latest,
     run_with_a_host_killed,
     words_df,
@@ -347,6 +350,34 @@ def test_the_queries_of_a_connect_server_share_its_state_hosts(
     assert host_pids(MARKER) - hosts == set(), "a query started state hosts of its own"
     shared = [p.suffix for p in server_local_dir.glob("blockmgr-*/statetier-*")]
     assert shared.count(".secret") == shared.count(".hosts") == 1, shared
+
+
+def test_a_stopped_query_leaves_the_hosts_at_once(
+    connect: SparkSession, made: list[StatefulPipeline], tmp_path: Path, server_local_dir: Path
+) -> None:
+    """On Connect a query's coordinator is its foreachBatch process, which Spark stops with the
+    query: the hosts lose its registry and drop the ranges it routed (spark.stopped_queries
+    follows nothing here)."""
+    source, uri = tmp_path / "in", f"file://{tmp_path}/ckpt"
+    add_files(source, [zipf_words(900, 200, 0)], range(1))
+    pipeline = make(made, VectorWordCount, uri, 3, name=f"stops-{uuid.uuid4().hex[:8]}")
+    writer = pipeline.write_stream(words_stream(connect, source))
+    query = writer.option("checkpointLocation", str(tmp_path / "spark-ckpt")).start()
+    deadline = time.monotonic() + 120
+    while not SnapshotStore(uri).epochs():  # its first micro-batch is committed
+        assert time.monotonic() < deadline and query.exception() is None, query.exception()
+        time.sleep(0.1)
+    (secret,) = server_local_dir.glob("blockmgr-*/statetier-*.secret")
+    (roster,) = server_local_dir.glob("blockmgr-*/statetier-*.hosts")
+    hosts = read_roster(str(roster))
+    key = bytes.fromhex(secret.read_text().strip())
+    assert hosted_ranges(key, hosts).get(pipeline.name) == 3
+    query.stop()
+    deadline = time.monotonic() + 60
+    while (held := hosted_ranges(key, hosts)).get(pipeline.name):
+        assert time.monotonic() < deadline, f"the stopped query's ranges stayed: {held}"
+        time.sleep(0.1)
+    assert hosts and all(process_alive(host.pid) for host in hosts), "the hosts stay"
 
 
 # the tests below kill a host or start a compaction service: last, so that nothing they leave

@@ -627,6 +627,16 @@ SETTINGS: tuple[Setting[Any], ...] = (
         between(1, 7 * 86400),
     ),
     Setting(
+        "host.stopped-query-timeout",
+        "duration",
+        parse_duration,
+        60.0,
+        "Spark: how long the state hosts keep a stopped streaming query's ranges warm for a "
+        "restart before they drop them (a later restart restores them from the checkpoint). "
+        "Classic driver; on Spark Connect they are dropped when the query stops.",
+        between(0, 7 * 86400),
+    ),
+    Setting(
         "host.result-timeout",
         "duration",
         parse_duration,
@@ -766,6 +776,7 @@ class StatetierConfig(Mapping[str, Any]):
     compaction_delta_trigger: int
     compaction_size_ratio: float
     host_idle_timeout: float
+    host_stopped_query_timeout: float
     host_result_timeout: float
     host_liveness_timeout: float
     host_bind_address: str

@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar, cast
@@ -332,6 +333,7 @@ class StateHost:
             "handed_off": self.handed_off,
             "handed_over": self.handed_over,
             "ranges": len(self.ranges),
+            "ranges_by_pipeline": dict(Counter(key[0] for key in list(self.ranges))),
             "frozen_objects": gc.get_freeze_count(),  # its imports (see frozen_imports)
         }
 

@@ -104,6 +104,7 @@ from statetier.backend.spark.session_kind import (
 from statetier.backend.spark.shipping import check_function_ships
 from statetier.backend.spark.slots import hosts_per_executor
 from statetier.backend.spark.state_writer import apply_initial_state, state_columns
+from statetier.backend.spark.stopped_queries import stopped_queries
 from statetier.backend.spark.task import (
     direct_function,
     gather_function,
@@ -541,6 +542,9 @@ class StatefulPipeline:
         every attempt of its tasks gets the same time, and fires the same timers)."""
         store = self._setup(spark)
         lease = self._take_lease(spark, store)
+        assert self.config is not None
+        timeout = float(self.config.host_stopped_query_timeout)
+        stopped_queries().epoch_begins(spark, self.name, self._release_ranges, timeout)
         self._check_after_savepoint(epoch)
         latest = self._location(store, epoch)[0]
         if epoch > latest + 1:
@@ -1011,6 +1015,11 @@ class StatefulPipeline:
         (until it has been idle a while). Its checkpoints are kept."""
         self.drain()
         self._close_wake_ups()
+        self._release_ranges()
+
+    def _release_ranges(self) -> None:
+        """Drop this pipeline's ranges in the state hosts: its query stopped for good (see
+        stopped_queries). Its wake-ups stay, for a restart of the same writer."""
         if self._registry is not None:
             self._registry.release_pipeline(self.name)
 
