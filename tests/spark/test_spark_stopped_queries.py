@@ -4,12 +4,20 @@
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import SparkSession
 from statetier.backend.spark import StatefulPipeline
-from statetier.backend.spark.stopped_queries import LOOK_INTERVAL_S, stopped_queries
+from statetier.backend.spark.stopped_queries import (
+    LOOK_INTERVAL_S,
+    StoppedQueries,
+    stopped_queries,
+)
+from statetier.backend.spark.writers import QUERY_ID_PROPERTY
 
 from tests.spark.spark_support import (
     VectorWordCount,
@@ -97,3 +105,74 @@ def test_a_stopped_query_leaves_the_hosts_after_its_timeout_and_a_quick_restart_
     for pipeline in (quick, kept):
         epoch = pipeline.store.epochs()[-1]
         assert committed_counts(pipeline.store, epoch) == expected_counts([words[0], words[2]])
+
+
+class Clock:
+    """The time :class:`StoppedQueries` reads, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def epoch_of(
+    spark: SparkSession,
+    queries: StoppedQueries,
+    query_id: str | None,
+    release: Callable[[], object],
+    pipeline: str = "other",
+    timeout: float = 60.0,
+) -> None:
+    """An epoch of ``pipeline`` begins on this thread, inside streaming query ``query_id``
+    (Spark's local property, as on a micro-batch's thread) or in none (a batch run)."""
+    context = spark.sparkContext
+    context.setLocalProperty(QUERY_ID_PROPERTY, query_id)  # type: ignore[arg-type]
+    try:
+        queries.epoch_begins(spark, pipeline, release, timeout)
+    finally:
+        context.setLocalProperty(QUERY_ID_PROPERTY, None)  # type: ignore[arg-type]
+
+
+def test_a_query_is_released_at_the_first_look_a_timeout_after_it_was_seen_stopped(
+    spark: SparkSession,
+) -> None:
+    """With the real application's (empty) list of active queries and a clock the test moves:
+    seen stopped at the first look, released at the first look ``timeout`` later, once; the
+    looks are at most a second apart; a batch run of the name ends its following."""
+    clock, released = Clock(), []
+    queries = StoppedQueries(clock)
+    gone = str(uuid.uuid4())  # a query no longer active (never was, in this application)
+    epoch_of(spark, queries, gone, pipeline="p", release=lambda: released.append("p"), timeout=5)
+    epoch_of(spark, queries, None, release=lambda: released.append("other"))
+    assert queries.followed() == {"p": gone}  # the look of p's epoch: p was running
+    for moved, expected in [(1.0, []), (4.9, []), (0.5, []), (0.5, ["p"]), (10.0, ["p"])]:
+        clock.now += moved
+        epoch_of(spark, queries, None, release=lambda: released.append("other"))
+        assert released == expected, (moved, clock.now)
+    assert queries.followed() == {}
+    # a batch run of a followed name: its ranges are in use, nothing is released later
+    epoch_of(spark, queries, gone, pipeline="q", release=lambda: released.append("q"), timeout=0)
+    epoch_of(spark, queries, None, pipeline="q", release=lambda: released.append("q"))
+    clock.now += 100
+    epoch_of(spark, queries, None, release=lambda: released.append("other"))
+    assert released == ["p"] and queries.followed() == {}
+
+
+def test_a_release_that_fails_is_logged_and_the_epoch_goes_on(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    queries = StoppedQueries(clock)
+
+    def fails() -> None:
+        raise OSError("the registry is gone")
+
+    epoch_of(spark, queries, str(uuid.uuid4()), pipeline="p", release=fails, timeout=0)
+    for _ in range(2):  # seen stopped, then released
+        clock.now += 1
+        epoch_of(spark, queries, None, release=lambda: None)
+    assert "pipeline p's ranges could not be released" in caplog.text
+    assert "the registry is gone" in caplog.text
+    assert queries.followed() == {}

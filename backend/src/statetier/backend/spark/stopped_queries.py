@@ -25,6 +25,7 @@ epoch begins on the driver, its hosts serve nothing and leave after ``host.idle-
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ from statetier.backend.spark.session_kind import is_connect
 from statetier.backend.spark.writers import QUERY_ID_PROPERTY
 
 __all__ = ["LOOK_INTERVAL_S", "StoppedQueries", "stopped_queries"]
+
+log = logging.getLogger("statetier.spark.stopped_queries")
 
 LOOK_INTERVAL_S = 1.0  # between two looks at the followed queries (each a py4j call per query)
 
@@ -86,7 +89,11 @@ class StoppedQueries:
     def _look(self, spark: SparkSession, now: float, running: str | None) -> None:
         """(lock held) Mark the followed queries that stopped; release those stopped long
         enough. ``running`` is the query of the epoch that looks (active: it is running)."""
-        active = _active_queries(spark)
+        try:
+            active = _active_queries(spark)
+        except Exception as e:  # the driver stopping: an epoch's start is not the place to fail
+            log.debug("the active streaming queries could not be listed: %r", e)
+            return
         for pipeline, followed in list(self._followed.items()):
             if followed.query_id == running or followed.query_id in active:
                 followed.stopped_since = None
@@ -94,12 +101,27 @@ class StoppedQueries:
                 followed.stopped_since = now
             elif now - followed.stopped_since >= followed.timeout:
                 del self._followed[pipeline]
-                followed.release()
+                _release(pipeline, followed)
 
     def followed(self) -> dict[str, str]:
         """Pipeline name -> the query id it is followed under (for tests and tools)."""
         with self._lock:
             return {name: f.query_id for name, f in self._followed.items()}
+
+
+def _release(pipeline: str, followed: _Followed) -> None:
+    """Release a stopped query's ranges; a failure is logged, since it happens in another
+    pipeline's epoch (the ranges then stay until the hosts leave, as before)."""
+    log.info(
+        "streaming query %s stopped %.0f s ago or more: pipeline %s's ranges leave the state hosts",
+        followed.query_id,
+        followed.timeout,
+        pipeline,
+    )
+    try:
+        followed.release()
+    except Exception:
+        log.warning("pipeline %s's ranges could not be released", pipeline, exc_info=True)
 
 
 def _active_queries(spark: SparkSession) -> set[str]:
