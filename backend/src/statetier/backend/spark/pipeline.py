@@ -121,6 +121,7 @@ log = logging.getLogger("statetier.spark.pipeline")
 
 Sink = Callable[[DataFrame, int], None]
 
+REPORTS_KEPT = 1000  # epochs whose EpochReport a pipeline keeps (its reports_kept)
 MAX_RERUNS = 2  # runs of an epoch's job again after state hosts were lost mid-epoch
 # (Connect) the most bytes a micro-batch routed "direct" may have by the optimizer's estimate:
 # Spark's default spark.sql.files.maxPartitionBytes, what a file source reads in one partition
@@ -193,6 +194,9 @@ class StatefulPipeline:
     descriptors to DataFrames of their state (the key columns, then the columns of
     ``write_state``), written as the location's first epoch when it has none, as Spark's
     ``initialState``; a location with epochs ignores it (logged).
+
+    ``reports`` holds the :class:`EpochReport` of the latest ``reports_kept`` epochs (1,000),
+    so that a query that runs for months does not fill the driver with them.
     """
 
     def __init__(
@@ -248,7 +252,11 @@ class StatefulPipeline:
         self._routing: dict[int, str] = {}  # planned epoch -> "exchange", "direct", "gathered"
         self._moved: dict[int, list[int]] = {}  # planned epoch -> ranges rebalanced before it
         self._schemas: tuple[StructType, str] | None = None
+        # the latest epochs' reports (a long query's would grow without end: 24 KB an epoch at
+        # parallelism 200, 2 GB a day at a micro-batch a second); totals over every epoch
         self.reports: list[EpochReport] = []
+        self.reports_kept = REPORTS_KEPT
+        self._warm_total = self._restored_total = 0
         self._upkeep: EpochUpkeep | None = None  # compaction and retention after commits
         self.hosts: dict[str, int] = {}  # host id -> pid of the state hosts that served us
         self._registry: HostRegistry | None = None
@@ -974,7 +982,7 @@ class StatefulPipeline:
             restored_bytes_by_range=[r.restored_bytes for r in results],
             hosts_by_range=[r.host_id for r in results],
         )
-        self.reports.append(report)
+        self._keep(report)
         # the driver's view of the epoch, for the state-tier dashboard (metrics.port)
         if not adopted:
             backend_metrics.checkpoint_committed(report.seconds, report.upload_bytes)
@@ -997,12 +1005,19 @@ class StatefulPipeline:
 
     # ------------------------------------------------------------------ hosts
 
+    def _keep(self, report: EpochReport) -> None:
+        """Add ``report`` to :attr:`reports`, which keeps the latest :attr:`reports_kept`."""
+        self.reports.append(report)
+        if len(self.reports) > self.reports_kept:
+            del self.reports[: len(self.reports) - self.reports_kept]
+        self._warm_total += report.warm + report.handed_off
+        self._restored_total += report.restored
+
     def warm_hit_rate(self) -> float:
         """Ranges served warm (or handed off warm by their old host) / ranges that needed
-        state (fresh starts not counted)."""
-        warm = sum(r.warm + r.handed_off for r in self.reports)
-        restored = sum(r.restored for r in self.reports)
-        return warm / (warm + restored) if warm + restored else 0.0
+        state (fresh starts not counted), over every epoch this driver committed."""
+        needed = self._warm_total + self._restored_total
+        return self._warm_total / needed if needed else 0.0
 
     def state_hosts(self) -> list[HostInfo]:
         """The application's live state hosts as the driver's registry sees them (endpoints,
