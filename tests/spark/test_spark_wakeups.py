@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -373,3 +374,26 @@ def test_only_a_function_that_can_emit_from_its_timers_gets_the_wake_up_source(
         run_available_now(pipeline.write_stream(events), tmp_path / function.__name__ / "q")
         assert (pipeline._wake_ups is not None) is sourced
         assert [r.epoch for r in pipeline.reports] == [1]  # (no watermark: no wake-up is due)
+
+
+def test_the_request_folder_goes_with_close_or_with_the_driver(tmp_path: Path) -> None:
+    """A pipeline whose release() is never called leaves no wake-up folder behind when its
+    driver exits; close() removes it at once and may be called again."""
+    script = (
+        "from statetier.backend.spark.wakeups import WakeUps\n"
+        "closed, kept = WakeUps(), WakeUps()\n"
+        "closed.ask(5)\n"
+        "kept.ask(7)\n"
+        "closed.close()\n"
+        "closed.close()\n"
+        "print(closed.directory.exists(), kept.path.read_text(), kept.directory, sep='|')\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    exists, request, kept = done.stdout.strip().split("|")
+    assert (exists, request) == ("False", '{"wake": 7}'), done.stdout
+    assert Path(kept).parent == tmp_path
+    assert not Path(kept).exists(), "the driver's exit left the wake-up folder"

@@ -42,13 +42,13 @@ the request is a small JSON file the driver replaces atomically (:class:`WakeUps
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,12 +158,15 @@ class WakeUpSource(DataSource):
 
 
 class WakeUps:
-    """The driver's side: the request file the query's wake-up source reads."""
+    """The driver's side: the request file the query's wake-up source reads, in a folder of its
+    own that :meth:`close` removes, or else the driver's exit (a pipeline whose ``release`` is
+    never called must not leave a folder behind in every application's temporary files)."""
 
     def __init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="statetier-wakeups-"))
         self.path = self.directory / REQUEST_FILE
         self._last = 0
+        self._remove = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
 
     def ask(self, wake: int | None) -> None:
         """Ask for a micro-batch at ``wake`` (wall-clock ms; None: none). A new request is
@@ -176,8 +179,7 @@ class WakeUps:
         partial.replace(self.path)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self.directory)
+        self._remove()
 
 
 def emits_from_timers(factory: Any) -> bool:
