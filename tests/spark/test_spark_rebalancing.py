@@ -75,6 +75,36 @@ def test_the_registry_moves_ranges_to_a_host_that_joined_and_names_their_old_own
         registry.close()
 
 
+def test_a_released_pipeline_is_released_on_the_old_owners_of_its_moved_ranges() -> None:
+    """A query that ends right after a rebalance: the range's old owner still holds it (no
+    hand-off happened), and no next boundary will come to release it there."""
+    registry = HostRegistry(new_secret(), "127.0.0.1", liveness_timeout=5)
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    try:
+        registry.executors = 2
+        for index in range(4):
+            ask_route(
+                registry.endpoint, registry.secret, ("p", 4, index), "a" if index % 2 else "b"
+            )
+        c = FakeHost(registry, "c")
+        assert [(m.index, m.source, m.target) for m in registry.rebalance("p", 4, 4)] == [
+            (3, "a", "c")
+        ]
+        assert registry.release_pipeline("p") == 4
+        deadline = time.monotonic() + 5
+        while len(a.orders) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released = {r for order in a.orders for r in order.ranges}
+        assert {o.kind for o in a.orders} == {OrderKind.RELEASE}
+        assert released == {("p", 4, 1), ("p", 4, 3)}  # its own range and the moved one
+        assert registry.previous == {}
+        c.die()
+    finally:
+        a.die()
+        b.die()
+        registry.close()
+
+
 def _committed_runner(tmp_path: Path) -> LocalRunner:
     """Two ranges of a word count with the spill tier on, one epoch committed, then some of
     range 0's key groups moved to disk."""

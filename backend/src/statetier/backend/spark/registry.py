@@ -546,8 +546,11 @@ class HostRegistry:
     # ------------------------------------------------------------------ stopping
 
     def release_pipeline(self, pipeline: str) -> int:
-        """Tell the hosts to drop every range of ``pipeline`` (its query ended); how many."""
+        """Tell the hosts to drop every range of ``pipeline`` (its query ended); how many.
+        The old owners of ranges that rebalancing moved at the last boundary are told too:
+        without a hand-off they still hold them, and no next boundary would release them."""
         with self._lock:
+            releases = self._take_previous(pipeline)
             keys = [key for key in self.owners if key[0] == pipeline]
             by_host: dict[str, list[RangeKey]] = {}
             for key in keys:
@@ -556,6 +559,8 @@ class HostRegistry:
         for host_id, link in links.items():
             if link is not None:
                 self._send(link, HostOrder(OrderKind.RELEASE, tuple(by_host[host_id])))
+        for link, moved in releases:
+            self._send(link, HostOrder(OrderKind.RELEASE, moved))
         return len(keys)
 
     def _send(self, link: Connection, order: HostOrder) -> None:
