@@ -284,6 +284,33 @@ def test_a_finished_pipeline_releases_its_ranges_on_their_hosts(registry: HostRe
     b.die()
 
 
+def test_a_released_pipeline_is_not_told_later_of_a_host_lost_before(
+    registry: HostRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
+    registry.executors = 2
+    assert route(registry, 0, "a") == "a"
+    assert ask_route(registry.endpoint, registry.secret, ("q", 4, 0), "a").host_id == "a"
+    a.die()
+    deadline = time.monotonic() + 5
+    while registry.owner(("p", 4, 0)) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert registry.release_pipeline("p") == 0  # the query ended; its range had no owner
+    # heard on the module's logger itself: another test may have configured its parents
+    logger = logging.getLogger("statetier.spark.registry")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=logger.name):
+            assert route(registry, 0, "b") == "b"  # the query runs again: no news of a
+            assert "is gone" not in caplog.text
+            # another pipeline that ran on the lost host hears of it when it routes again
+            assert ask_route(registry.endpoint, registry.secret, ("q", 4, 0), "b").host_id == "b"
+            assert "state host a (executor a) is gone" in caplog.text
+    finally:
+        logger.removeHandler(caplog.handler)
+    b.die()
+
+
 def test_a_host_tells_the_registry_the_files_it_wrote(registry: HostRegistry) -> None:
     host = FakeHost(registry, "a")
     result = json.dumps({"range": 3, "note": "é€😀"}).encode()

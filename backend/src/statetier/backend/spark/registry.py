@@ -548,9 +548,13 @@ class HostRegistry:
     def release_pipeline(self, pipeline: str) -> int:
         """Tell the hosts to drop every range of ``pipeline`` (its query ended); how many.
         The old owners of ranges that rebalancing moved at the last boundary are told too:
-        without a hand-off they still hold them, and no next boundary would release them."""
+        without a hand-off they still hold them, and no next boundary would release them.
+        The pipeline's losses are forgotten: a later run of it is not told of a host that
+        was lost in this one."""
         with self._lock:
             releases = self._take_previous(pipeline)
+            for lost in [key for key in self._losses if key[0] == pipeline]:
+                del self._losses[lost]
             keys = [key for key in self.owners if key[0] == pipeline]
             by_host: dict[str, list[RangeKey]] = {}
             for key in keys:
