@@ -209,22 +209,30 @@ class _TimerQueue:
         key = ctx.key
         kg_map = maps[ctx.index]  # the last slot raises NoCurrentKeyError: no key is current
         bound = self._bound.get(key)
-        if bound is None or timestamp < bound:  # the key's new bound: checked, stored, pushed
-            if timestamp < MIN_WATERMARK:
-                _check_timestamp(timestamp)
-            stamps = kg_map.get(key)
-            if stamps is None:
-                kg_map[key] = timestamp
-            elif not self._add(kg_map, key, stamps, timestamp):
-                return
+        if bound is not None and bound <= timestamp:
+            # at or after the key's bound, so not below MIN_WATERMARK: a write to the state only
+            # (a session's moved timer: deleted, then registered later, is stored here)
+            stamps = kg_map.setdefault(key, timestamp)
+            if stamps is not timestamp:
+                self._add(kg_map, key, stamps, timestamp)
+            return
+        # the key's new bound: checked, stored, pushed
+        if timestamp < MIN_WATERMARK:
+            _check_timestamp(timestamp)
+        stamps = kg_map.setdefault(key, timestamp)
+        if stamps is not timestamp and not self._add(kg_map, key, stamps, timestamp):
+            return
+        when = timestamp << _KG_BITS | self._first + ctx.index
+        keys = self._keys
+        if when in keys:  # another key of the key group has a timer then: ordered with it
             self._push(timestamp, self._first + ctx.index, key)
             return
-        # at or after the key's bound, so not below MIN_WATERMARK: a write to the state only
-        stamps = kg_map.get(key)
-        if stamps is None:  # a session's moved timer: deleted, then registered later
-            kg_map[key] = timestamp
-        else:
-            self._add(kg_map, key, stamps, timestamp)
+        keys[when] = key  # _push's usual case, without its call
+        heap = self._heap
+        heapq.heappush(heap, when)
+        if len(heap) > self._limit:
+            self._compact()
+        self._bound[key] = timestamp
 
     @staticmethod
     def _add(
@@ -244,7 +252,9 @@ class _TimerQueue:
         return True
 
     def _push(self, timestamp: int, key_group: int, key: Any) -> None:
-        """Make ``timestamp`` ``key``'s bound: an entry for it in the heap."""
+        """Make ``timestamp`` ``key``'s bound: an entry for it in the heap. Its usual case (no
+        other key's entry at that *when*) is written out in :meth:`_register` and :meth:`_fire`
+        too: a session pushes about once per click, and the call cost more than the push."""
         when = timestamp << _KG_BITS | key_group
         keys = self._keys
         there = keys.get(when)
@@ -328,7 +338,8 @@ class _TimerQueue:
         if self._maps is None:
             return
         maps, bound, first, backend = self._maps, self._bound, self._first, self._backend
-        heap, keys, heappop, ctx = self._heap, self._keys, heapq.heappop, self._ctx
+        heap, keys, ctx = self._heap, self._keys, self._ctx
+        heappop, heappush = heapq.heappop, heapq.heappush
         log = backend.plain_change_log()  # not None: a key is made current here, in three stores
         last = time << _KG_BITS | _KG_MASK  # the last when at or before time
         while heap:
@@ -352,27 +363,45 @@ class _TimerQueue:
                 continue
             earliest = stamps if type(stamps) is int else stamps[0]
             if earliest != timestamp:  # moved later: the entry goes to its earliest timer
-                self._push(earliest, key_group, key)
+                when = earliest << _KG_BITS | key_group
+                if when in keys:  # another key's entry is there: ordered with it
+                    self._push(earliest, key_group, key)
+                    continue
+                keys[when] = key  # _push's usual case, without its call (or the size check:
+                heappush(heap, when)  # the heap lost the entry this one replaces)
+                bound[key] = earliest
                 continue
             if log is not None and not ctx.record_hooks:  # set_current_key's plain path
                 ctx.index = slot
                 ctx.key = key
                 log[key] = slot  # the change is logged
             else:
-                backend.set_current_key(key)  # the key's state in scope; logs the change
-                if maps[slot] is not kg_map:  # making the key current moved its key group
-                    kg_map = maps[slot]
-                    stamps = kg_map[key]
+                kg_map, stamps = self._make_current(key, slot)
             if type(stamps) is int:
                 del kg_map[key]
                 del bound[key]
             else:
-                del stamps[0]
-                kg_map[key] = _stored(stamps)
-                self._push(stamps[0], key_group, key)
+                self._drop_earliest(kg_map, key, stamps, key_group)
             result = on_timer(timestamp, key, context)
             if result:  # None or empty: nothing; a generator (true) runs only now
                 out.extend(result)
+
+    def _make_current(self, key: Any, slot: int) -> tuple[MutableMapping[Any, Any], Any]:
+        """Make ``key`` current through the backend (per-record hooks or spill counting run;
+        the change is logged), for :meth:`_fire`: its key group's timer map and its stored
+        timestamps, read again (making it current may have moved the key group)."""
+        self._backend.set_current_key(key)
+        assert self._maps is not None
+        kg_map = self._maps[slot]
+        return kg_map, kg_map[key]
+
+    def _drop_earliest(
+        self, kg_map: MutableMapping[Any, Any], key: Any, stamps: list[int], key_group: int
+    ) -> None:
+        """Remove the earliest of ``key``'s several timers (firing), and push its next."""
+        del stamps[0]
+        kg_map[key] = _stored(stamps)
+        self._push(stamps[0], key_group, key)
 
     def _earliest(self) -> int | None:
         """The earliest live timer's timestamp (None: no timer). Entries on top that are not

@@ -112,8 +112,8 @@ class HeapValueState(KeyGroupHandle, ValueState[Any]):
         if value is None:
             self._maps[ctx.index].pop(ctx.key, None)
         else:
-            if type(value) not in PLAIN:
-                kind = type(value)  # not before: a plain value's path stays as short as it was
+            kind = type(value)
+            if kind not in PLAIN:
                 # a record, rewritten per record: looked at in C. HeapListState.add and
                 # HeapMapState.put repeat these lines: a helper would add the Python call they
                 # save (a map's put of a 3-field dict: 6,283 instructions, 5,588 inline)

@@ -32,7 +32,7 @@ class _NoCurrentKey(dict[Any, Any]):
             "(the runtime does this before each record)"
         )
 
-    get = __getitem__ = __setitem__ = __delitem__ = pop = __contains__ = _fail
+    get = __getitem__ = __setitem__ = __delitem__ = pop = setdefault = __contains__ = _fail
 
 
 class StateTable:
