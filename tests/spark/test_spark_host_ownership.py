@@ -172,6 +172,38 @@ def test_a_host_refuses_a_range_routed_to_another_host_and_stale_state(
         host.wait(10)
 
 
+def test_an_attempt_older_than_the_one_that_processed_the_epoch_is_refused(
+    registry: HostRegistry, tmp_path: Path
+) -> None:
+    """A task that sends every range first (``direct``) and fails on one leaves its requests
+    for the others on their way; when one arrives after Spark's retry processed its range, it
+    must not replace the retry's state, or the next epoch restores a range that was warm."""
+    uri = f"file://{tmp_path}/ckpt"
+    store = SnapshotStore(uri)
+    host = start_host(registry, tmp_path / "h.sock")
+    try:
+        owner = ask_route(registry.endpoint, registry.secret, ("wc", 1, 0), None).host_id
+        assert run_task(registry, uri, 1, None, ["a"], owner, 2) == [("a", 1)]
+        first = result(registry, store, 1, 2)
+        lease = store.acquire_writer()
+        commit_snapshot(store, 1, [first.snapshot], lease)
+        # epoch 2's retry (attempt 4) processes the range; then attempt 3's request arrives
+        assert run_task(registry, uri, 2, first.token, ["a"], owner, 4) == [("a", 2)]
+        retry = result(registry, store, 2, 4)
+        with pytest.raises(RuntimeError, match="after attempt 4 had processed it"):
+            run_task(registry, uri, 2, first.token, ["a"], owner, 3)
+        commit_snapshot(store, 2, [retry.snapshot], lease)
+        # the retry's state is the one epoch 2 committed: epoch 3 is served warm
+        assert run_task(registry, uri, 3, retry.token, ["a"], owner, 5) == [("a", 3)]
+        assert result(registry, store, 3, 5).state is RangeStart.WARM
+        # a later attempt of an epoch the range holds is a re-run: restored, as before
+        assert run_task(registry, uri, 3, retry.token, ["b"], owner, 6) == [("b", 1)]
+        assert result(registry, store, 3, 6).state is RangeStart.RESTORED
+    finally:
+        registry.shutdown_hosts(5)
+        host.wait(10)
+
+
 def test_a_host_refuses_connections_without_the_secret(
     registry: HostRegistry, tmp_path: Path
 ) -> None:

@@ -133,6 +133,7 @@ class HostedRange:
     instance: FunctionInstance
     epoch: int | None = None  # the epoch whose state the instance holds; None: unknown/dirty
     token: str | None = None  # the task attempt that produced it
+    attempt_id: int | None = None  # that attempt's Spark task attempt id
     notified: int = 0  # the latest epoch the function was told is committed
     # (heap, spilled) bytes of its keyed state after its latest snapshot (the heartbeat's)
     state_bytes: tuple[int, int] = (0, 0)
@@ -147,6 +148,25 @@ class HostedRange:
 
 class NotOwnerError(RuntimeError):
     """A task reached a host that does not own its range (a stale route): refused, retried."""
+
+
+class SupersededAttemptError(RuntimeError):
+    """A task attempt reached a range that a later attempt of the same epoch already
+    processed: an attempt Spark gave up on (its task failed on another range while this one's
+    request was on its way), refused so that it does not replace the later attempt's state."""
+
+
+def superseded(hosted: HostedRange, header: TaskHeader) -> bool:
+    """Whether ``header``'s attempt is older than the one whose state of the same epoch the
+    range holds. Spark numbers task attempts in the order it launches them, in the whole
+    application: a retry, a re-run of the epoch and a speculative copy come later. A gathered
+    range's pieces come from several tasks, so only a range sent whole is judged."""
+    return (
+        header.pieces == 1
+        and hosted.epoch == header.epoch
+        and hosted.attempt_id is not None
+        and header.task_attempt_id < hosted.attempt_id
+    )
 
 
 class StateHost:
@@ -526,6 +546,12 @@ class StateHost:
         if hosted is not None:
             hosted.lock.acquire()
             try:
+                if superseded(hosted, header):
+                    raise SupersededAttemptError(
+                        f"task attempt {header.task_attempt_id} of epoch {header.epoch} reached "
+                        f"range {header.index} after attempt {hosted.attempt_id} had processed "
+                        "it: refused (a task attempt Spark already retried)"
+                    )
                 if hosted.epoch == base and hosted.token == header.base_token and base > 0:
                     hosted.notified = notify_committed(hosted.instance, base, hosted.notified)
                     return hosted, RangeStart.WARM, 0.0
@@ -690,7 +716,7 @@ class StateHost:
                 store.put(error_name(name), error)
             self.link.tell_written(registry, store.url(error_name(name)), error)
             return
-        hosted.epoch, hosted.token = epoch, token
+        hosted.epoch, hosted.token, hosted.attempt_id = epoch, token, header.task_attempt_id
         with self.lock:
             self.tasks += 1
             self.warm += run.state is RangeStart.WARM
