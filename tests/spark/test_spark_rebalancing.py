@@ -43,15 +43,18 @@ def test_moves_go_from_the_most_loaded_hosts_to_the_new_one_within_the_bound() -
     ]
 
 
+def route_four_ranges(registry: HostRegistry) -> None:
+    """Ranges 0-3 of pipeline p on two executors' hosts: the odd ones on a, the even on b."""
+    registry.executors = 2
+    for index in range(4):
+        ask_route(registry.endpoint, registry.secret, ("p", 4, index), "a" if index % 2 else "b")
+
+
 def test_the_registry_moves_ranges_to_a_host_that_joined_and_names_their_old_owners() -> None:
     registry = HostRegistry(new_secret(), "127.0.0.1", liveness_timeout=5)
     a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
     try:
-        registry.executors = 2
-        for index in range(4):
-            ask_route(
-                registry.endpoint, registry.secret, ("p", 4, index), "a" if index % 2 else "b"
-            )
+        route_four_ranges(registry)
         assert registry.rebalance("p", 4, limit=4) == []  # two each: even already
         c = FakeHost(registry, "c")
         moves = registry.rebalance("p", 4, limit=4)
@@ -81,11 +84,7 @@ def test_a_released_pipeline_is_released_on_the_old_owners_of_its_moved_ranges()
     registry = HostRegistry(new_secret(), "127.0.0.1", liveness_timeout=5)
     a, b = FakeHost(registry, "a"), FakeHost(registry, "b")
     try:
-        registry.executors = 2
-        for index in range(4):
-            ask_route(
-                registry.endpoint, registry.secret, ("p", 4, index), "a" if index % 2 else "b"
-            )
+        route_four_ranges(registry)
         c = FakeHost(registry, "c")
         assert [(m.index, m.source, m.target) for m in registry.rebalance("p", 4, 4)] == [
             (3, "a", "c")

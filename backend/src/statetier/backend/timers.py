@@ -222,10 +222,11 @@ class _TimerQueue:
         stamps = kg_map.setdefault(key, timestamp)
         if stamps is not timestamp and not self._add(kg_map, key, stamps, timestamp):
             return
-        when = timestamp << _KG_BITS | self._first + ctx.index
+        key_group = self._first + ctx.index
+        when = timestamp << _KG_BITS | key_group
         keys = self._keys
         if when in keys:  # another key of the key group has a timer then: ordered with it
-            self._push(timestamp, self._first + ctx.index, key)
+            self._push(timestamp, key_group, key)
             return
         keys[when] = key  # _push's usual case, without its call
         heap = self._heap
