@@ -85,7 +85,13 @@ def test_example_creates_deployments_service_status_and_event(sandbox: Sandbox) 
         reason == "Reconciled" and "Deployment compaction-workers created" in message
         for _, reason, message in events
     )
-    # kubectl get shows the printer columns (the emulator renders Tables) and the short name.
+    # kubectl get shows the printer columns (the emulator renders Tables) and the short name,
+    # once the status counts the worker Pod: the Deployment controller reports it
+    # asynchronously, after the reconcile that created it (read at once, the column said 0)
+    sandbox.wait(
+        "workers current",
+        lambda: sandbox.get(f"{CS}/compaction")["status"]["workers"].get("current") == 1,
+    )
     header, row = sandbox.kubectl("get", "compsvc", "compaction").splitlines()
     assert header.split() == ["NAME", "ENDPOINT", "WORKERS", "READY", "AGE"]
     assert row.split()[:4] == [
