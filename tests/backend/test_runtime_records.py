@@ -113,3 +113,20 @@ def test_a_hook_added_by_the_function_runs_for_the_following_records_of_the_same
     function = instance.function
     assert isinstance(function, AddsAHook)
     assert function.hooked == ["b", "a", "c"]  # after each later record's key became current
+
+
+class RaisesOnB(Count):
+    """Count, with a TypeError of its own for the key "b"."""
+
+    def process(self, key: Any, value: int, context: RuntimeContext) -> Iterable[tuple[Any, int]]:
+        if key == "b":
+            raise TypeError("the function's own error")
+        return super().process(key, value, context)
+
+
+def test_a_type_error_of_the_function_is_not_taken_for_an_unhashable_key() -> None:
+    instance = FunctionInstance(RaisesOnB, 0, 1, MAX_P)
+    instance.process([("a", 1)])  # "a" logged: the next call's plain path
+    with pytest.raises(TypeError, match=r"^the function's own error$"):
+        instance.process([("a", 1), ("b", 1)])
+    assert instance.process([("a", 0)]) == [("a", 2)]

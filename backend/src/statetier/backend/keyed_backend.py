@@ -158,8 +158,8 @@ class KeyedStateBackend:
         With it, a caller that already knows a key's slot (the timer queue, firing) makes the
         key current without a call per key: ``context.index``, ``context.key``, and the key
         logged under its slot. A per-record hook added meanwhile shows in
-        ``context.record_hooks``, which such a caller checks per key."""
-        return None if self._counting or self.context.record_hooks else self._touched
+        ``context.per_record_work``, which such a caller checks per key."""
+        return None if self.context.per_record_work else self._touched
 
     def _set_current_key_and_run_hooks(self, key: Any) -> None:
         """``set_current_key`` once a state needs per-record work (TTL cleanup per record)."""
@@ -212,6 +212,7 @@ class KeyedStateBackend:
 
     def _select_record_path(self) -> None:
         """The per-record path: the plain one unless counting or hooks need more."""
+        self.context.per_record_work = self._counting or bool(self.context.record_hooks)
         if self._counting and self.context.record_hooks:
             self.set_current_key = self._set_current_key_counting_and_run_hooks  # type: ignore[method-assign]
         elif self._counting:

@@ -40,6 +40,7 @@ __all__ = [
     "key_group_range_for_instance",
     "key_hash",
     "instance_for_key_group",
+    "raise_if_unhashable",
     "spark_key_group_expr",
 ]
 
@@ -78,6 +79,16 @@ def unhashable_key_error(key: object) -> TypeError:
         f"a record's key is a {type(key).__name__} ({shown}), and keys must be hashable: use "
         "a str, bytes, int, or a tuple of those (tuple(key) for a list)"
     )
+
+
+def raise_if_unhashable(key: object) -> None:
+    """Raise :func:`unhashable_key_error` if ``key`` cannot be a dict key: for a loop over
+    records that catches a TypeError once, around the loop, and asks whether the record's key
+    or the function raised it."""
+    try:
+        hash(key)
+    except TypeError:
+        raise unhashable_key_error(key) from None
 
 
 def _hash_field(field: object, seed: int) -> int:

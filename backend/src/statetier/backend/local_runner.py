@@ -23,14 +23,13 @@ from typing import Any
 from statetier.backend.compaction_client import compactor_for
 from statetier.backend.config import StatetierConfig, warn_if_spill_off
 from statetier.backend.keygroups import (
-    assign_str_to_key_group,
     assign_to_key_group,
     check_key,
     compute_default_max_parallelism,
     instance_for_key_group,
-    unhashable_key_error,
 )
 from statetier.backend.metrics import serve_metrics
+from statetier.backend.routing import KeyRouter
 from statetier.backend.runtime import FunctionFactory, FunctionInstance
 from statetier.backend.snapshot import (
     Checkpointer,
@@ -43,10 +42,6 @@ from statetier.backend.snapshot.restore_from import Seeding, start_from_savepoin
 from statetier.backend.ttl import Clock, SystemClock
 
 log = logging.getLogger("statetier.local_runner")
-
-# Keys whose instance the runner remembers between checkpoints: enough for the hot keys of a
-# local run, little memory (a few MB) where its keys are many and spilled (see partition).
-ROUTE_MEMO_KEYS = 1 << 17
 
 __all__ = ["LocalRunner", "checkpoint_settings"]
 
@@ -104,12 +99,6 @@ class LocalRunner:
             max_parallelism = stored_max
         self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
         self.parallelism = parallelism
-        self._owners = [
-            instance_for_key_group(self.max_parallelism, parallelism, key_group)
-            for key_group in range(self.max_parallelism)
-        ]
-        # key -> instance, since the last checkpoint (partition)
-        self._route_memo: dict[Any, int] = {}
         self.clock: Clock = clock or SystemClock()
         # Epochs begun with checkpoint_async whose outcome the functions have not heard yet.
         self._unnotified: list[tuple[int, concurrent.futures.Future[Manifest]]] = []
@@ -136,6 +125,7 @@ class LocalRunner:
             if self._seeding is not None:  # a failed restore: let the copy end, commit nothing
                 self._seeding.copied.exception()
             raise
+        self._router = KeyRouter(self.instances, self.max_parallelism)
         # The first checkpoint takes the writer lease, which fences any earlier writer.
         self.checkpointer = (
             Checkpointer(
@@ -173,45 +163,12 @@ class LocalRunner:
         kg = assign_to_key_group(key, self.max_parallelism)
         return self.instances[instance_for_key_group(self.max_parallelism, self.parallelism, kg)]
 
-    def partition(self, records: Iterable[tuple[Any, Any]]) -> list[list[tuple[Any, Any]]]:
-        """Records per instance, by the owner of each record's key group.
-
-        A key's instance is remembered until the next checkpoint, as each backend's change log
-        remembers its key group, so a key is hashed once for all the epochs in between (a
-        local run without checkpoints hashed each key again in every call). The memo holds
-        no key the change logs do not, and a call that leaves it above ``ROUTE_MEMO_KEYS``
-        drops it: a memo of every key would keep the keys of spilled key groups in memory,
-        outside the budget (the spill governor's eight-ranges test measured 30 MB past it).
-        """
-        parts: list[list[tuple[Any, Any]]] = [[] for _ in self.instances]
-        max_p = self.max_parallelism
-        owners = self._owners  # the instance of each key group
-        owner = self._route_memo
-        for record in records:
-            key = record[0]
-            try:
-                index = owner.get(key)
-            except TypeError:
-                raise unhashable_key_error(key) from None
-            if index is None:
-                if type(key) is str:  # most keys: hashed without assign_to_key_group's checks
-                    kg = assign_str_to_key_group(key, max_p)
-                else:
-                    check_key(key)
-                    kg = assign_to_key_group(key, max_p)
-                index = owner[key] = owners[kg]
-            parts[index].append(record)
-        if len(owner) > ROUTE_MEMO_KEYS:  # as the memo of one call was, no longer
-            self._route_memo = {}
-        return parts
-
     def process(self, records: Iterable[tuple[Any, Any]]) -> list[Any]:
-        """Process records without ending the epoch (no timer fires)."""
+        """Process records without ending the epoch (no timer fires). Each goes to the
+        instance that owns its key group (see routing); the output is in the records' order
+        while no per-record work (spill counting, a per-record TTL cleanup) is on."""
         self._notify_done()
-        out: list[Any] = []
-        for instance, part in zip(self.instances, self.partition(records), strict=True):
-            out.extend(instance.process(part))
-        return out
+        return self._router.process(records)
 
     # ------------------------------------------------------------------ time
 
@@ -261,7 +218,7 @@ class LocalRunner:
             raise RuntimeError("the runner has no checkpoint_uri")
         self._commit_seed()
         self._notify_done()
-        self._route_memo = {}  # the change logs are drained with the snapshot: so is the memo
+        self._router.forget()  # the change logs are drained with the snapshot: so is the memo
         epoch = self.last_epoch + 1
         for instance in self.instances:
             instance.before_snapshot(epoch)

@@ -372,7 +372,7 @@ class _TimerQueue:
                 heappush(heap, when)  # the heap lost the entry this one replaces)
                 bound[key] = earliest
                 continue
-            if log is not None and not ctx.record_hooks:  # set_current_key's plain path
+            if log is not None and not ctx.per_record_work:  # set_current_key's plain path
                 ctx.index = slot
                 ctx.key = key
                 log[key] = slot  # the change is logged

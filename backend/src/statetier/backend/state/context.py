@@ -18,13 +18,17 @@ class NoCurrentKeyError(RuntimeError):
 class KeyContext:
     """``key`` is the current key, ``index`` its key group's slot in the backend's range."""
 
-    __slots__ = ("batch_log", "drains", "index", "key", "record_hooks")
+    __slots__ = ("batch_log", "drains", "index", "key", "per_record_work", "record_hooks")
 
     def __init__(self) -> None:
         self.key: Any = None
         self.index: int = -1
         # Called on every record (set_current_key): TTL per-record cleanup, access accounting.
         self.record_hooks: list[Callable[[], None]] = []
+        # Whether making a key current takes more than setting key and index (per-record hooks,
+        # or the spill tier counting records): the backend keeps it. A bool, for the loops that
+        # make keys current themselves to test per record (a list's truth costs a C call).
+        self.per_record_work = False
         # The change log's key batches since its last drain (their keys count as touched), and
         # how many drains there were: a batch kept past a drain logs itself again when used.
         self.batch_log: list[Any] = []  # KeyBatch (whose module imports this one)
