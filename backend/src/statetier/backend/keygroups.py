@@ -84,7 +84,8 @@ def unhashable_key_error(key: object) -> TypeError:
 def raise_if_unhashable(key: object) -> None:
     """Raise :func:`unhashable_key_error` if ``key`` cannot be a dict key: for a loop over
     records that catches a TypeError once, around the loop, and asks whether the record's key
-    or the function raised it."""
+    or the function raised it. Only whether ``hash`` raises is used, never its value (which
+    Python randomizes per process)."""
     try:
         hash(key)
     except TypeError:

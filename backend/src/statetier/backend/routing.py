@@ -110,8 +110,8 @@ class KeyRouter:
         once the function just called added a per-record hook (a state with TTL cleanup per
         record, made in ``process``)."""
         instances = self._instances
-        logs = [instance.keyed.plain_change_log() for instance in instances]
-        if any(log is None for log in logs):
+        logs = [log for i in instances if (log := i.keyed.plain_change_log()) is not None]
+        if len(logs) < len(instances):  # one makes keys current through set_current_key
             return False
         key_contexts = [instance.keyed.context for instance in instances]
         functions = [instance.function.process for instance in instances]
@@ -138,12 +138,10 @@ class KeyRouter:
             raise
         return True
 
-    def _log(self, key: Any, logs: list[dict[Any, int] | None]) -> int:
+    def _log(self, key: Any, logs: list[dict[Any, int]]) -> int:
         """``key``'s route, with the key logged in its instance's change log, then remembered."""
         route = self._route_of(key)
-        log = logs[route >> _SLOT_BITS]
-        assert log is not None  # _process_plain's logs are all plain
-        log[key] = route & _SLOT_MASK
+        logs[route >> _SLOT_BITS][key] = route & _SLOT_MASK
         self._memo[key] = route
         return route
 
