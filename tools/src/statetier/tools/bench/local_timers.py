@@ -17,8 +17,8 @@ measured 5.5 to 10 us per click on consecutive runs. So each round also runs a p
 (:func:`floor_sessions`): the same sessions hand-written as a user would without a framework, a
 dict of sessions and a heap of timers with nothing else, alternated with statetier's rounds. The
 ratio of the two medians is what a busy machine moves least, and says what the framework costs
-over Python's own work (3.16 us for the floor against 6.18 for statetier on an idle machine,
-2026-11-30).
+over Python's own work (on an idle machine, 3.16 us for the floor against 6.18 for statetier on
+2026-11-30, and 2.74 against 4.19 on 2026-12-02: docs/benchmarks.md).
 """
 
 from __future__ import annotations
