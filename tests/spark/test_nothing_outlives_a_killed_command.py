@@ -64,28 +64,34 @@ def command_temp() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def start(args: list[str], value: str, temp: Path) -> subprocess.Popen[bytes]:
+def start(args: list[str], value: str, temp: Path, log: Path) -> subprocess.Popen[bytes]:
     """The command in a session of its own (as a CI runner or ``timeout`` starts it), marked,
-    with ``temp`` as its temp dir and its JVMs'."""
+    with ``temp`` as its temp dir and its JVMs', its output in ``log`` (kept out of ``temp``,
+    which a stopped command must leave empty)."""
     options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Djava.io.tmpdir={temp}".strip()
     env = {
         **os.environ, **spark_env(), MARKER: value, "TMPDIR": str(temp),
         "JAVA_TOOL_OPTIONS": options,
     }  # fmt: skip
-    return subprocess.Popen(
-        [*STATETIER, *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*STATETIER, *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
 
 
-def wait_until_running(command: subprocess.Popen[bytes], value: str, kinds: list[str]) -> None:
+def wait_until_running(
+    command: subprocess.Popen[bytes], value: str, kinds: list[str], log: Path
+) -> None:
     """Until a marked process of each kind (a substring of its command line) runs."""
     deadline = time.monotonic() + 240
     while True:
         running = " | ".join(marked(value).values())
         if all(kind in running for kind in kinds):
             return
-        assert command.poll() is None, f"the command ended early ({command.returncode})"
+        if command.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"the command ended early ({command.returncode}); its output ends:\n{tail}")
         assert time.monotonic() < deadline, f"not all of {kinds} started: {running}"
         time.sleep(0.5)
 
@@ -121,8 +127,9 @@ def test_a_demo_stopped_mid_run_leaves_no_process(
         "demo", "--words", "400000", "--vocabulary", "20000", "--batches", "16",
         "--dir", str(tmp_path / "d"),
     ]  # fmt: skip
-    demo = start(args, value, command_temp)
-    wait_until_running(demo, value, ["weed", "java", "statetier.backend.spark.host"])
+    log = tmp_path / "demo.log"
+    demo = start(args, value, command_temp, log)
+    wait_until_running(demo, value, ["weed", "java", "statetier.backend.spark.host"], log)
     stop_and_check(demo, value, signum)
     if signum == signal.SIGTERM:  # stopped as by Ctrl-C: what it made in a temp dir is gone
         assert sorted(p.name for p in command_temp.iterdir()) == []
@@ -132,11 +139,14 @@ def test_a_demo_stopped_mid_run_leaves_no_process(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_benchmark_stopped_mid_run_leaves_no_process(signum: int, command_temp: Path) -> None:
+def test_a_benchmark_stopped_mid_run_leaves_no_process(
+    signum: int, tmp_path: Path, command_temp: Path
+) -> None:
     value = uuid.uuid4().hex
-    bench = start(["bench", "compaction-offload", "--quick"], value, command_temp)
+    log = tmp_path / "bench.log"
+    bench = start(["bench", "compaction-offload", "--quick"], value, command_temp, log)
     kinds = ["weed", "statetier.compaction.cli gateway", "statetier.compaction.cli worker"]
-    wait_until_running(bench, value, [*kinds, "java", "statetier.backend.spark.host"])
+    wait_until_running(bench, value, [*kinds, "java", "statetier.backend.spark.host"], log)
     stop_and_check(bench, value, signum)
     if signum == signal.SIGTERM:
         assert sorted(p.name for p in command_temp.iterdir()) == []
